@@ -1,0 +1,227 @@
+//! Durable results → Parquet shards: the commit protocol between sled and the files.
+//!
+//! 1. A worker's result is committed to the queue (`r` record) and the queue is flushed
+//!    (fsync) *before* the row is handed to the archive.
+//! 2. The archive appends rows to a temporary shard file; when the shard is full (or at
+//!    shutdown) it is closed, fsynced, renamed to `part-N.parquet` and the directory fsynced.
+//! 3. Only then are its rows moved from `r` to `s` (sharded, in shard N) and `next_shard`
+//!    set to N+1, in one queue batch, flushed.
+//!
+//! A crash before 2's rename leaves a temporary file (deleted by [`Archive::recover`]) and
+//! the rows still in `r` (written again into a new shard). A crash between the rename and 3
+//! leaves a complete `part-N.parquet` with N ≥ `next_shard`: recovery *adopts* it, moving
+//! exactly its rows from `r` to `s`. Hence:
+//!
+//! Invariant: every done item is in exactly one of `r` (no shard yet) or `s` (exactly one
+//! shard file); a `part-*.parquet` file is complete and its rows are never written again.
+
+use crate::queue::{Queue, QueueError};
+use crate::shard::{self, SealedShard, ShardError, ShardLimits, ShardRow, ShardWriter};
+use crate::upstream::CountSource;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Failures of the archive; all stop the run (exit 1), nothing already durable is lost.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    #[error(transparent)]
+    Shard(#[from] ShardError),
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error("cannot list {path}: {source}")]
+    List {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("shard {path} holds row {row} (id `{id}`), which the queue does not have waiting for a shard; refusing to guess (run `spool verify`)")]
+    Inconsistent { path: PathBuf, row: u64, id: String },
+}
+
+/// What recovery found in a dataset's folder.
+#[derive(Debug, Default, Clone)]
+pub struct Recovery {
+    pub temp_files_removed: usize,
+    pub shards_adopted: usize,
+    pub rows_adopted: usize,
+}
+
+struct Open {
+    writer: ShardWriter,
+    rows: Vec<u64>,
+}
+
+/// Owns the open shard of every dataset; runs on its own thread, off the request path.
+pub struct Archive {
+    queue: Arc<Queue>,
+    output_dir: PathBuf,
+    limits: ShardLimits,
+    datasets: HashMap<u16, ArchiveDataset>,
+    open: HashMap<u16, Open>,
+}
+
+/// What the archive knows of a dataset: its folder name and its shards' metadata.
+#[derive(Debug, Clone)]
+pub struct ArchiveDataset {
+    pub name: String,
+    /// Key-value metadata of every shard (version, config and tokenizer digests, sampling).
+    pub metadata: Vec<(String, String)>,
+}
+
+impl Archive {
+    /// An archive writing under `output_dir/<dataset>/`.
+    pub fn new(
+        queue: Arc<Queue>,
+        output_dir: &Path,
+        limits: ShardLimits,
+        datasets: HashMap<u16, ArchiveDataset>,
+    ) -> Self {
+        Self {
+            queue,
+            output_dir: output_dir.to_path_buf(),
+            limits,
+            datasets,
+            open: HashMap::new(),
+        }
+    }
+
+    fn name(&self, ds: u16) -> &str {
+        self.datasets
+            .get(&ds)
+            .map(|d| d.name.as_str())
+            .unwrap_or("unknown")
+    }
+
+    fn dir(&self, ds: u16) -> PathBuf {
+        self.output_dir.join(self.name(ds))
+    }
+
+    /// Brings a dataset's folder and the queue back into agreement after any stop.
+    pub fn recover(&self, ds: u16) -> Result<Recovery, ArchiveError> {
+        let dir = self.dir(ds);
+        let mut rec = Recovery::default();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(rec),
+            Err(source) => return Err(ArchiveError::List { path: dir, source }),
+        };
+        let next = self.queue.state(ds).map(|s| s.next_shard).unwrap_or(0);
+        let mut unrecorded = Vec::new();
+        for e in entries {
+            let e = e.map_err(|source| ArchiveError::List {
+                path: dir.clone(),
+                source,
+            })?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if shard::is_temp_file(&name) {
+                let _ = std::fs::remove_file(e.path());
+                rec.temp_files_removed += 1;
+            } else if let Some(i) = shard::parse_shard_index(&name) {
+                if i >= next {
+                    unrecorded.push((i, e.path()));
+                }
+            }
+        }
+        unrecorded.sort();
+        for (index, path) in unrecorded {
+            let keys = shard::read_keys(&path)?;
+            let mut rows = Vec::with_capacity(keys.len());
+            for (id, row) in keys {
+                if !self.queue.is_unsharded(ds, row)? {
+                    return Err(ArchiveError::Inconsistent { path, row, id });
+                }
+                rows.push(row);
+            }
+            self.queue.mark_sharded(ds, index, &rows)?;
+            tracing::info!(path = %path.display(), rows = rows.len(), "adopted a shard finished before the last stop");
+            rec.shards_adopted += 1;
+            rec.rows_adopted += rows.len();
+        }
+        Ok(rec)
+    }
+
+    /// Appends durable results; returns the shards sealed on the way. `source` says where
+    /// the rows' token counts came from (stamped into the shard that opens for them).
+    pub fn add(
+        &mut self,
+        ds: u16,
+        source: Option<CountSource>,
+        rows: &[ShardRow],
+    ) -> Result<Vec<SealedShard>, ArchiveError> {
+        let mut sealed = Vec::new();
+        let mut rest = rows;
+        while !rest.is_empty() {
+            if !self.open.contains_key(&ds) {
+                let index = self.queue.state(ds).map(|s| s.next_shard).unwrap_or(0);
+                let mut meta = self
+                    .datasets
+                    .get(&ds)
+                    .map(|d| d.metadata.clone())
+                    .unwrap_or_default();
+                if let Some(src) = source {
+                    let v = serde_json::to_value(src).unwrap_or_default();
+                    meta.push((
+                        "spool.count_source".into(),
+                        v.as_str().unwrap_or("").to_string(),
+                    ));
+                }
+                let writer = ShardWriter::create(&self.dir(ds), index, &self.limits, meta)?;
+                self.open.insert(
+                    ds,
+                    Open {
+                        writer,
+                        rows: Vec::new(),
+                    },
+                );
+            }
+            let open = self.open.get_mut(&ds).expect("inserted above");
+            // Respect max_rows exactly: append only what fits.
+            let room = self
+                .limits
+                .max_rows
+                .saturating_sub(open.writer.rows())
+                .max(1);
+            let take = room.min(rest.len());
+            open.writer.append(&rest[..take])?;
+            open.rows.extend(rest[..take].iter().map(|r| r.row));
+            rest = &rest[take..];
+            if open.writer.is_full() {
+                sealed.push(self.seal(ds)?);
+            }
+        }
+        Ok(sealed)
+    }
+
+    /// Closes a dataset's open shard, if any (end of run, shutdown).
+    pub fn seal(&mut self, ds: u16) -> Result<SealedShard, ArchiveError> {
+        let open = self.open.remove(&ds).ok_or_else(|| QueueError::Corrupt {
+            key: format!("shard of {ds}"),
+            detail: "no open shard".into(),
+        })?;
+        let sealed = open.writer.finish()?;
+        self.queue.mark_sharded(ds, sealed.index, &open.rows)?;
+        tracing::info!(
+            dataset = %self.name(ds),
+            path = %sealed.path.display(), rows = sealed.rows, bytes = sealed.bytes,
+            "shard written"
+        );
+        Ok(sealed)
+    }
+
+    /// Seals every open shard.
+    pub fn seal_all(&mut self) -> Result<Vec<(u16, SealedShard)>, ArchiveError> {
+        let mut out = Vec::new();
+        let open: Vec<u16> = self.open.keys().copied().collect();
+        for ds in open {
+            out.push((ds, self.seal(ds)?));
+        }
+        Ok(out)
+    }
+
+    /// Drops the open shards' temporary files (their rows stay durable in the queue).
+    pub fn abandon_all(&mut self) {
+        for (_, o) in self.open.drain() {
+            o.writer.abandon();
+        }
+    }
+}

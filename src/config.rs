@@ -1,0 +1,526 @@
+//! `spool.toml`: the user's description of a job (SPEC §2).
+//!
+//! Invariants: every key is known (serde `deny_unknown_fields`), so a typo is an error naming
+//! the key and the file, never a silently ignored setting; every relative path is resolved
+//! against the config file's directory at load time, so nothing later depends on the cwd;
+//! dataset names are safe folder names (`[A-Za-z0-9_.-]+`, not `.` or `..`) and unique.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+/// A config that cannot be used; the message names the file and the key (exit code 2).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("bad config {path}: {detail}")]
+    Parse { path: PathBuf, detail: String },
+    #[error("bad config {path}: key `{key}`: {detail}")]
+    Invalid {
+        path: PathBuf,
+        key: String,
+        detail: String,
+    },
+}
+
+/// Which wire protocol the inference server speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Api {
+    /// SGLang's native `/generate`: token ids in and out, cancel by `rid`.
+    Sglang,
+    /// OpenAI-style `/v1/completions` (vLLM, llama.cpp, SGLang, …).
+    Completions,
+    /// OpenAI-style `/v1/chat/completions`: the server applies its own template.
+    Chat,
+}
+
+/// What to do with requests in flight once a dataset's budget is met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetPolicy {
+    /// Let them finish: a small, reported overshoot, no wasted generation.
+    #[default]
+    Finish,
+    /// Abort them and return the items to pending: never over budget.
+    Cancel,
+}
+
+/// The whole job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default = "default_data_dir")]
+    pub data_dir: PathBuf,
+    #[serde(default = "default_output_dir")]
+    pub output_dir: PathBuf,
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub run: RunConfig,
+    #[serde(default)]
+    pub tokenizer: Option<TokenizerConfig>,
+    #[serde(default)]
+    pub sampling: Sampling,
+    #[serde(default)]
+    pub shards: ShardConfig,
+    #[serde(default, rename = "dataset")]
+    pub datasets: Vec<DatasetConfig>,
+    /// Where this config was read from (not a key).
+    #[serde(skip)]
+    pub source: PathBuf,
+    /// sha256 of the config file's bytes, stamped into every shard.
+    #[serde(skip)]
+    pub sha256: String,
+}
+
+/// The inference server(s).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    #[serde(default = "default_api")]
+    pub api: Api,
+    #[serde(default = "default_urls")]
+    pub urls: Vec<String>,
+    #[serde(default = "default_model")]
+    pub model: String,
+    /// Name of the env var holding the bearer token; the token itself is never in the config.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    #[serde(default = "default_request_timeout")]
+    pub request_timeout_s: f64,
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    #[serde(default = "default_true")]
+    pub stream: bool,
+    /// Cap on one response body; a larger one is refused rather than exhausting memory.
+    #[serde(default = "default_max_response_bytes")]
+    pub max_response_bytes: u64,
+}
+
+/// The worker pool and the process.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    #[serde(default = "default_progress_every")]
+    pub progress_every: u64,
+    #[serde(default = "default_shutdown_grace")]
+    pub shutdown_grace_s: f64,
+    #[serde(default = "default_metrics_addr")]
+    pub metrics_addr: String,
+    #[serde(default)]
+    pub budget_policy: BudgetPolicy,
+}
+
+/// Client-side tokenization and chat templating.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizerConfig {
+    pub path: PathBuf,
+    #[serde(default)]
+    pub chat_template: Option<PathBuf>,
+}
+
+/// Sampling parameters; `[sampling]` gives defaults, `[dataset.sampling]` overrides per key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sampling {
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    #[serde(default = "default_temperature")]
+    pub temperature: f64,
+    #[serde(default = "default_top_p")]
+    pub top_p: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Vec<String>>,
+}
+
+/// Per-dataset overrides: every key optional.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingOverride {
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub seed: Option<u64>,
+    pub stop: Option<Vec<String>>,
+}
+
+/// When a shard is closed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardConfig {
+    #[serde(default = "default_max_rows")]
+    pub max_rows: usize,
+    #[serde(default = "default_max_bytes")]
+    pub max_bytes: u64,
+    #[serde(default = "default_compression_level")]
+    pub compression_level: i32,
+}
+
+/// One prompt set.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatasetConfig {
+    pub name: String,
+    pub path: PathBuf,
+    #[serde(default)]
+    pub token_budget: Option<u64>,
+    #[serde(default)]
+    pub max_prompts: Option<u64>,
+    #[serde(default)]
+    pub sampling: SamplingOverride,
+}
+
+fn default_data_dir() -> PathBuf {
+    "spool-data".into()
+}
+fn default_output_dir() -> PathBuf {
+    "spool-out".into()
+}
+fn default_api() -> Api {
+    Api::Sglang
+}
+fn default_urls() -> Vec<String> {
+    vec!["http://127.0.0.1:30000".into()]
+}
+fn default_model() -> String {
+    "default".into()
+}
+fn default_request_timeout() -> f64 {
+    3600.0
+}
+fn default_max_attempts() -> u32 {
+    6
+}
+fn default_true() -> bool {
+    true
+}
+fn default_max_response_bytes() -> u64 {
+    64 << 20
+}
+fn default_concurrency() -> usize {
+    150
+}
+fn default_progress_every() -> u64 {
+    50
+}
+fn default_shutdown_grace() -> f64 {
+    30.0
+}
+fn default_metrics_addr() -> String {
+    "127.0.0.1:9464".into()
+}
+fn default_max_tokens() -> u32 {
+    10240
+}
+fn default_temperature() -> f64 {
+    0.7
+}
+fn default_top_p() -> f64 {
+    0.95
+}
+fn default_max_rows() -> usize {
+    10_000
+}
+fn default_max_bytes() -> u64 {
+    256 << 20
+}
+fn default_compression_level() -> i32 {
+    3
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            api: default_api(),
+            urls: default_urls(),
+            model: default_model(),
+            api_key_env: None,
+            request_timeout_s: default_request_timeout(),
+            max_attempts: default_max_attempts(),
+            stream: true,
+            max_response_bytes: default_max_response_bytes(),
+        }
+    }
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: default_concurrency(),
+            progress_every: default_progress_every(),
+            shutdown_grace_s: default_shutdown_grace(),
+            metrics_addr: default_metrics_addr(),
+            budget_policy: BudgetPolicy::Finish,
+        }
+    }
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Self {
+            max_tokens: default_max_tokens(),
+            temperature: default_temperature(),
+            top_p: default_top_p(),
+            top_k: None,
+            min_p: None,
+            seed: None,
+            stop: None,
+        }
+    }
+}
+
+impl Default for ShardConfig {
+    fn default() -> Self {
+        Self {
+            max_rows: default_max_rows(),
+            max_bytes: default_max_bytes(),
+            compression_level: default_compression_level(),
+        }
+    }
+}
+
+impl Sampling {
+    /// The effective sampling of a dataset: the defaults with its overrides applied.
+    pub fn with(&self, o: &SamplingOverride) -> Sampling {
+        Sampling {
+            max_tokens: o.max_tokens.unwrap_or(self.max_tokens),
+            temperature: o.temperature.unwrap_or(self.temperature),
+            top_p: o.top_p.unwrap_or(self.top_p),
+            top_k: o.top_k.or(self.top_k),
+            min_p: o.min_p.or(self.min_p),
+            seed: o.seed.or(self.seed),
+            stop: o.stop.clone().or_else(|| self.stop.clone()),
+        }
+    }
+}
+
+/// Command-line settings that win over the file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub data_dir: Option<PathBuf>,
+    pub output_dir: Option<PathBuf>,
+    pub concurrency: Option<usize>,
+    pub metrics_addr: Option<String>,
+}
+
+impl Config {
+    /// Reads, validates and resolves a config file; CLI overrides are applied last.
+    pub fn load(path: &Path, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let bytes = std::fs::read(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let text = String::from_utf8(bytes.clone()).map_err(|_| ConfigError::Parse {
+            path: path.to_path_buf(),
+            detail: "not UTF-8".into(),
+        })?;
+        let mut cfg: Config = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            detail: e.to_string().trim_end().to_string(),
+        })?;
+        cfg.source = path.to_path_buf();
+        cfg.sha256 = hex(&Sha256::digest(&bytes));
+        let base = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        cfg.apply(overrides);
+        cfg.resolve(&base);
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn apply(&mut self, o: &Overrides) {
+        if let Some(d) = &o.data_dir {
+            self.data_dir = d.clone();
+        }
+        if let Some(d) = &o.output_dir {
+            self.output_dir = d.clone();
+        }
+        if let Some(c) = o.concurrency {
+            self.run.concurrency = c;
+        }
+        if let Some(a) = &o.metrics_addr {
+            self.run.metrics_addr = a.clone();
+        }
+    }
+
+    fn resolve(&mut self, base: &Path) {
+        let join = |p: &PathBuf| {
+            if p.is_absolute() {
+                p.clone()
+            } else {
+                base.join(p)
+            }
+        };
+        self.data_dir = join(&self.data_dir);
+        self.output_dir = join(&self.output_dir);
+        if let Some(t) = &mut self.tokenizer {
+            t.path = join(&t.path);
+            t.chat_template = t.chat_template.as_ref().map(join);
+        }
+        for d in &mut self.datasets {
+            d.path = join(&d.path);
+        }
+    }
+
+    fn invalid(&self, key: &str, detail: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.source.clone(),
+            key: key.into(),
+            detail: detail.into(),
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.server.urls.is_empty() {
+            return Err(self.invalid("server.urls", "at least one URL is needed"));
+        }
+        for u in &self.server.urls {
+            if !(u.starts_with("http://") || u.starts_with("https://")) {
+                return Err(self.invalid("server.urls", format!("`{u}` is not an http(s) URL")));
+            }
+        }
+        if self.server.max_attempts == 0 {
+            return Err(self.invalid("server.max_attempts", "must be at least 1"));
+        }
+        if self.server.request_timeout_s.is_nan() || self.server.request_timeout_s <= 0.0 {
+            return Err(self.invalid("server.request_timeout_s", "must be > 0"));
+        }
+        if self.run.concurrency == 0 {
+            return Err(self.invalid("run.concurrency", "must be at least 1"));
+        }
+        if self.shards.max_rows == 0 {
+            return Err(self.invalid("shards.max_rows", "must be at least 1"));
+        }
+        if !(1..=22).contains(&self.shards.compression_level) {
+            return Err(self.invalid("shards.compression_level", "zstd levels are 1..=22"));
+        }
+        if self.datasets.is_empty() {
+            return Err(self.invalid("dataset", "no [[dataset]] given"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, d) in self.datasets.iter().enumerate() {
+            let key = format!("dataset[{i}].name");
+            if !valid_name(&d.name) {
+                return Err(self.invalid(
+                    &key,
+                    format!(
+                        "`{}` is not a safe folder name (use [A-Za-z0-9_.-]+, not `.` or `..`)",
+                        d.name
+                    ),
+                ));
+            }
+            if !seen.insert(d.name.clone()) {
+                return Err(self.invalid(&key, format!("`{}` appears twice", d.name)));
+            }
+            let s = self.sampling.with(&d.sampling);
+            if s.max_tokens == 0 {
+                return Err(
+                    self.invalid(&format!("dataset[{i}].sampling.max_tokens"), "must be > 0")
+                );
+            }
+        }
+        if self.sampling.max_tokens == 0 {
+            return Err(self.invalid("sampling.max_tokens", "must be > 0"));
+        }
+        Ok(())
+    }
+
+    /// The dataset's effective sampling parameters.
+    pub fn sampling_of(&self, d: &DatasetConfig) -> Sampling {
+        self.sampling.with(&d.sampling)
+    }
+
+    /// The API key from the environment, if configured. Never logged.
+    pub fn api_key(&self) -> Result<Option<String>, ConfigError> {
+        match &self.server.api_key_env {
+            None => Ok(None),
+            Some(var) => match std::env::var(var) {
+                Ok(v) if !v.is_empty() => Ok(Some(v)),
+                _ => Err(self.invalid(
+                    "server.api_key_env",
+                    format!("environment variable `{var}` is not set"),
+                )),
+            },
+        }
+    }
+}
+
+/// Whether a dataset name is usable as a folder name under `output_dir`.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
+}
+
+/// Lower-case hex of bytes (digests in metadata and logs).
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_str(text: &str) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("spool.toml");
+        std::fs::write(&p, text).unwrap();
+        Config::load(&p, &Overrides::default())
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e = load_str("[run]\nconcurency = 3\n[[dataset]]\nname='a'\npath='a.jsonl'\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("concurency"), "{e}");
+        assert!(e.contains("spool.toml"), "{e}");
+    }
+
+    #[test]
+    fn bad_dataset_names_are_refused() {
+        for n in ["../x", "a/b", "..", ".", ""] {
+            let e = load_str(&format!("[[dataset]]\nname='{n}'\npath='a.jsonl'\n")).unwrap_err();
+            assert!(e.to_string().contains("dataset[0].name"), "{e}");
+        }
+    }
+
+    #[test]
+    fn relative_paths_resolve_against_the_config_and_overrides_apply() {
+        let c = load_str(
+            "data_dir='d'\n[sampling]\nmax_tokens=100\n[[dataset]]\nname='a'\npath='p/a.jsonl'\n[dataset.sampling]\ntemperature=0.1\n",
+        )
+        .unwrap();
+        assert!(c.data_dir.is_absolute() && c.data_dir.ends_with("d"));
+        assert!(c.datasets[0].path.ends_with("p/a.jsonl"));
+        let s = c.sampling_of(&c.datasets[0]);
+        assert_eq!((s.max_tokens, s.temperature), (100, 0.1));
+        assert_eq!(c.sha256.len(), 64);
+    }
+}

@@ -1,0 +1,951 @@
+//! `spool run`: the application layer wiring intake, scheduler, workers, queue and archive.
+//!
+//! Tasks: the dispatcher (this function's loop) leases rows into request slots; one
+//! worker task per lease talks to a server with retries; the committer applies finished
+//! attempts to the queue in group commits (one batch + one fsync for whatever has
+//! arrived) and only then tells the scheduler and hands rows to the archive thread, which
+//! writes shards off the request path; a monitor task samples rates, updates gauges and
+//! logs progress.
+//!
+//! Shutdown order (on the `shutdown` future, a fatal error, or when all is done): stop
+//! dispatch → wait for requests in flight up to `shutdown_grace_s`, then abort the rest
+//! (their items stay pending) → the committer drains → the archive seals open shards →
+//! the queue is flushed.
+
+use crate::archive::{Archive, ArchiveDataset};
+use crate::config::Config;
+use crate::http::Observed;
+use crate::intake::intake;
+use crate::metrics::{DatasetMetrics, Metrics};
+use crate::progress::{format_line, LineClock, LineFields, Rate};
+use crate::queue::{Failure, Outcome, Queue};
+use crate::scheduler::{lane_eta, LaneSpec, Lease, Next, Scheduler};
+use crate::shard::{ShardLimits, ShardRow};
+use crate::status::{grouped, StatusReport};
+use crate::template::{ChatTemplate, PromptBuilder, Tokenizer};
+use crate::upstream::{
+    CountSource, GenerateRequest, Generation, Upstream, UpstreamError, UpstreamOptions,
+};
+use anyhow::{Context, Result};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How a run ended (the caller maps it to an exit code).
+#[derive(Debug)]
+pub struct RunSummary {
+    /// Stopped by the shutdown signal before finishing.
+    pub interrupted: bool,
+    /// The final status, from the queue.
+    pub report: StatusReport,
+}
+
+/// One configured server and its load.
+struct Server {
+    url: String,
+    inflight: AtomicUsize,
+    up: AtomicBool,
+    errors: AtomicU32,
+}
+
+/// The servers with least-requests routing and take-out / probe-in.
+struct Servers {
+    list: Vec<Server>,
+    last_down_log: Mutex<Option<Instant>>,
+}
+
+/// Consecutive failures that take a server out of rotation.
+const TAKE_OUT_AFTER: u32 = 3;
+
+impl Servers {
+    fn new(urls: &[String]) -> Self {
+        Self {
+            list: urls
+                .iter()
+                .map(|u| Server {
+                    url: u.trim_end_matches('/').to_string(),
+                    inflight: AtomicUsize::new(0),
+                    up: AtomicBool::new(true),
+                    errors: AtomicU32::new(0),
+                })
+                .collect(),
+            last_down_log: Mutex::new(None),
+        }
+    }
+
+    /// The up server with the fewest requests in flight (any server if all are down).
+    fn pick(&self) -> usize {
+        let key = |(i, s): (usize, &Server)| {
+            (
+                !s.up.load(Ordering::Relaxed),
+                s.inflight.load(Ordering::Relaxed),
+                i,
+            )
+        };
+        self.list
+            .iter()
+            .enumerate()
+            .min_by_key(|x| key(*x))
+            .map(|(i, _)| i)
+            .unwrap_or(0)
+    }
+
+    fn any_up(&self) -> bool {
+        self.list.iter().any(|s| s.up.load(Ordering::Relaxed))
+    }
+
+    fn ok(&self, i: usize) {
+        let s = &self.list[i];
+        s.errors.store(0, Ordering::Relaxed);
+        if !s.up.swap(true, Ordering::Relaxed) {
+            tracing::info!(server = %s.url, "server back in rotation");
+        }
+    }
+
+    fn error(&self, i: usize) {
+        let s = &self.list[i];
+        let n = s.errors.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= TAKE_OUT_AFTER && s.up.swap(false, Ordering::Relaxed) {
+            tracing::warn!(server = %s.url, consecutive_errors = n, "server taken out of rotation; probing it");
+        }
+    }
+
+    /// Logs "every server down" at most once a minute.
+    fn log_all_down(&self) {
+        let mut last = self.last_down_log.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+            *last = Some(Instant::now());
+            tracing::warn!(
+                servers = self.list.len(),
+                "no inference server reachable: dispatch paused until one answers"
+            );
+        }
+    }
+}
+
+/// A finished attempt on its way to the committer.
+struct Finished {
+    lease: Lease,
+    outcome: Outcome,
+    count_source: CountSource,
+    duration_s: f64,
+    ttft_s: Option<f64>,
+}
+
+/// Everything workers share.
+struct Ctx {
+    cfg: Config,
+    queue: Arc<Queue>,
+    sched: Arc<Scheduler>,
+    upstream: Upstream,
+    servers: Arc<Servers>,
+    builder: Arc<PromptBuilder>,
+    names: Vec<String>,
+    dmetrics: Vec<DatasetMetrics>,
+    sampling: Vec<crate::config::Sampling>,
+    /// Cancelled after the shutdown grace: workers give their leases back at once.
+    hard_stop: CancellationToken,
+    commits: mpsc::UnboundedSender<Finished>,
+    nonce: AtomicU64,
+}
+
+/// Runs the job until every dataset is finished or `shutdown` resolves.
+pub async fn run(
+    cfg: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<RunSummary> {
+    std::fs::create_dir_all(&cfg.output_dir)
+        .with_context(|| format!("cannot create output_dir {}", cfg.output_dir.display()))?;
+    let queue = Arc::new(Queue::open(&cfg.data_dir)?);
+    let api_key = cfg.api_key()?;
+
+    let (tokenizer, template) = load_prompt_tools(&cfg)?;
+    let tokenizer_sha = tokenizer.as_ref().map(|t| t.sha256().to_string());
+    let builder = Arc::new(PromptBuilder::new(template, tokenizer));
+
+    // Datasets in config order.
+    let mut ds_of = Vec::new();
+    let mut names = Vec::new();
+    for d in &cfg.datasets {
+        let s = queue.open_dataset(&d.name)?;
+        ds_of.push(s.index);
+        names.push(d.name.clone());
+    }
+    let name_map: HashMap<u16, String> = ds_of.iter().copied().zip(names.iter().cloned()).collect();
+
+    // Shards first: adopt what a crash left finished, drop what it left half written.
+    let limits = ShardLimits {
+        max_rows: cfg.shards.max_rows,
+        max_bytes: cfg.shards.max_bytes,
+        compression_level: cfg.shards.compression_level,
+    };
+    let mut base_meta = vec![
+        (
+            "spool.version".to_string(),
+            env!("CARGO_PKG_VERSION").to_string(),
+        ),
+        ("spool.config_sha256".to_string(), cfg.sha256.clone()),
+    ];
+    if let Some(sha) = &tokenizer_sha {
+        base_meta.push(("spool.tokenizer_sha256".into(), sha.clone()));
+    }
+    let arch_datasets: HashMap<u16, ArchiveDataset> = cfg
+        .datasets
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let mut metadata = base_meta.clone();
+            let sampling = serde_json::to_string(&cfg.sampling_of(d)).unwrap_or_default();
+            metadata.push(("spool.sampling".into(), sampling));
+            (
+                ds_of[i],
+                ArchiveDataset {
+                    name: d.name.clone(),
+                    metadata,
+                },
+            )
+        })
+        .collect();
+    let mut archive = Archive::new(queue.clone(), &cfg.output_dir, limits, arch_datasets);
+    for &ds in &ds_of {
+        let rec = archive.recover(ds)?;
+        if rec.temp_files_removed > 0 || rec.shards_adopted > 0 {
+            tracing::info!(dataset = %name_map[&ds], temp_files_removed = rec.temp_files_removed,
+                shards_adopted = rec.shards_adopted, rows_adopted = rec.rows_adopted, "recovered output folder");
+        }
+    }
+
+    // Intake, then the resume line of each dataset.
+    let metrics = Arc::new(Metrics::new());
+    let mut dmetrics = Vec::new();
+    for (i, d) in cfg.datasets.iter().enumerate() {
+        let ds = ds_of[i];
+        let (q, d2, b, out) = (
+            queue.clone(),
+            d.clone(),
+            builder.clone(),
+            cfg.output_dir.clone(),
+        );
+        let chat = cfg.server.api == crate::config::Api::Chat;
+        let rep = tokio::task::spawn_blocking(move || intake(&q, ds, &d2, &b, &out, chat))
+            .await
+            .context("intake task panicked")??;
+        let s = queue
+            .state(ds)
+            .context("dataset state missing after intake")?;
+        let dm = metrics.dataset(&d.name);
+        dm.rejected.inc_by(s.rejected);
+        dm.completion_tokens.inc_by(0);
+        if let Some(b) = d.token_budget {
+            metrics
+                .token_budget
+                .with_label_values(&[&d.name])
+                .set(b as i64);
+        }
+        dmetrics.push(dm);
+        let budget_left = d
+            .token_budget
+            .map(|b| {
+                format!(
+                    "budget left {}",
+                    grouped(b.saturating_sub(s.completion_tokens))
+                )
+            })
+            .unwrap_or_else(|| "no budget".into());
+        tracing::info!(
+            "{}: {} prompts ({} done, {} tokens; {} to go; {}){}",
+            d.name,
+            grouped(s.items),
+            grouped(s.done),
+            grouped(s.completion_tokens),
+            grouped(s.pending()),
+            budget_left,
+            if rep.added > 0 || rep.rejected > 0 {
+                format!("; {} new, {} rejected this run", rep.added, rep.rejected)
+            } else {
+                String::new()
+            }
+        );
+        if d.token_budget.is_some_and(|b| s.completion_tokens >= b) {
+            tracing::info!(dataset = %d.name, "budget already met: skipping this dataset");
+        }
+    }
+
+    let upstream = Upstream::new(UpstreamOptions {
+        api: cfg.server.api,
+        model: cfg.server.model.clone(),
+        api_key,
+        stream: cfg.server.stream,
+        request_timeout: Duration::from_secs_f64(cfg.server.request_timeout_s),
+        max_response_bytes: cfg.server.max_response_bytes,
+        pool_size: cfg.run.concurrency,
+    })?;
+    let servers = Arc::new(Servers::new(&cfg.server.urls));
+    for s in &servers.list {
+        metrics.server_up.with_label_values(&[&s.url]).set(1);
+        metrics.inflight.with_label_values(&[&s.url]).set(0);
+    }
+
+    let specs = cfg
+        .datasets
+        .iter()
+        .enumerate()
+        .map(|(i, d)| LaneSpec {
+            ds: ds_of[i],
+            name: d.name.clone(),
+            budget: d.token_budget,
+            max_tokens: cfg.sampling_of(d).max_tokens,
+            policy: cfg.run.budget_policy,
+        })
+        .collect();
+    let sched = Arc::new(Scheduler::new(queue.clone(), specs));
+
+    let stop = CancellationToken::new();
+    let hard_stop = CancellationToken::new();
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let fatal: Arc<Mutex<Option<anyhow::Error>>> = Arc::new(Mutex::new(None));
+    {
+        let (stop, interrupted) = (stop.clone(), interrupted.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown => {
+                    interrupted.store(true, Ordering::SeqCst);
+                    tracing::info!("shutdown requested: no new requests; waiting for those in flight");
+                    stop.cancel();
+                }
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
+
+    // Archive thread: seeded with results that are durable but not yet in a shard.
+    let (arch_tx, arch_rx) = mpsc::unbounded_channel::<(u16, Vec<(ShardRow, CountSource)>)>();
+    let archive_thread = {
+        let (queue, stop, fatal, metrics) =
+            (queue.clone(), stop.clone(), fatal.clone(), metrics.clone());
+        let ds_list = ds_of.clone();
+        let names = name_map.clone();
+        std::thread::Builder::new()
+            .name("spool-archive".into())
+            .spawn(move || {
+                let res = archive_loop(&mut archive, &queue, &ds_list, arch_rx, &metrics, &names);
+                if let Err(e) = res {
+                    tracing::error!(error = %e, "cannot write shards: stopping dispatch; everything completed stays in the queue");
+                    archive.abandon_all();
+                    *fatal.lock().unwrap_or_else(|p| p.into_inner()) = Some(anyhow::Error::new(e));
+                    stop.cancel();
+                }
+            })
+            .context("cannot start the archive thread")?
+    };
+
+    // Committer.
+    let (commit_tx, commit_rx) = mpsc::unbounded_channel::<Finished>();
+    let committer = {
+        let (queue, sched, fatal, stop) =
+            (queue.clone(), sched.clone(), fatal.clone(), stop.clone());
+        let dmetrics = dmetrics.clone();
+        tokio::spawn(async move {
+            if let Err(e) = commit_loop(commit_rx, queue, sched, arch_tx, dmetrics).await {
+                tracing::error!(error = %e, "queue commit failed: stopping");
+                *fatal.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                stop.cancel();
+            }
+        })
+    };
+
+    let ctx = Arc::new(Ctx {
+        sampling: cfg.datasets.iter().map(|d| cfg.sampling_of(d)).collect(),
+        cfg: cfg.clone(),
+        queue: queue.clone(),
+        sched: sched.clone(),
+        upstream,
+        servers: servers.clone(),
+        builder,
+        names: names.clone(),
+        dmetrics: dmetrics.clone(),
+        hard_stop: hard_stop.clone(),
+        commits: commit_tx,
+        nonce: AtomicU64::new(0),
+    });
+
+    // Monitor: rates, gauges, progress lines, live status, server probes.
+    let live = Arc::new(Mutex::new(HashMap::<String, (f64, f64, Option<f64>)>::new()));
+    let monitor_stop = CancellationToken::new();
+    let monitor = tokio::spawn(monitor_loop(
+        ctx.clone(),
+        metrics.clone(),
+        live.clone(),
+        monitor_stop.clone(),
+    ));
+    let observed = Arc::new(Observed {
+        metrics: metrics.clone(),
+        ready: AtomicBool::new(true),
+        status: {
+            let (queue, cfg, sched, live) =
+                (queue.clone(), cfg.clone(), sched.clone(), live.clone());
+            Box::new(move || live_status(&queue, &cfg, &sched, &live))
+        },
+    });
+    let http_stop = CancellationToken::new();
+    let http_task = if cfg.run.metrics_addr.is_empty() {
+        None
+    } else {
+        let listener = tokio::net::TcpListener::bind(&cfg.run.metrics_addr)
+            .await
+            .with_context(|| format!("cannot bind run.metrics_addr {}", cfg.run.metrics_addr))?;
+        tracing::info!(addr = %listener.local_addr()?, "metrics endpoint listening");
+        let (o, s) = (observed.clone(), http_stop.clone());
+        Some(tokio::spawn(crate::http::serve(listener, o, async move {
+            s.cancelled().await
+        })))
+    };
+
+    // Dispatch.
+    let tracker = TaskTracker::new();
+    let slots = Arc::new(Semaphore::new(cfg.run.concurrency));
+    'dispatch: loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => p.context("slot semaphore closed")?,
+            _ = stop.cancelled() => break 'dispatch,
+        };
+        let lease = loop {
+            let notified = sched.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !servers.any_up() {
+                servers.log_all_down();
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                    _ = stop.cancelled() => break 'dispatch,
+                }
+            }
+            match sched.next()? {
+                Next::Lease(l) => break l,
+                Next::Done => break 'dispatch,
+                Next::Wait => {
+                    tokio::select! {
+                        _ = &mut notified => {}
+                        // Streamed tokens move budget estimates without a notification.
+                        _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                        _ = stop.cancelled() => break 'dispatch,
+                    }
+                }
+            }
+        };
+        let ctx = ctx.clone();
+        tracker.spawn(async move {
+            work(&ctx, lease).await;
+            drop(permit);
+        });
+    }
+    tracker.close();
+    let grace = Duration::from_secs_f64(cfg.run.shutdown_grace_s.max(0.0));
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        tracing::warn!(
+            grace_s = cfg.run.shutdown_grace_s,
+            "requests still in flight after the grace period: aborting them (their items stay pending)"
+        );
+        hard_stop.cancel();
+        tracker.wait().await;
+    }
+    // The monitor holds a context (and so a commit sender): stop it before draining.
+    monitor_stop.cancel();
+    let _ = monitor.await;
+    drop(ctx);
+    committer.await.context("committer task panicked")?;
+    archive_thread
+        .join()
+        .map_err(|_| anyhow::anyhow!("archive thread panicked"))?;
+    queue.flush()?;
+    http_stop.cancel();
+    if let Some(h) = http_task {
+        let _ = h.await;
+    }
+    if let Some(e) = fatal.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(e);
+    }
+    let report = StatusReport::from_queue(&queue, &cfg)?;
+    let interrupted = interrupted.load(Ordering::SeqCst);
+    for d in &report.datasets {
+        if let Some(b) = d.budget {
+            tracing::info!(dataset = %d.name, completion_tokens = d.completion_tokens, budget = b,
+                overshoot = d.overshoot_tokens, wasted = d.wasted_tokens, "budget outcome");
+        }
+    }
+    Ok(RunSummary {
+        interrupted,
+        report,
+    })
+}
+
+fn load_prompt_tools(cfg: &Config) -> Result<(Option<Tokenizer>, Option<ChatTemplate>)> {
+    let Some(t) = &cfg.tokenizer else {
+        return Ok((None, None));
+    };
+    let tok = Tokenizer::from_file(&t.path)
+        .with_context(|| format!("{}: key `tokenizer.path`", cfg.source.display()))?;
+    let tpl =
+        match &t.chat_template {
+            Some(p) => Some(ChatTemplate::from_file(p).with_context(|| {
+                format!("{}: key `tokenizer.chat_template`", cfg.source.display())
+            })?),
+            None => None,
+        };
+    Ok((Some(tok), tpl))
+}
+
+fn archive_loop(
+    archive: &mut Archive,
+    queue: &Queue,
+    ds_list: &[u16],
+    mut rx: mpsc::UnboundedReceiver<(u16, Vec<(ShardRow, CountSource)>)>,
+    metrics: &Metrics,
+    names: &HashMap<u16, String>,
+) -> Result<(), crate::archive::ArchiveError> {
+    let record = |sealed: &[crate::shard::SealedShard], ds: u16| {
+        let name = names.get(&ds).map(String::as_str).unwrap_or("?");
+        for s in sealed {
+            metrics.shards_written.with_label_values(&[name]).inc();
+            metrics
+                .shard_bytes
+                .with_label_values(&[name])
+                .inc_by(s.bytes);
+        }
+    };
+    for &ds in ds_list {
+        let rows = queue.unsharded(ds)?;
+        if !rows.is_empty() {
+            tracing::info!(dataset = %names[&ds], rows = rows.len(), "results from the last run waiting for a shard");
+            let sealed = archive.add(ds, None, &rows)?;
+            record(&sealed, ds);
+        }
+    }
+    while let Some((ds, rows)) = rx.blocking_recv() {
+        let source = rows.first().map(|r| r.1);
+        let rows: Vec<ShardRow> = rows.into_iter().map(|r| r.0).collect();
+        let sealed = archive.add(ds, source, &rows)?;
+        record(&sealed, ds);
+    }
+    for (ds, s) in archive.seal_all()? {
+        record(std::slice::from_ref(&s), ds);
+    }
+    Ok(())
+}
+
+async fn commit_loop(
+    mut rx: mpsc::UnboundedReceiver<Finished>,
+    queue: Arc<Queue>,
+    sched: Arc<Scheduler>,
+    archive: mpsc::UnboundedSender<(u16, Vec<(ShardRow, CountSource)>)>,
+    dmetrics: Vec<DatasetMetrics>,
+) -> Result<()> {
+    let mut buf = Vec::new();
+    while rx.recv_many(&mut buf, 512).await > 0 {
+        let batch = std::mem::take(&mut buf);
+        let outcomes: Vec<Outcome> = batch.iter().map(|f| f.outcome.clone()).collect();
+        let q = queue.clone();
+        // One batch and one fsync for everything that arrived together.
+        let applied = tokio::task::spawn_blocking(move || -> Result<Vec<bool>> {
+            let a = q.commit(&outcomes)?;
+            q.flush()?;
+            Ok(a)
+        })
+        .await
+        .context("commit task panicked")??;
+        let mut to_archive: HashMap<u16, Vec<(ShardRow, CountSource)>> = HashMap::new();
+        for (f, ok) in batch.into_iter().zip(applied) {
+            let dm = &dmetrics[f.lease.lane];
+            match f.outcome {
+                Outcome::Done { ds, result } if ok => {
+                    dm.ok.inc();
+                    dm.completion_tokens
+                        .inc_by(u64::from(result.completion_tokens));
+                    dm.prompt_tokens.inc_by(u64::from(result.prompt_tokens));
+                    dm.duration.observe(f.duration_s);
+                    if let Some(t) = f.ttft_s {
+                        dm.ttft.observe(t);
+                    }
+                    sched.completed(&f.lease, result.completion_tokens);
+                    to_archive
+                        .entry(ds)
+                        .or_default()
+                        .push((*result, f.count_source));
+                }
+                Outcome::Failed { .. } if ok => {
+                    dm.failed.inc();
+                    sched.failed(&f.lease);
+                }
+                _ => {
+                    // Not pending any more: nothing to do but end the lease.
+                    sched.release(&f.lease);
+                }
+            }
+        }
+        for (ds, rows) in to_archive {
+            // The archive thread only stops on a fatal error, which has stopped dispatch.
+            let _ = archive.send((ds, rows));
+        }
+    }
+    Ok(())
+}
+
+fn backoff(attempt: u32, retry_after: Option<Duration>) -> Duration {
+    let base = 0.5f64 * 2f64.powi(attempt.saturating_sub(1).min(10) as i32);
+    let capped = base.min(60.0);
+    let jittered = capped * (0.5 + rand::random::<f64>() * 0.5);
+    let d = Duration::from_secs_f64(jittered);
+    match retry_after {
+        Some(r) => d.max(r),
+        None => d,
+    }
+}
+
+/// Sends one leased item until it completes, fails for good, or must be given back.
+async fn work(ctx: &Ctx, lease: Lease) {
+    let lane = lease.lane;
+    let name = &ctx.names[lane];
+    let dm = &ctx.dmetrics[lane];
+    let item = match ctx.queue.item(lease.ds, lease.row) {
+        Ok(Some(i)) => i,
+        other => {
+            tracing::error!(dataset = %name, row = lease.row, result = ?other.err(), "leased item missing from the queue");
+            ctx.sched.release(&lease);
+            return;
+        }
+    };
+    let messages: Option<serde_json::Value> = item
+        .messages
+        .as_deref()
+        .and_then(|m| serde_json::from_str(m).ok());
+    let sampling = &ctx.sampling[lane];
+    let max_attempts = ctx.cfg.server.max_attempts;
+    let mut attempts = 0u32;
+    let mut unreachable_waits = 0u32;
+    loop {
+        let si = ctx.servers.pick();
+        let server = &ctx.servers.list[si];
+        let rid = format!(
+            "{}-{}-{}",
+            name,
+            lease.row,
+            ctx.nonce.fetch_add(1, Ordering::Relaxed)
+        );
+        attempts += 1;
+        lease.streamed.store(0, Ordering::Relaxed);
+        let sink = |n: u32| {
+            lease.streamed.fetch_add(n, Ordering::Relaxed);
+            dm.streamed_tokens.inc_by(u64::from(n));
+        };
+        let req = GenerateRequest {
+            rid: &rid,
+            prompt: &item.prompt,
+            prompt_ids: item.prompt_ids.as_deref(),
+            messages: messages.as_ref(),
+            sampling,
+        };
+        server.inflight.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let res = tokio::select! {
+            r = ctx.upstream.generate(&server.url, &req, &sink) => Some(r),
+            _ = lease.cancel.cancelled() => None,
+            _ = ctx.hard_stop.cancelled() => None,
+        };
+        server.inflight.fetch_sub(1, Ordering::Relaxed);
+        let res = match res {
+            Some(r) => r,
+            None => {
+                // Budget cancel or hard stop: abort upstream, give the item back.
+                ctx.upstream.abort(&server.url, &rid).await;
+                let wasted = lease.streamed.load(Ordering::Relaxed);
+                if lease.cancel.is_cancelled() && wasted > 0 {
+                    let _ = ctx.queue.add_wasted(lease.ds, u64::from(wasted));
+                }
+                ctx.sched.release(&lease);
+                return;
+            }
+        };
+        let err = match res {
+            Ok(g) => {
+                ctx.servers.ok(si);
+                let duration_s = started.elapsed().as_secs_f64();
+                let (row, source) = to_row(ctx, &lease, &item, g, attempts);
+                let ttft_s = row.ttft_ms.map(|t| f64::from(t) / 1000.0);
+                let _ = ctx.commits.send(Finished {
+                    outcome: Outcome::Done {
+                        ds: lease.ds,
+                        result: Box::new(row),
+                    },
+                    lease,
+                    count_source: source,
+                    duration_s,
+                    ttft_s,
+                });
+                return;
+            }
+            Err(e) => e,
+        };
+        if err.is_unreachable() {
+            // Says nothing about the item: no attempt burned; wait for a server.
+            attempts -= 1;
+            ctx.servers.error(si);
+            unreachable_waits += 1;
+            if !ctx.servers.any_up() {
+                ctx.servers.log_all_down();
+            }
+            let wait = backoff(unreachable_waits.min(6), None);
+            if !sleep_or_stop(ctx, &lease, wait).await {
+                ctx.sched.release(&lease);
+                return;
+            }
+            continue;
+        }
+        if err.is_retriable() {
+            ctx.servers.error(si);
+        }
+        if err.is_retriable() && attempts < max_attempts {
+            dm.retry.inc();
+            tracing::debug!(dataset = %name, row = lease.row, attempt = attempts, error = %err, "attempt failed; retrying");
+            if !sleep_or_stop(ctx, &lease, backoff(attempts, err.retry_after())).await {
+                ctx.sched.release(&lease);
+                return;
+            }
+            continue;
+        }
+        let reason = describe(&err, attempts);
+        tracing::warn!(dataset = %name, row = lease.row, id = %item.id, reason = %reason, "item failed permanently");
+        let _ = ctx.commits.send(Finished {
+            outcome: Outcome::Failed {
+                ds: lease.ds,
+                row: lease.row,
+                failure: Failure { reason, attempts },
+            },
+            lease,
+            count_source: CountSource::Server,
+            duration_s: 0.0,
+            ttft_s: None,
+        });
+        return;
+    }
+}
+
+fn describe(e: &UpstreamError, attempts: u32) -> String {
+    if e.is_retriable() {
+        format!("{e} (gave up after {attempts} attempts)")
+    } else {
+        e.to_string()
+    }
+}
+
+/// Sleeps unless the lease must be given back first; false = give it back.
+async fn sleep_or_stop(ctx: &Ctx, lease: &Lease, d: Duration) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => true,
+        _ = lease.cancel.cancelled() => false,
+        _ = ctx.hard_stop.cancelled() => false,
+    }
+}
+
+fn to_row(
+    ctx: &Ctx,
+    lease: &Lease,
+    item: &crate::queue::Item,
+    g: Generation,
+    attempts: u32,
+) -> (ShardRow, CountSource) {
+    let tok = ctx.builder.tokenizer();
+    let completion_ids = match (&g.token_ids, tok) {
+        (Some(ids), _) => Some(ids.clone()),
+        (None, Some(t)) => t.encode(&g.text, false).ok(),
+        (None, None) => None,
+    };
+    let (completion_tokens, source) = match (g.completion_tokens, &g.token_ids, tok) {
+        (Some(n), _, _) => (n, CountSource::Server),
+        (None, Some(ids), _) => (ids.len() as u32, CountSource::TokenIds),
+        (None, None, Some(_)) => (
+            completion_ids
+                .as_ref()
+                .map(|i| i.len() as u32)
+                .unwrap_or(g.chunks),
+            CountSource::Tokenizer,
+        ),
+        (None, None, None) => (g.chunks, CountSource::Chunks),
+    };
+    let prompt_tokens = g
+        .prompt_tokens
+        .or_else(|| item.prompt_ids.as_ref().map(|i| i.len() as u32))
+        .unwrap_or(0);
+    let completed_at_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    (
+        ShardRow {
+            id: item.id.clone(),
+            dataset: ctx.names[lease.lane].clone(),
+            row: lease.row,
+            prompt: item.prompt.clone(),
+            messages: item.messages.clone(),
+            prompt_token_ids: item.prompt_ids.clone(),
+            completion: g.text,
+            completion_token_ids: completion_ids,
+            prompt_tokens,
+            completion_tokens,
+            finish_reason: g.finish_reason,
+            model: ctx.cfg.server.model.clone(),
+            attempts,
+            latency_ms: g.latency_ms,
+            ttft_ms: g.ttft_ms,
+            completed_at_ms,
+        },
+        source,
+    )
+}
+
+/// The live status: queue counters plus in-flight counts, rates and ETAs.
+fn live_status(
+    queue: &Queue,
+    cfg: &Config,
+    sched: &Scheduler,
+    live: &Mutex<HashMap<String, (f64, f64, Option<f64>)>>,
+) -> StatusReport {
+    let mut r = StatusReport::from_queue(queue, cfg).unwrap_or_default();
+    r.running = true;
+    let views = sched.views();
+    let live = live.lock().unwrap_or_else(|p| p.into_inner());
+    for d in &mut r.datasets {
+        if let Some(v) = views.iter().find(|v| v.name == d.name) {
+            d.inflight = v.inflight as u64;
+            if d.state == "pending" && (v.inflight > 0 || v.dispatching) {
+                d.state = "running".into();
+            }
+        }
+        if let Some((tok, req, eta)) = live.get(&d.name) {
+            d.tokens_per_s = Some(*tok);
+            d.requests_per_s = Some(*req);
+            d.eta_s = *eta;
+        }
+    }
+    r
+}
+
+async fn monitor_loop(
+    ctx: Arc<Ctx>,
+    metrics: Arc<Metrics>,
+    live: Arc<Mutex<HashMap<String, (f64, f64, Option<f64>)>>>,
+    stop: CancellationToken,
+) {
+    let start = Instant::now();
+    let mut rates: Vec<Rate> = ctx.names.iter().map(|_| Rate::default()).collect();
+    let mut clocks: Vec<LineClock> = ctx
+        .names
+        .iter()
+        .map(|_| LineClock::new(ctx.cfg.run.progress_every, 0, start))
+        .collect();
+    let mut first = true;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut last_probe = Instant::now();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => break,
+        }
+        let now = Instant::now();
+        let views = ctx.sched.views();
+        let states = ctx.queue.states();
+        let mut live_map = HashMap::new();
+        for (i, v) in views.iter().enumerate() {
+            let dm = &ctx.dmetrics[i];
+            let Some(s) = states.iter().find(|s| s.name == v.name) else {
+                continue;
+            };
+            if first {
+                clocks[i] = LineClock::new(ctx.cfg.run.progress_every, s.done, now);
+            }
+            rates[i].sample(now, dm.streamed_tokens.get(), dm.ok.get());
+            let (tok_s, req_s) = rates[i].rates().unwrap_or((0.0, 0.0));
+            let eta = if v.finished {
+                Some(0.0)
+            } else {
+                lane_eta(v, tok_s)
+            };
+            let name = v.name.as_str();
+            let pending = s.pending().saturating_sub(v.inflight as u64);
+            metrics
+                .items
+                .with_label_values(&[name, "pending"])
+                .set(pending as i64);
+            metrics
+                .items
+                .with_label_values(&[name, "inflight"])
+                .set(v.inflight as i64);
+            metrics
+                .items
+                .with_label_values(&[name, "done"])
+                .set(s.done as i64);
+            metrics
+                .items
+                .with_label_values(&[name, "failed"])
+                .set(s.failed as i64);
+            if let Some(b) = v.budget {
+                metrics
+                    .budget_remaining
+                    .with_label_values(&[name])
+                    .set(b.saturating_sub(s.completion_tokens) as i64);
+            }
+            metrics
+                .eta
+                .with_label_values(&[name])
+                .set(eta.unwrap_or(-1.0));
+            live_map.insert(v.name.clone(), (tok_s, req_s, eta));
+            let active = v.inflight > 0;
+            if clocks[i].due(s.done, active, now) {
+                let avg = if s.done > 0 {
+                    s.completion_tokens as f64 / s.done as f64
+                } else {
+                    0.0
+                };
+                tracing::info!(
+                    "{}",
+                    format_line(&LineFields {
+                        name,
+                        done: s.done,
+                        total: s.items,
+                        errors: s.failed + dm.retry.get(),
+                        req_per_s: req_s,
+                        tok_per_s: tok_s,
+                        avg_completion: avg,
+                        tokens: s.completion_tokens,
+                        budget: v.budget,
+                        eta_s: eta,
+                    })
+                );
+            }
+        }
+        first = false;
+        *live.lock().unwrap_or_else(|p| p.into_inner()) = live_map;
+        for s in &ctx.servers.list {
+            metrics
+                .inflight
+                .with_label_values(&[&s.url])
+                .set(s.inflight.load(Ordering::Relaxed) as i64);
+            metrics
+                .server_up
+                .with_label_values(&[&s.url])
+                .set(i64::from(s.up.load(Ordering::Relaxed)));
+        }
+        // Probe servers taken out of rotation.
+        if last_probe.elapsed() >= Duration::from_secs(2) {
+            last_probe = Instant::now();
+            for (i, s) in ctx.servers.list.iter().enumerate() {
+                if !s.up.load(Ordering::Relaxed) && ctx.upstream.healthy(&s.url).await {
+                    ctx.servers.ok(i);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! spool: prompt datasets → LLM completions → zstd Parquet shards, crash-safe and resumable.
+//!
+//! The data flows one way: `config` → `dataset` (rows) → `template` (prompt text and ids)
+//! → `queue` (sled, the source of truth) → `scheduler` (budgets, slots) → `upstream`
+//! (the inference server) → `queue` (results, durably) → `shard` (Parquet files).
+//! `job` wires them together for `spool run`; `status`, `metrics` and `http` observe.
+
+pub mod archive;
+pub mod budget;
+pub mod config;
+pub mod dataset;
+pub mod error;
+pub mod http;
+pub mod intake;
+pub mod job;
+pub mod metrics;
+pub mod mock;
+pub mod progress;
+pub mod queue;
+pub mod scheduler;
+pub mod shard;
+pub mod status;
+pub mod template;
+pub mod upstream;

@@ -1,0 +1,243 @@
+//! The `spool` binary: parses arguments, calls into the library, maps errors to the exit
+//! codes of SPEC §1. The only place that prints to stdout.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use spool::config::{Config, Overrides};
+use spool::error::{exit, exit_code};
+use spool::status::StatusReport;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "spool",
+    version,
+    about = "Prompt datasets → LLM completions → zstd Parquet shards, crash-safe and resumable"
+)]
+struct Cli {
+    /// Config file.
+    #[arg(
+        short = 'c',
+        long = "config",
+        global = true,
+        default_value = "spool.toml"
+    )]
+    config: PathBuf,
+    /// Override `data_dir`.
+    #[arg(long, global = true)]
+    data_dir: Option<PathBuf>,
+    /// Override `output_dir`.
+    #[arg(long, global = true)]
+    output_dir: Option<PathBuf>,
+    /// Override `run.concurrency`.
+    #[arg(long, global = true)]
+    concurrency: Option<usize>,
+    /// Override `run.metrics_addr` ("" disables the endpoint).
+    #[arg(long, global = true)]
+    metrics_addr: Option<String>,
+    /// Less output (warnings and errors only).
+    #[arg(short = 'q', long, global = true)]
+    quiet: bool,
+    /// More output (debug; twice for trace).
+    #[arg(short = 'v', long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Enqueue every dataset, drain the queue under the budgets, write shards.
+    Run,
+    /// A table per dataset from the queue (or the running process).
+    Status {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move permanently failed items back to pending.
+    Retry {
+        /// Only this dataset.
+        #[arg(long)]
+        dataset: Option<String>,
+    },
+    /// A simulated inference server for demos, tests and benchmarks.
+    MockServer(spool::mock::MockConfig),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.quiet, cli.verbose);
+    match real_main(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("spool: error: {e:#}");
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}
+
+fn init_logging(quiet: bool, verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match (quiet, verbose) {
+        (true, _) => "warn",
+        (false, 0) => "info",
+        (false, 1) => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("{default},sled=warn,hyper=warn,reqwest=warn")));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .with_target(false)
+        .init();
+}
+
+fn overrides(cli: &Cli) -> Overrides {
+    Overrides {
+        data_dir: cli.data_dir.clone(),
+        output_dir: cli.output_dir.clone(),
+        concurrency: cli.concurrency,
+        metrics_addr: cli.metrics_addr.clone(),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Resolves on the first SIGINT/SIGTERM; a second one exits at once (resume stays exact:
+/// nothing is acknowledged that is not durable).
+async fn first_signal() {
+    wait_signal().await;
+    tokio::spawn(async {
+        wait_signal().await;
+        eprintln!("spool: second signal: exiting now");
+        std::process::exit(i32::from(exit::INTERRUPTED));
+    });
+}
+
+async fn wait_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        };
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn real_main(cli: Cli) -> anyhow::Result<u8> {
+    match &cli.command {
+        Command::Run => {
+            let cfg = Config::load(&cli.config, &overrides(&cli))?;
+            let summary = runtime()?.block_on(spool::job::run(cfg, first_signal()))?;
+            if summary.interrupted {
+                return Ok(exit::INTERRUPTED);
+            }
+            let failed = summary.report.failed();
+            if failed > 0 {
+                eprintln!("spool: {failed} item(s) failed permanently; see `spool status` and `spool retry`");
+                return Ok(exit::ITEMS_FAILED);
+            }
+            Ok(exit::OK)
+        }
+        Command::Status { json } => {
+            let cfg = Config::load(&cli.config, &overrides(&cli))?;
+            let report = runtime()?.block_on(status_report(&cfg))?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.render_table());
+            }
+            Ok(exit::OK)
+        }
+        Command::Retry { dataset } => {
+            let cfg = Config::load(&cli.config, &overrides(&cli))?;
+            let queue = spool::queue::Queue::open(&cfg.data_dir)?;
+            let mut total = 0;
+            for s in queue.states() {
+                if dataset.as_ref().is_some_and(|d| d != &s.name) {
+                    continue;
+                }
+                let n = queue.retry_failed(s.index)?;
+                println!("{}: {n} failed item(s) back to pending", s.name);
+                total += n;
+            }
+            if let Some(d) = dataset {
+                if !queue.states().iter().any(|s| &s.name == d) {
+                    anyhow::bail!(spool::config::ConfigError::Invalid {
+                        path: cfg.source.clone(),
+                        key: "--dataset".into(),
+                        detail: format!("no dataset `{d}` in the queue"),
+                    });
+                }
+            }
+            tracing::info!(items = total, "retry done");
+            Ok(exit::OK)
+        }
+        Command::MockServer(mcfg) => {
+            let mcfg = mcfg.clone();
+            runtime()?.block_on(async move {
+                let listener = tokio::net::TcpListener::bind(&mcfg.addr)
+                    .await
+                    .with_context(|| format!("cannot bind {}", mcfg.addr))?;
+                let addr = listener.local_addr()?;
+                println!("listening on http://{addr}");
+                use std::io::Write;
+                let _ = std::io::stdout().flush();
+                spool::mock::serve(listener, mcfg, wait_signal()).await
+            })?;
+            Ok(exit::OK)
+        }
+    }
+}
+
+/// The running process's `/status` when it answers, else the queue alone.
+async fn status_report(cfg: &Config) -> anyhow::Result<StatusReport> {
+    if !cfg.run.metrics_addr.is_empty() {
+        let url = format!("http://{}/status", cfg.run.metrics_addr);
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(std::time::Duration::from_secs(2))
+            .build()?;
+        if let Ok(r) = client.get(&url).send().await {
+            if r.status().is_success() {
+                if let Ok(rep) = r.json::<StatusReport>().await {
+                    return Ok(rep);
+                }
+            }
+        }
+    }
+    match spool::queue::Queue::open(&cfg.data_dir) {
+        Ok(q) => Ok(StatusReport::from_queue(&q, cfg)?),
+        Err(spool::queue::QueueError::Locked { path }) => {
+            anyhow::bail!(
+            "a `spool run` holds the queue in {} and its metrics endpoint ({}) does not answer; \
+             enable run.metrics_addr to see live status",
+            path.display(),
+            if cfg.run.metrics_addr.is_empty() { "disabled" } else { cfg.run.metrics_addr.as_str() }
+        )
+        }
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,237 @@
+//! Every Prometheus series spool exports (SPEC §6), defined once here.
+//!
+//! Invariants: label sets are bounded — `dataset` takes the config's dataset names,
+//! `server` the configured URLs, `outcome`/`state` fixed enums; hot-path counters are
+//! pre-resolved per dataset ([`DatasetMetrics`]) so updating them takes no lock.
+
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+/// The registry and every family.
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: IntCounterVec,
+    pub completion_tokens: IntCounterVec,
+    pub prompt_tokens: IntCounterVec,
+    pub streamed_tokens: IntCounterVec,
+    pub items: IntGaugeVec,
+    pub token_budget: IntGaugeVec,
+    pub budget_remaining: IntGaugeVec,
+    pub eta: GaugeVec,
+    pub request_duration: HistogramVec,
+    pub ttft: HistogramVec,
+    pub inflight: IntGaugeVec,
+    pub server_up: IntGaugeVec,
+    pub shards_written: IntCounterVec,
+    pub shard_bytes: IntCounterVec,
+}
+
+/// One dataset's hot-path handles.
+#[derive(Clone)]
+pub struct DatasetMetrics {
+    pub ok: IntCounter,
+    pub retry: IntCounter,
+    pub failed: IntCounter,
+    pub rejected: IntCounter,
+    pub completion_tokens: IntCounter,
+    pub prompt_tokens: IntCounter,
+    pub streamed_tokens: IntCounter,
+    pub duration: prometheus::Histogram,
+    pub ttft: prometheus::Histogram,
+}
+
+fn latency_buckets() -> Vec<f64> {
+    vec![
+        0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0,
+        1800.0, 3600.0,
+    ]
+}
+
+fn ttft_buckets() -> Vec<f64> {
+    vec![
+        0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    ]
+}
+
+impl Metrics {
+    /// Registers every family in a fresh registry.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        macro_rules! reg {
+            ($m:expr) => {{
+                let m = $m.expect("metric definitions are static and valid");
+                registry
+                    .register(Box::new(m.clone()))
+                    .expect("each metric is registered once");
+                m
+            }};
+        }
+        let ds = &["dataset"];
+        Self {
+            requests: reg!(IntCounterVec::new(
+                Opts::new(
+                    "spool_requests_total",
+                    "Finished attempts by outcome (ok, retry, failed, rejected)."
+                ),
+                &["dataset", "outcome"]
+            )),
+            completion_tokens: reg!(IntCounterVec::new(
+                Opts::new(
+                    "spool_completion_tokens_total",
+                    "Completion tokens of completed items (what the budget counts)."
+                ),
+                ds
+            )),
+            prompt_tokens: reg!(IntCounterVec::new(
+                Opts::new(
+                    "spool_prompt_tokens_total",
+                    "Prompt tokens of completed items."
+                ),
+                ds
+            )),
+            streamed_tokens: reg!(IntCounterVec::new(
+                Opts::new(
+                    "spool_streamed_tokens_total",
+                    "Completion tokens as they arrive, requests in flight included."
+                ),
+                ds
+            )),
+            items: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "spool_items",
+                    "Items by state (pending, inflight, done, failed)."
+                ),
+                &["dataset", "state"]
+            )),
+            token_budget: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "spool_token_budget",
+                    "The dataset's completion-token budget."
+                ),
+                ds
+            )),
+            budget_remaining: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "spool_budget_remaining_tokens",
+                    "Budget left: budget minus completed tokens."
+                ),
+                ds
+            )),
+            eta: reg!(GaugeVec::new(
+                Opts::new(
+                    "spool_eta_seconds",
+                    "Estimated seconds until the dataset is finished."
+                ),
+                ds
+            )),
+            request_duration: reg!(HistogramVec::new(
+                HistogramOpts::new(
+                    "spool_request_duration_seconds",
+                    "Successful requests, request to last byte."
+                )
+                .buckets(latency_buckets()),
+                ds
+            )),
+            ttft: reg!(HistogramVec::new(
+                HistogramOpts::new(
+                    "spool_time_to_first_token_seconds",
+                    "Time to first token of streamed requests."
+                )
+                .buckets(ttft_buckets()),
+                ds
+            )),
+            inflight: reg!(IntGaugeVec::new(
+                Opts::new("spool_inflight_requests", "Requests in flight per server."),
+                &["server"]
+            )),
+            server_up: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "spool_server_up",
+                    "1 while a server is in rotation, 0 while taken out."
+                ),
+                &["server"]
+            )),
+            shards_written: reg!(IntCounterVec::new(
+                Opts::new("spool_shards_written_total", "Shard files sealed."),
+                ds
+            )),
+            shard_bytes: reg!(IntCounterVec::new(
+                Opts::new("spool_shard_bytes_total", "Bytes of sealed shard files."),
+                ds
+            )),
+            registry,
+        }
+    }
+
+    /// Pre-resolves a dataset's series (and makes them exist at zero from the start).
+    pub fn dataset(&self, name: &str) -> DatasetMetrics {
+        let r = |o: &str| self.requests.with_label_values(&[name, o]);
+        self.shards_written.with_label_values(&[name]);
+        self.shard_bytes.with_label_values(&[name]);
+        self.eta.with_label_values(&[name]);
+        DatasetMetrics {
+            ok: r("ok"),
+            retry: r("retry"),
+            failed: r("failed"),
+            rejected: r("rejected"),
+            completion_tokens: self.completion_tokens.with_label_values(&[name]),
+            prompt_tokens: self.prompt_tokens.with_label_values(&[name]),
+            streamed_tokens: self.streamed_tokens.with_label_values(&[name]),
+            duration: self.request_duration.with_label_values(&[name]),
+            ttft: self.ttft.with_label_values(&[name]),
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spec_series_is_exported_with_its_labels() {
+        let m = Metrics::new();
+        let d = m.dataset("a");
+        d.ok.inc();
+        d.duration.observe(0.5);
+        d.ttft.observe(0.1);
+        m.items.with_label_values(&["a", "pending"]).set(3);
+        m.token_budget.with_label_values(&["a"]).set(10);
+        m.budget_remaining.with_label_values(&["a"]).set(7);
+        m.inflight.with_label_values(&["http://x"]).set(1);
+        m.server_up.with_label_values(&["http://x"]).set(1);
+        let text = m.render();
+        for name in [
+            "spool_requests_total{dataset=\"a\",outcome=\"ok\"}",
+            "spool_completion_tokens_total{dataset=\"a\"}",
+            "spool_prompt_tokens_total{dataset=\"a\"}",
+            "spool_streamed_tokens_total{dataset=\"a\"}",
+            "spool_items{dataset=\"a\",state=\"pending\"}",
+            "spool_token_budget{dataset=\"a\"}",
+            "spool_budget_remaining_tokens{dataset=\"a\"}",
+            "spool_eta_seconds{dataset=\"a\"}",
+            "spool_request_duration_seconds_bucket{dataset=\"a\"",
+            "spool_time_to_first_token_seconds_bucket{dataset=\"a\"",
+            "spool_inflight_requests{server=\"http://x\"}",
+            "spool_server_up{server=\"http://x\"}",
+            "spool_shards_written_total{dataset=\"a\"}",
+            "spool_shard_bytes_total{dataset=\"a\"}",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,562 @@
+//! `spool mock-server`: a simulated continuous-batching inference server speaking SGLang's
+//! `/generate` and vLLM's `/v1/completions` and `/v1/chat/completions` (streaming and not),
+//! with `/health`, `/v1/models`, `/get_model_info` and `/abort_request`. It is what the
+//! demo, the tests and the benchmarks run against (SPEC §8).
+//!
+//! How it simulates (see the submodules for details):
+//! - **Tokens.** One token per whitespace-separated word of a text prompt (or one per id
+//!   of an id prompt; chat messages are rendered `"{role}: {content}\n"` first). Output
+//!   token `t` (in `0..32000`) has the text `" w{t}"`, so text is always the concatenation
+//!   of the ids' texts.
+//! - **Lengths.** Lognormal with mean `mean_tokens` and `sigma`, at least `min_tokens`,
+//!   capped by the request's max tokens (`finish_reason` "length" then, else "stop"). Length
+//!   and ids are a pure function of `(seed, prompt)`, so a retried prompt regenerates the
+//!   same output.
+//! - **Speed.** A scheduler ticks every 5 ms and gives each request in flight
+//!   `min(per_request_tps, capacity_tps / n_in_flight) × time_scale` tokens per second;
+//!   tokens reach clients only through ticks, so the first token waits for one.
+//! - **Faults.** Per generation request, from an RNG seeded by `seed` (independent of the
+//!   outputs): 500, 429 with `Retry-After`, hang, malformed body/event, connection cut
+//!   half way.
+//! - **Record.** Each generation request ends with exactly one outcome, counted in
+//!   [`MockStats`] and, with `--log`, written as one flushed JSONL line.
+//!
+//! Time scale: rates are multiplied by `time_scale`; `e2e_latency` is reported in
+//! simulated seconds; `Retry-After` stays in real seconds (a client obeys it literally).
+//!
+//! Server behaviours copied on purpose (so clients meet them here before production):
+//! - Errors: vLLM's `{"object":"error","message","type","param","code"}` on the OpenAI
+//!   APIs; SGLang's `{"error":{"message"}}` on `/generate`. A *streaming* `/generate` that
+//!   fails validation gets SGLang's answer: 200, one `data: {"error":…}` event, `[DONE]`.
+//!   Injected 500/429 use the vLLM body on every API.
+//! - Context: a prompt of `context_len` tokens or more is refused (vLLM's or SGLang's
+//!   message); a max-tokens cap past the context is clamped silently.
+//! - Default caps when none is sent: SGLang 128, completions 16, chat what the context
+//!   leaves. `ignore_eos` and `min_new_tokens`/`min_tokens` are honoured; `n > 1` and
+//!   batched prompts are refused (not simulated).
+//! - `/abort_request` (`rid` or `abort_all`) cancels by the SGLang `rid`, or by the
+//!   `X-Request-Id` header on the OpenAI APIs: the output so far ends with finish reason
+//!   abort. Clients that disconnect leave the batch at once.
+//!
+//! Log line (`--log`), one per generation request, appended and flushed when it ends:
+//! `{"ts_ms", "endpoint", "rid", "outcome", "stream", "prompt_tokens",
+//! "completion_tokens", "latency_ms"}` — `outcome` is one of [`Outcome::as_str`],
+//! `rid` the body's `rid` or the `X-Request-Id` header or null, `completion_tokens` the
+//! tokens delivered to the client.
+
+mod api;
+mod engine;
+mod handlers;
+mod log;
+mod sim;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::routing::{get, post};
+use axum::Router;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+
+use self::api::{Api, GenRequest, Render};
+use self::engine::Engine;
+use self::log::LogSink;
+use self::sim::{Fault, FaultMix, LengthModel};
+
+/// Every knob of the mock; also the flags of `spool mock-server`.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct MockConfig {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:30000")]
+    pub addr: String,
+    /// Aggregate tokens/s shared by all requests in flight (the GPU's throughput).
+    #[arg(long, default_value_t = 850.0)]
+    pub capacity_tps: f64,
+    /// Speed cap of a single request, tokens/s.
+    #[arg(long, default_value_t = 60.0)]
+    pub per_request_tps: f64,
+    /// Mean completion length (of the lognormal distribution), tokens.
+    #[arg(long, default_value_t = 3500.0)]
+    pub mean_tokens: f64,
+    /// Sigma of the lognormal completion length (heavier tail when larger).
+    #[arg(long, default_value_t = 1.0)]
+    pub sigma: f64,
+    /// Shortest completion, tokens (before the request's cap).
+    #[arg(long, default_value_t = 1)]
+    pub min_tokens: u32,
+    /// Seed of lengths, token ids and faults.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Speed-up of simulated time: 100 makes everything 100× faster.
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Context length: a prompt of this many tokens or more is refused.
+    #[arg(long, default_value_t = 32768)]
+    pub context_len: u32,
+    /// Model name reported by the server.
+    #[arg(long, default_value = "mock-model")]
+    pub model: String,
+    /// Stream SGLang deltas (`--incremental-streaming-output`) instead of cumulative output.
+    #[arg(long)]
+    pub incremental: bool,
+    /// Ignore `return_token_ids` on the OpenAI APIs (like servers without it).
+    #[arg(long)]
+    pub no_token_ids: bool,
+    /// Never send `usage` on the OpenAI APIs (forces client-side counting).
+    #[arg(long)]
+    pub no_usage: bool,
+    /// Share of generation requests answered 500.
+    #[arg(long, default_value_t = 0.0)]
+    pub fail_500: f64,
+    /// Share of generation requests answered 429 with `Retry-After`.
+    #[arg(long, default_value_t = 0.0)]
+    pub fail_429: f64,
+    /// `Retry-After` of the 429s, real seconds.
+    #[arg(long, default_value_t = 1)]
+    pub retry_after_s: u32,
+    /// Share of generation requests whose connection is cut half way.
+    #[arg(long, default_value_t = 0.0)]
+    pub drop_mid_stream: f64,
+    /// Share of generation requests that never answer (until the client gives up).
+    #[arg(long, default_value_t = 0.0)]
+    pub hang: f64,
+    /// Share of generation requests answered with a malformed body or SSE event.
+    #[arg(long, default_value_t = 0.0)]
+    pub malformed: f64,
+    /// Append one JSON line per generation request outcome to this file.
+    #[arg(long)]
+    pub log: Option<PathBuf>,
+}
+
+impl Default for MockConfig {
+    /// The CLI defaults (a unit test keeps the two in step).
+    fn default() -> Self {
+        Self {
+            addr: "127.0.0.1:30000".into(),
+            capacity_tps: 850.0,
+            per_request_tps: 60.0,
+            mean_tokens: 3500.0,
+            sigma: 1.0,
+            min_tokens: 1,
+            seed: 0,
+            time_scale: 1.0,
+            context_len: 32768,
+            model: "mock-model".into(),
+            incremental: false,
+            no_token_ids: false,
+            no_usage: false,
+            fail_500: 0.0,
+            fail_429: 0.0,
+            retry_after_s: 1,
+            drop_mid_stream: 0.0,
+            hang: 0.0,
+            malformed: 0.0,
+            log: None,
+        }
+    }
+}
+
+impl MockConfig {
+    /// Fast settings for tests: 1000× time, short completions (mean 50, sigma 0.5), port 0.
+    pub fn for_tests() -> Self {
+        Self {
+            addr: "127.0.0.1:0".into(),
+            time_scale: 1000.0,
+            mean_tokens: 50.0,
+            sigma: 0.5,
+            ..Self::default()
+        }
+    }
+
+    fn faults(&self) -> FaultMix {
+        FaultMix {
+            http_500: self.fail_500,
+            http_429: self.fail_429,
+            hang: self.hang,
+            malformed: self.malformed,
+            drop: self.drop_mid_stream,
+        }
+    }
+
+    /// Fails with a message naming the flag when a knob is out of range.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        for (name, v) in [
+            ("capacity_tps", self.capacity_tps),
+            ("per_request_tps", self.per_request_tps),
+            ("time_scale", self.time_scale),
+        ] {
+            anyhow::ensure!(v.is_finite() && v > 0.0, "{name} must be > 0, got {v}");
+        }
+        anyhow::ensure!(self.context_len > 0, "context_len must be > 0");
+        self.faults().validate()?;
+        LengthModel::new(self.mean_tokens, self.sigma, self.min_tokens, self.seed)?;
+        Ok(())
+    }
+}
+
+/// How a generation request ended: the `outcome` of its log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Answered in full.
+    Ok,
+    /// Injected 500.
+    Http500,
+    /// Injected 429.
+    Http429,
+    /// Injected hang, ended by the client giving up (or shutdown).
+    Hang,
+    /// Injected malformed body or event.
+    Malformed,
+    /// Connection cut (injected, or the server shutting down).
+    Dropped,
+    /// Cancelled through `/abort_request`.
+    Aborted,
+    /// The client disconnected before the end.
+    ClientGone,
+    /// Refused with a 4xx (bad JSON, missing prompt, prompt over the context).
+    BadRequest,
+}
+
+impl Outcome {
+    /// How many outcomes there are.
+    pub const COUNT: usize = 9;
+
+    /// Every outcome, in index order.
+    pub const ALL: [Outcome; Outcome::COUNT] = [
+        Outcome::Ok,
+        Outcome::Http500,
+        Outcome::Http429,
+        Outcome::Hang,
+        Outcome::Malformed,
+        Outcome::Dropped,
+        Outcome::Aborted,
+        Outcome::ClientGone,
+        Outcome::BadRequest,
+    ];
+
+    /// The name used in the log file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Http500 => "500",
+            Outcome::Http429 => "429",
+            Outcome::Hang => "hang",
+            Outcome::Malformed => "malformed",
+            Outcome::Dropped => "dropped",
+            Outcome::Aborted => "aborted",
+            Outcome::ClientGone => "client_gone",
+            Outcome::BadRequest => "400",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A snapshot of what the mock has done, for tests and benchmarks in the same process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MockStats {
+    /// Generation requests received.
+    pub requests: u64,
+    /// Generation requests that have ended, by outcome (index = `Outcome as usize`).
+    pub outcomes: [u64; Outcome::COUNT],
+    /// Tokens produced by the simulated GPU (including those of cut or aborted requests).
+    pub tokens_generated: u64,
+    /// Requests in the batch right now (generating).
+    pub active: usize,
+    /// Generation requests received and not yet ended (includes hangs and queued events).
+    pub in_flight: u64,
+}
+
+impl MockStats {
+    /// Requests that ended with `o`.
+    pub fn count(&self, o: Outcome) -> u64 {
+        self.outcomes[o.index()]
+    }
+
+    /// Requests that have ended, whatever the outcome.
+    pub fn ended(&self) -> u64 {
+        self.outcomes.iter().sum()
+    }
+}
+
+/// Shared counters; every change bumps a watch so waiters wake (no polling in tests).
+pub(crate) struct Counters {
+    outcomes: [AtomicU64; Outcome::COUNT],
+    requests: AtomicU64,
+    in_flight: AtomicU64,
+    tokens: AtomicU64,
+    changed: watch::Sender<u64>,
+}
+
+impl Counters {
+    pub(crate) fn new() -> Self {
+        Self {
+            outcomes: Default::default(),
+            requests: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            tokens: AtomicU64::new(0),
+            changed: watch::channel(0).0,
+        }
+    }
+
+    pub(crate) fn bump(&self) {
+        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    pub(crate) fn add_tokens(&self, n: u64) {
+        self.tokens.fetch_add(n, Ordering::Relaxed);
+        self.bump();
+    }
+
+    fn started(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.bump();
+    }
+
+    fn ended(&self, o: Outcome) {
+        self.outcomes[o.index()].fetch_add(1, Ordering::Relaxed);
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.bump();
+    }
+
+    #[cfg(test)]
+    pub(crate) fn snapshot_tokens(&self) -> u64 {
+        self.tokens.load(Ordering::Relaxed)
+    }
+}
+
+/// The running mock: configuration, batch, RNGs, counters and log. Create it with
+/// [`MockState::new`], serve it with [`serve_state`] (or mount [`router`]), read
+/// [`MockState::stats`] while it runs. One state serves until its shutdown; it does not
+/// restart.
+pub struct MockState {
+    cfg: MockConfig,
+    engine: Arc<Engine>,
+    counters: Arc<Counters>,
+    lengths: LengthModel,
+    fault_mix: FaultMix,
+    fault_rng: Mutex<StdRng>,
+    log: Option<LogSink>,
+    shutdown: watch::Sender<bool>,
+    next_id: AtomicU64,
+}
+
+impl MockState {
+    /// Validates `cfg` and opens the log file (appending).
+    pub fn new(cfg: MockConfig) -> anyhow::Result<Arc<Self>> {
+        cfg.validate()?;
+        let counters = Arc::new(Counters::new());
+        let engine = Arc::new(Engine::new(
+            cfg.capacity_tps,
+            cfg.per_request_tps,
+            cfg.time_scale,
+            Arc::clone(&counters),
+        ));
+        let log = cfg.log.as_deref().map(LogSink::open).transpose()?;
+        Ok(Arc::new(Self {
+            lengths: LengthModel::new(cfg.mean_tokens, cfg.sigma, cfg.min_tokens, cfg.seed)?,
+            fault_mix: cfg.faults(),
+            // A stream of its own, so faults never shift the outputs.
+            fault_rng: Mutex::new(StdRng::seed_from_u64(sim::splitmix64(
+                cfg.seed ^ 0xfa17_fa17_fa17_fa17,
+            ))),
+            log,
+            shutdown: watch::channel(false).0,
+            next_id: AtomicU64::new(0),
+            engine,
+            counters,
+            cfg,
+        }))
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &MockConfig {
+        &self.cfg
+    }
+
+    /// What has happened so far.
+    pub fn stats(&self) -> MockStats {
+        let mut outcomes = [0u64; Outcome::COUNT];
+        for (slot, c) in outcomes.iter_mut().zip(&self.counters.outcomes) {
+            *slot = c.load(Ordering::Relaxed);
+        }
+        MockStats {
+            requests: self.counters.requests.load(Ordering::Relaxed),
+            outcomes,
+            tokens_generated: self.counters.tokens.load(Ordering::Relaxed),
+            active: self.engine.active(),
+            in_flight: self.counters.in_flight.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Waits until `pred` holds for the stats (checked at once, then on every change):
+    /// lets tests await "request ended", "request generating"… instead of sleeping.
+    /// Never returns if `pred` never holds: wrap it in a timeout.
+    pub async fn wait_until(&self, mut pred: impl FnMut(&MockStats) -> bool) {
+        let mut rx = self.counters.changed.subscribe();
+        loop {
+            if pred(&self.stats()) {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Starts the shutdown: streams in flight are cut, hanging requests released, new
+    /// generations refused (cut). Called by [`serve_state`] when its signal fires.
+    pub fn shutdown(&self) {
+        self.shutdown.send_replace(true);
+        self.engine.shutdown();
+    }
+
+    async fn until_shutdown(&self) {
+        let mut rx = self.shutdown.subscribe();
+        // An error means the sender is gone, i.e. the state is being torn down.
+        let _ = rx.wait_for(|down| *down).await;
+    }
+
+    fn draw_fault(&self) -> Fault {
+        let u: f64 = self
+            .fault_rng
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .random();
+        self.fault_mix.pick(u)
+    }
+
+    /// A fresh 32-hex-digit id (SGLang's `uuid4().hex` shape).
+    fn fresh_id(&self) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let a = sim::splitmix64(n ^ self.cfg.seed.rotate_left(17) ^ log::now_ms());
+        let b = sim::splitmix64(a ^ n);
+        format!("{a:016x}{b:016x}")
+    }
+
+    fn render(&self, req: &GenRequest) -> Render {
+        let id = match req.api {
+            Api::Generate => req.rid.clone().unwrap_or_else(|| self.fresh_id()),
+            Api::Completions => format!("cmpl-{}", self.fresh_id()),
+            Api::Chat => format!("chatcmpl-{}", self.fresh_id()),
+        };
+        Render {
+            api: req.api,
+            id,
+            created: log::now_ms() / 1000,
+            model: self.cfg.model.clone(),
+            prompt_ids: req.prompt_ids.clone(),
+            token_ids: req.return_token_ids && !self.cfg.no_token_ids,
+            usage: !self.cfg.no_usage,
+            usage_chunk: req.include_usage && !self.cfg.no_usage,
+            incremental: self.cfg.incremental,
+        }
+    }
+}
+
+/// The mock's routes over `state`, for embedding in another server or a test.
+pub fn router(state: Arc<MockState>) -> Router {
+    Router::new()
+        .route("/generate", post(handlers::generate))
+        .route("/v1/completions", post(handlers::completions))
+        .route("/v1/chat/completions", post(handlers::chat))
+        .route("/abort_request", post(handlers::abort_request))
+        .route("/health", get(handlers::health))
+        .route("/health_generate", get(handlers::health))
+        .route("/v1/models", get(handlers::models))
+        .route("/get_model_info", get(handlers::model_info))
+        .fallback(handlers::not_found)
+        .with_state(state)
+}
+
+/// Serves a fresh mock configured by `cfg` on `listener` until `shutdown` resolves.
+/// Binds nothing itself, so tests pass a port-0 listener.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    cfg: MockConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let state = MockState::new(cfg)?;
+    serve_state(listener, state, shutdown).await
+}
+
+/// Serves `state` on `listener` until `shutdown` resolves, then cuts what is in flight
+/// (streams, hangs) and returns once every connection is closed.
+pub async fn serve_state(
+    listener: tokio::net::TcpListener,
+    state: Arc<MockState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let addr = listener.local_addr()?;
+    let cfg = state.config();
+    tracing::info!(
+        %addr,
+        capacity_tps = cfg.capacity_tps,
+        per_request_tps = cfg.per_request_tps,
+        time_scale = cfg.time_scale,
+        mean_tokens = cfg.mean_tokens,
+        model = %cfg.model,
+        "mock server listening"
+    );
+    let st = Arc::clone(&state);
+    let signal = async move {
+        shutdown.await;
+        st.shutdown();
+    };
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(signal)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        cfg: MockConfig,
+    }
+
+    #[test]
+    fn clap_defaults_match_default() {
+        let cli = Cli::try_parse_from(["mock"]).expect("parse");
+        assert_eq!(cli.cfg, MockConfig::default());
+        let cli = Cli::try_parse_from(["mock", "--incremental", "--fail-429", "0.5", "--log", "x"])
+            .expect("parse flags");
+        assert!(cli.cfg.incremental);
+        assert_eq!(cli.cfg.fail_429, 0.5);
+        assert_eq!(cli.cfg.log, Some(PathBuf::from("x")));
+    }
+
+    #[test]
+    fn validation_names_the_bad_knob() {
+        assert!(MockConfig::for_tests().validate().is_ok());
+        let bad = MockConfig {
+            capacity_tps: 0.0,
+            ..MockConfig::for_tests()
+        };
+        let err = bad.validate().expect_err("zero capacity").to_string();
+        assert!(err.contains("capacity_tps"), "{err}");
+        let bad = MockConfig {
+            fail_500: 0.6,
+            hang: 0.6,
+            ..MockConfig::for_tests()
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn outcome_indices_follow_all() {
+        for (i, o) in Outcome::ALL.iter().enumerate() {
+            assert_eq!(o.index(), i);
+        }
+    }
+}

@@ -1,0 +1,410 @@
+//! Which item goes into the next free request slot.
+//!
+//! Datasets are lanes served in config order; a lane stops dispatching when its rows run
+//! out or when its completed tokens plus the expected final tokens of its requests in
+//! flight reach its budget, and the free slot goes to the next lane at once (SPEC §4.2,
+//! §4.3). Leases live only in memory: the queue still has a leased item as pending, so a
+//! crash returns it to the queue by itself.
+//!
+//! Invariants: a row is leased at most once at a time; a lease ends exactly once, by
+//! [`Scheduler::completed`], [`Scheduler::failed`] or [`Scheduler::release`]; streamed
+//! tokens are counted through a per-lease atomic, without taking the scheduler lock.
+
+use crate::budget::{eta_seconds, LengthModel};
+use crate::config::BudgetPolicy;
+use crate::queue::{Queue, QueueError};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// What the scheduler needs to know of a dataset.
+#[derive(Debug, Clone)]
+pub struct LaneSpec {
+    pub ds: u16,
+    pub name: String,
+    pub budget: Option<u64>,
+    pub max_tokens: u32,
+    pub policy: BudgetPolicy,
+}
+
+/// A row handed to a worker.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    pub lane: usize,
+    pub ds: u16,
+    pub row: u64,
+    /// Tokens streamed so far by this lease's current attempt.
+    pub streamed: Arc<AtomicU32>,
+    /// Cancelled when the budget policy "cancel" aborts the dataset's requests in flight.
+    pub cancel: CancellationToken,
+}
+
+struct Lane {
+    spec: LaneSpec,
+    /// Pending rows read from the queue, not yet leased.
+    buffer: VecDeque<u64>,
+    /// Leases given back (shutdown, cancel): served before the buffer.
+    returned: VecDeque<u64>,
+    cursor: Option<u64>,
+    exhausted: bool,
+    inflight: HashMap<u64, Arc<AtomicU32>>,
+    completed_tokens: u64,
+    lengths: LengthModel,
+    cancel: CancellationToken,
+    budget_logged: bool,
+}
+
+impl Lane {
+    fn inflight_streamed(&self) -> Vec<u32> {
+        self.inflight
+            .values()
+            .map(|a| a.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Completed tokens plus what the requests in flight are expected to produce in all.
+    fn committed_estimate(&self) -> f64 {
+        let streamed = self.inflight_streamed();
+        let inflight: f64 = streamed
+            .iter()
+            .map(|&s| self.lengths.expected_final(s, &streamed))
+            .sum();
+        self.completed_tokens as f64 + inflight
+    }
+
+    fn budget_allows(&self) -> bool {
+        match self.spec.budget {
+            None => true,
+            Some(b) => self.committed_estimate() < b as f64,
+        }
+    }
+
+    fn budget_met(&self) -> bool {
+        self.spec.budget.is_some_and(|b| self.completed_tokens >= b)
+    }
+
+    fn refill(&mut self, queue: &Queue) -> Result<(), QueueError> {
+        if self.buffer.is_empty() && !self.exhausted {
+            let rows = queue.pending_rows(self.spec.ds, self.cursor, 1024)?;
+            if rows.is_empty() {
+                self.exhausted = true;
+            }
+            if let Some(&last) = rows.last() {
+                self.cursor = Some(last);
+            }
+            self.buffer.extend(rows);
+        }
+        Ok(())
+    }
+
+    fn has_rows(&self) -> bool {
+        !self.returned.is_empty() || !self.buffer.is_empty() || !self.exhausted
+    }
+
+    fn finished(&self) -> bool {
+        self.inflight.is_empty() && (!self.has_rows() || self.budget_met() || !self.budget_allows())
+    }
+}
+
+/// A snapshot of one lane for progress lines, status and metrics.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LaneView {
+    pub name: String,
+    pub inflight: usize,
+    pub inflight_streamed_tokens: u64,
+    pub completed_tokens: u64,
+    pub budget: Option<u64>,
+    /// Tokens the lane is still expected to generate (in flight and not yet started).
+    pub remaining_tokens_estimate: f64,
+    pub expected_tokens_per_item: f64,
+    pub dispatching: bool,
+    pub finished: bool,
+}
+
+/// The dispatch state of every dataset.
+pub struct Scheduler {
+    lanes: Mutex<Vec<Lane>>,
+    queue: Arc<Queue>,
+    /// Woken whenever a lease ends (a slot or budget may have freed up).
+    pub changed: Notify,
+}
+
+/// What `next` found.
+#[derive(Debug)]
+pub enum Next {
+    Lease(Lease),
+    /// Nothing can start now, but requests in flight may change that.
+    Wait,
+    /// Every lane is finished.
+    Done,
+}
+
+impl Scheduler {
+    /// Lanes in config order; `done_tokens` seeds each with the queue's completed tokens.
+    pub fn new(queue: Arc<Queue>, specs: Vec<LaneSpec>) -> Self {
+        let lanes = specs
+            .into_iter()
+            .map(|spec| {
+                let completed_tokens = queue
+                    .state(spec.ds)
+                    .map(|s| s.completion_tokens)
+                    .unwrap_or(0);
+                Lane {
+                    lengths: LengthModel::new(spec.max_tokens),
+                    spec,
+                    buffer: VecDeque::new(),
+                    returned: VecDeque::new(),
+                    cursor: None,
+                    exhausted: false,
+                    inflight: HashMap::new(),
+                    completed_tokens,
+                    cancel: CancellationToken::new(),
+                    budget_logged: false,
+                }
+            })
+            .collect();
+        Self {
+            lanes: Mutex::new(lanes),
+            queue,
+            changed: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Lane>> {
+        self.lanes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Seeds a lane's length model with lengths already known (e.g. from the queue).
+    pub fn seed_lengths(&self, lane: usize, lengths: impl IntoIterator<Item = u32>) {
+        let mut lanes = self.lock();
+        if let Some(l) = lanes.get_mut(lane) {
+            for x in lengths {
+                l.lengths.observe(x);
+            }
+        }
+    }
+
+    /// The next row to send: the first lane in order that has rows and budget room.
+    pub fn next(&self) -> Result<Next, QueueError> {
+        let mut lanes = self.lock();
+        let mut all_finished = true;
+        for (i, lane) in lanes.iter_mut().enumerate() {
+            if lane.budget_met() || !lane.budget_allows() {
+                if !lane.budget_logged && lane.inflight.is_empty() {
+                    lane.budget_logged = true;
+                    tracing::info!(
+                        dataset = %lane.spec.name,
+                        completed_tokens = lane.completed_tokens,
+                        budget = lane.spec.budget.unwrap_or(0),
+                        "budget reached: no more dispatching for this dataset"
+                    );
+                }
+                if !lane.inflight.is_empty() {
+                    all_finished = false;
+                }
+                continue;
+            }
+            lane.refill(&self.queue)?;
+            let row = lane
+                .returned
+                .pop_front()
+                .or_else(|| lane.buffer.pop_front());
+            match row {
+                Some(row) => {
+                    let streamed = Arc::new(AtomicU32::new(0));
+                    lane.inflight.insert(row, streamed.clone());
+                    return Ok(Next::Lease(Lease {
+                        lane: i,
+                        ds: lane.spec.ds,
+                        row,
+                        streamed,
+                        cancel: lane.cancel.clone(),
+                    }));
+                }
+                None => {
+                    if !lane.inflight.is_empty() {
+                        all_finished = false;
+                    }
+                }
+            }
+        }
+        Ok(if all_finished { Next::Done } else { Next::Wait })
+    }
+
+    /// A lease ended with a durable result of `tokens` completion tokens.
+    pub fn completed(&self, lease: &Lease, tokens: u32) {
+        let mut lanes = self.lock();
+        let lane = &mut lanes[lease.lane];
+        lane.inflight.remove(&lease.row);
+        lane.completed_tokens += u64::from(tokens);
+        lane.lengths.observe(tokens);
+        if lane.budget_met() && lane.spec.policy == BudgetPolicy::Cancel {
+            lane.cancel.cancel();
+        }
+        drop(lanes);
+        self.changed.notify_waiters();
+    }
+
+    /// A lease ended with a permanent failure.
+    pub fn failed(&self, lease: &Lease) {
+        let mut lanes = self.lock();
+        lanes[lease.lane].inflight.remove(&lease.row);
+        drop(lanes);
+        self.changed.notify_waiters();
+    }
+
+    /// A lease is given back unfinished (shutdown, budget cancel): the row stays pending
+    /// and is offered again first.
+    pub fn release(&self, lease: &Lease) {
+        let mut lanes = self.lock();
+        let lane = &mut lanes[lease.lane];
+        if lane.inflight.remove(&lease.row).is_some() {
+            lane.returned.push_back(lease.row);
+        }
+        drop(lanes);
+        self.changed.notify_waiters();
+    }
+
+    /// Snapshots for progress, metrics and `/status`.
+    pub fn views(&self) -> Vec<LaneView> {
+        let lanes = self.lock();
+        lanes
+            .iter()
+            .map(|l| {
+                let streamed = l.inflight_streamed();
+                let exp_new = l.lengths.expected_new(&streamed);
+                let inflight_rest: f64 = streamed
+                    .iter()
+                    .map(|&s| l.lengths.expected_final(s, &streamed) - f64::from(s))
+                    .sum();
+                let pending = self
+                    .queue
+                    .state(l.spec.ds)
+                    .map(|s| s.pending())
+                    .unwrap_or(0)
+                    .saturating_sub(l.inflight.len() as u64);
+                let by_prompts = pending as f64 * exp_new;
+                let remaining = match l.spec.budget {
+                    Some(b) => {
+                        let room = b as f64
+                            - l.completed_tokens as f64
+                            - streamed.iter().map(|&s| f64::from(s)).sum::<f64>();
+                        by_prompts
+                            .min(room.max(0.0) - inflight_rest.min(room.max(0.0)))
+                            .max(0.0)
+                            + inflight_rest
+                    }
+                    None => by_prompts + inflight_rest,
+                };
+                LaneView {
+                    name: l.spec.name.clone(),
+                    inflight: l.inflight.len(),
+                    inflight_streamed_tokens: streamed.iter().map(|&s| u64::from(s)).sum(),
+                    completed_tokens: l.completed_tokens,
+                    budget: l.spec.budget,
+                    remaining_tokens_estimate: remaining,
+                    expected_tokens_per_item: exp_new,
+                    dispatching: !l.budget_met() && l.budget_allows() && l.has_rows(),
+                    finished: l.finished(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// ETA of a lane's remaining work at `tokens_per_s`.
+pub fn lane_eta(v: &LaneView, tokens_per_s: f64) -> Option<f64> {
+    eta_seconds(v.remaining_tokens_estimate, tokens_per_s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::Item;
+
+    fn queue_with(rows: &[u64]) -> (tempfile::TempDir, Arc<Queue>) {
+        let dir = tempfile::tempdir().unwrap();
+        let q = Queue::open(dir.path()).unwrap();
+        for name in ["a", "b"] {
+            let s = q.open_dataset(name).unwrap();
+            let items: Vec<_> = rows
+                .iter()
+                .map(|&r| {
+                    (
+                        r,
+                        Item {
+                            id: format!("{name}{r}"),
+                            hash: [0; 16],
+                            prompt: "p".into(),
+                            messages: None,
+                            prompt_ids: None,
+                        },
+                    )
+                })
+                .collect();
+            q.enqueue(s.index, &items, rows.len() as u64, 0).unwrap();
+        }
+        (dir, Arc::new(q))
+    }
+
+    fn spec(ds: u16, budget: Option<u64>) -> LaneSpec {
+        LaneSpec {
+            ds,
+            name: format!("d{ds}"),
+            budget,
+            max_tokens: 100,
+            policy: BudgetPolicy::Finish,
+        }
+    }
+
+    fn lease(s: &Scheduler) -> Lease {
+        match s.next().unwrap() {
+            Next::Lease(l) => l,
+            other => panic!("expected a lease, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_next_lane_gets_slots_while_the_first_drains() {
+        let (_d, q) = queue_with(&[0, 1]);
+        let s = Scheduler::new(q, vec![spec(0, None), spec(1, None)]);
+        let a = [lease(&s), lease(&s)];
+        assert!(a.iter().all(|l| l.ds == 0));
+        // Lane 0 has no rows left but two in flight: lane 1 is served.
+        let b = lease(&s);
+        assert_eq!(b.ds, 1);
+    }
+
+    #[test]
+    fn budget_stops_dispatch_counting_work_in_flight() {
+        let (_d, q) = queue_with(&(0..50).collect::<Vec<_>>());
+        // max_tokens 100, no samples yet: each lease is expected to make 100 tokens.
+        let s = Scheduler::new(q, vec![spec(0, Some(250)), spec(1, None)]);
+        let l: Vec<_> = (0..3).map(|_| lease(&s)).collect();
+        assert!(l.iter().all(|x| x.ds == 0));
+        // 3 × 100 ≥ 250: lane 0 stops, lane 1 takes the slot.
+        assert_eq!(lease(&s).ds, 1);
+        s.completed(&l[0], 100);
+        s.completed(&l[1], 100);
+        s.completed(&l[2], 60);
+        // 260 ≥ 250: budget met, lane 0 never dispatches again.
+        for _ in 0..5 {
+            assert_eq!(lease(&s).ds, 1);
+        }
+    }
+
+    #[test]
+    fn released_rows_come_back_first_and_done_is_reported() {
+        let (_d, q) = queue_with(&[0]);
+        let s = Scheduler::new(q, vec![spec(0, None)]);
+        let a = lease(&s);
+        assert!(matches!(s.next().unwrap(), Next::Wait));
+        s.release(&a);
+        let b = lease(&s);
+        assert_eq!(b.row, a.row);
+        s.failed(&b);
+        assert!(matches!(s.next().unwrap(), Next::Done));
+    }
+}

@@ -1,0 +1,218 @@
+//! What `spool status` and `/status` report (the JSON shape is documented in the README).
+//!
+//! Built from the queue's durable counters alone, plus live rates and ETAs when the report
+//! comes from a running process. Invariant: nothing here reads an item; the cost is one
+//! small record per dataset.
+
+use crate::budget::format_duration;
+use crate::config::Config;
+use crate::queue::{Queue, QueueError};
+use serde::{Deserialize, Serialize};
+
+/// One dataset's line.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct DatasetStatus {
+    pub name: String,
+    pub items: u64,
+    pub done: u64,
+    pub pending: u64,
+    pub inflight: u64,
+    pub failed: u64,
+    pub rejected: u64,
+    pub completion_tokens: u64,
+    pub prompt_tokens: u64,
+    pub budget: Option<u64>,
+    /// Completed tokens past the budget ("finish" policy), 0 when under.
+    pub overshoot_tokens: u64,
+    /// Tokens thrown away by the "cancel" policy.
+    pub wasted_tokens: u64,
+    pub shards: u64,
+    /// Done items whose rows are in shards (the rest are durable in the queue, waiting).
+    pub sharded: u64,
+    /// `pending`, `running`, `done`, `budget_met`, `failed_items`.
+    pub state: String,
+    pub tokens_per_s: Option<f64>,
+    pub requests_per_s: Option<f64>,
+    pub eta_s: Option<f64>,
+    /// First permanent failures: (1-based line, reason).
+    pub failures: Vec<(u64, String)>,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct StatusReport {
+    /// True when produced by a running `spool run`.
+    pub running: bool,
+    pub datasets: Vec<DatasetStatus>,
+}
+
+impl StatusReport {
+    /// From the queue alone (the process may have stopped).
+    pub fn from_queue(queue: &Queue, cfg: &Config) -> Result<StatusReport, QueueError> {
+        let mut datasets = Vec::new();
+        for d in &cfg.datasets {
+            let Some(s) = queue.states().into_iter().find(|s| s.name == d.name) else {
+                datasets.push(DatasetStatus {
+                    name: d.name.clone(),
+                    budget: d.token_budget,
+                    state: "not_started".into(),
+                    ..Default::default()
+                });
+                continue;
+            };
+            let failures = queue
+                .failures(s.index, 5)?
+                .into_iter()
+                .map(|(row, f)| (row + 1, f.reason))
+                .collect();
+            let budget_met = d.token_budget.is_some_and(|b| s.completion_tokens >= b);
+            let state = if budget_met {
+                "budget_met"
+            } else if s.pending() == 0 && s.failed > 0 {
+                "failed_items"
+            } else if s.pending() == 0 && s.items > 0 {
+                "done"
+            } else {
+                "pending"
+            };
+            datasets.push(DatasetStatus {
+                name: s.name.clone(),
+                items: s.items,
+                done: s.done,
+                pending: s.pending(),
+                inflight: 0,
+                failed: s.failed,
+                rejected: s.rejected,
+                completion_tokens: s.completion_tokens,
+                prompt_tokens: s.prompt_tokens,
+                budget: d.token_budget,
+                overshoot_tokens: d
+                    .token_budget
+                    .map(|b| s.completion_tokens.saturating_sub(b))
+                    .unwrap_or(0),
+                wasted_tokens: s.wasted_tokens,
+                shards: s.next_shard,
+                sharded: s.sharded,
+                state: state.into(),
+                tokens_per_s: None,
+                requests_per_s: None,
+                eta_s: None,
+                failures,
+            });
+        }
+        Ok(StatusReport {
+            running: false,
+            datasets,
+        })
+    }
+
+    /// Items that failed permanently, over all datasets (exit code 3 when > 0).
+    pub fn failed(&self) -> u64 {
+        self.datasets.iter().map(|d| d.failed).sum()
+    }
+
+    /// The human table.
+    pub fn render_table(&self) -> String {
+        let header = [
+            "dataset",
+            "done",
+            "pending",
+            "inflight",
+            "failed",
+            "rejected",
+            "tokens/budget",
+            "overshoot",
+            "shards",
+            "tok/s",
+            "ETA",
+            "state",
+        ];
+        let mut rows: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
+        for d in &self.datasets {
+            let tokens = match d.budget {
+                Some(b) => format!("{}/{}", human(d.completion_tokens), human(b)),
+                None => human(d.completion_tokens),
+            };
+            rows.push(vec![
+                d.name.clone(),
+                format!("{}/{}", d.done, d.items),
+                d.pending.to_string(),
+                d.inflight.to_string(),
+                d.failed.to_string(),
+                d.rejected.to_string(),
+                tokens,
+                if d.budget.is_some() {
+                    d.overshoot_tokens.to_string()
+                } else {
+                    "-".into()
+                },
+                d.shards.to_string(),
+                d.tokens_per_s
+                    .map(|t| human(t as u64))
+                    .unwrap_or_else(|| "-".into()),
+                d.eta_s.map(format_duration).unwrap_or_else(|| "-".into()),
+                d.state.clone(),
+            ]);
+        }
+        let widths: Vec<usize> = (0..header.len())
+            .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+            .collect();
+        let mut out = String::new();
+        for r in &rows {
+            let line: Vec<String> = r
+                .iter()
+                .enumerate()
+                .map(|(i, cell)| {
+                    if i == 0 {
+                        format!("{:<w$}", cell, w = widths[i])
+                    } else {
+                        format!("{:>w$}", cell, w = widths[i])
+                    }
+                })
+                .collect();
+            out.push_str(line.join("  ").trim_end());
+            out.push('\n');
+        }
+        for d in &self.datasets {
+            for (line, reason) in &d.failures {
+                out.push_str(&format!("{}: failed at line {line}: {reason}\n", d.name));
+            }
+        }
+        out
+    }
+}
+
+/// 1234567 → "1.2M", 1234 → "1.2k".
+pub fn human(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.1}G", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        n if n >= 10_000 => format!("{:.1}k", n as f64 / 1e3),
+        n => n.to_string(),
+    }
+}
+
+/// 10_000 → "10,000", for the resume line.
+pub fn grouped(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_format() {
+        assert_eq!(grouped(9_998_988), "9,998,988");
+        assert_eq!(grouped(12), "12");
+        assert_eq!(human(1_234_567), "1.2M");
+    }
+}

@@ -1,0 +1,410 @@
+//! The inference server as seen by a worker: one `generate` call per attempt.
+//!
+//! `sglang` speaks SGLang's native `/generate`; `openai` speaks `/v1/completions` and
+//! `/v1/chat/completions` (vLLM, llama.cpp, SGLang's OpenAI layer, …). Both stream SSE or
+//! not, and both report tokens as they arrive through a [`TokenSink`] so budgets and ETAs
+//! see work in flight.
+//!
+//! Invariants: a `Generation` is returned only for a response that ended normally (a stream
+//! must end with a finish reason or `[DONE]`); a stream cut half way is an error and its
+//! partial output is dropped; no response body is buffered past `max_response_bytes`;
+//! the API key is sent as a header and never appears in an error or a log line.
+
+mod openai;
+mod sglang;
+mod sse;
+
+use crate::config::{Api, Sampling};
+use std::time::{Duration, Instant};
+
+/// Why an attempt failed; `is_retriable` decides between backoff and a permanent failure.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("cannot connect to {url}: {detail}")]
+    Connect { url: String, detail: String },
+    #[error("request timed out")]
+    Timeout,
+    #[error("HTTP {code}: {message}")]
+    Status {
+        code: u16,
+        message: String,
+        retry_after: Option<Duration>,
+    },
+    #[error("stream cut before the end: {0}")]
+    StreamCut(String),
+    #[error("malformed response: {0}")]
+    Malformed(String),
+    #[error("response larger than {0} bytes, refused")]
+    TooLarge(u64),
+}
+
+impl UpstreamError {
+    /// Transient errors (connection, timeout, 408, 429, 5xx, cut streams, garbled bodies)
+    /// are worth another attempt; other 4xx mean the request itself is bad.
+    pub fn is_retriable(&self) -> bool {
+        match self {
+            UpstreamError::Connect { .. }
+            | UpstreamError::Timeout
+            | UpstreamError::StreamCut(_)
+            | UpstreamError::Malformed(_) => true,
+            UpstreamError::Status { code, .. } => *code == 408 || *code == 429 || *code >= 500,
+            UpstreamError::TooLarge(_) => false,
+        }
+    }
+
+    /// The server's `Retry-After`, which backoff honours.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            UpstreamError::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// A connection that could not be made says nothing about the item: it must not burn
+    /// an attempt (SPEC §4.4, dispatch pauses while every server is down).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, UpstreamError::Connect { .. })
+    }
+
+    /// Short label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            UpstreamError::Connect { .. } => "connect",
+            UpstreamError::Timeout => "timeout",
+            UpstreamError::Status { .. } => "status",
+            UpstreamError::StreamCut(_) => "stream_cut",
+            UpstreamError::Malformed(_) => "malformed",
+            UpstreamError::TooLarge(_) => "too_large",
+        }
+    }
+}
+
+/// Where a completion's token count came from (recorded in shard metadata).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CountSource {
+    /// `usage` / `meta_info` reported by the server.
+    Server,
+    /// The length of the token ids the server returned.
+    TokenIds,
+    /// Client-side tokenizer over the text.
+    Tokenizer,
+    /// Number of streamed chunks (last resort).
+    Chunks,
+}
+
+/// One attempt's input.
+pub struct GenerateRequest<'a> {
+    /// Unique per attempt: SGLang's `rid`, `X-Request-Id` elsewhere; used to abort.
+    pub rid: &'a str,
+    pub prompt: &'a str,
+    pub prompt_ids: Option<&'a [u32]>,
+    /// The chat messages (for `api = "chat"`).
+    pub messages: Option<&'a serde_json::Value>,
+    pub sampling: &'a Sampling,
+}
+
+/// One finished generation, as the server reported it.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub text: String,
+    pub token_ids: Option<Vec<u32>>,
+    pub prompt_tokens: Option<u32>,
+    pub completion_tokens: Option<u32>,
+    pub finish_reason: String,
+    pub ttft_ms: Option<u32>,
+    pub latency_ms: u32,
+    /// Number of content events received (the count of last resort).
+    pub chunks: u32,
+}
+
+/// Called with the number of new completion tokens as they stream in.
+pub type TokenSink<'a> = &'a (dyn Fn(u32) + Send + Sync);
+
+/// A client for one API flavour, shared by every worker (connection reuse).
+#[derive(Clone)]
+pub struct Upstream {
+    client: reqwest::Client,
+    api: Api,
+    model: String,
+    api_key: Option<String>,
+    stream: bool,
+    max_response_bytes: u64,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Deliberately without the key.
+        f.debug_struct("Upstream")
+            .field("api", &self.api)
+            .field("model", &self.model)
+            .field("stream", &self.stream)
+            .finish()
+    }
+}
+
+/// Settings for [`Upstream::new`].
+pub struct UpstreamOptions {
+    pub api: Api,
+    pub model: String,
+    pub api_key: Option<String>,
+    pub stream: bool,
+    pub request_timeout: Duration,
+    pub max_response_bytes: u64,
+    pub pool_size: usize,
+}
+
+impl Upstream {
+    /// Builds the shared HTTP client (keep-alive pool sized for the concurrency).
+    pub fn new(o: UpstreamOptions) -> Result<Self, UpstreamError> {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(o.request_timeout)
+            .connect_timeout(Duration::from_secs(10).min(o.request_timeout))
+            .pool_max_idle_per_host(o.pool_size)
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| UpstreamError::Connect {
+                url: String::new(),
+                detail: e.to_string(),
+            })?;
+        Ok(Self {
+            client,
+            api: o.api,
+            model: o.model,
+            api_key: o.api_key,
+            stream: o.stream,
+            max_response_bytes: o.max_response_bytes,
+        })
+    }
+
+    /// Which API this client speaks.
+    pub fn api(&self) -> Api {
+        self.api
+    }
+
+    /// One attempt against `base` (e.g. `http://127.0.0.1:30000`).
+    pub async fn generate(
+        &self,
+        base: &str,
+        req: &GenerateRequest<'_>,
+        sink: TokenSink<'_>,
+    ) -> Result<Generation, UpstreamError> {
+        let started = Instant::now();
+        let (path, body) = match self.api {
+            Api::Sglang => ("/generate", sglang::body(req, self.stream)),
+            Api::Completions => (
+                "/v1/completions",
+                openai::completions_body(req, &self.model, self.stream),
+            ),
+            Api::Chat => (
+                "/v1/chat/completions",
+                openai::chat_body(req, &self.model, self.stream),
+            ),
+        };
+        let url = format!("{}{}", base.trim_end_matches('/'), path);
+        let resp = self
+            .post(&url, &body)
+            .header("x-request-id", req.rid)
+            .send()
+            .await
+            .map_err(|e| map_reqwest(&url, e))?;
+        let resp = check_status(resp).await?;
+        let mut g = if self.stream {
+            let mut reader =
+                sse::Reader::new(resp, self.max_response_bytes, started, base.to_string());
+            match self.api {
+                Api::Sglang => sglang::read_stream(&mut reader, sink).await?,
+                Api::Completions | Api::Chat => {
+                    openai::read_stream(&mut reader, self.api == Api::Chat, sink).await?
+                }
+            }
+        } else {
+            let bytes = read_capped(resp, self.max_response_bytes).await?;
+            let g = match self.api {
+                Api::Sglang => sglang::parse_full(&bytes)?,
+                Api::Completions | Api::Chat => openai::parse_full(&bytes, self.api == Api::Chat)?,
+            };
+            sink(g.completion_tokens.unwrap_or(0));
+            g
+        };
+        g.latency_ms = started.elapsed().as_millis().min(u32::MAX as u128) as u32;
+        Ok(g)
+    }
+
+    /// Asks SGLang to stop generating `rid` (budget cancel). Best effort.
+    pub async fn abort(&self, base: &str, rid: &str) {
+        if self.api != Api::Sglang {
+            return; // OpenAI-style servers abort when the connection is dropped.
+        }
+        let url = format!("{}/abort_request", base.trim_end_matches('/'));
+        let _ = self
+            .post(&url, &serde_json::json!({ "rid": rid }))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+    }
+
+    /// Whether the server answers its health endpoint.
+    pub async fn healthy(&self, base: &str) -> bool {
+        let path = match self.api {
+            Api::Sglang => "/health",
+            _ => "/v1/models",
+        };
+        let url = format!("{}{}", base.trim_end_matches('/'), path);
+        let mut rb = self.client.get(&url).timeout(Duration::from_secs(5));
+        if let Some(k) = &self.api_key {
+            rb = rb.bearer_auth(k);
+        }
+        matches!(rb.send().await, Ok(r) if r.status().is_success())
+    }
+
+    fn post(&self, url: &str, body: &serde_json::Value) -> reqwest::RequestBuilder {
+        let mut rb = self.client.post(url).json(body);
+        if let Some(k) = &self.api_key {
+            rb = rb.bearer_auth(k);
+        }
+        rb
+    }
+}
+
+fn map_reqwest(url: &str, e: reqwest::Error) -> UpstreamError {
+    if e.is_timeout() {
+        UpstreamError::Timeout
+    } else if e.is_connect() {
+        UpstreamError::Connect {
+            url: url.to_string(),
+            detail: root_cause(&e),
+        }
+    } else if e.is_body() || e.is_decode() {
+        UpstreamError::StreamCut(root_cause(&e))
+    } else {
+        // Request-level failures after connecting (reset, closed): transient.
+        UpstreamError::StreamCut(root_cause(&e))
+    }
+}
+
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Turns a non-2xx response into an error carrying the server's message and Retry-After.
+async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, UpstreamError> {
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let retry_after = resp
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64);
+    let body = read_capped(resp, 64 << 10).await.unwrap_or_default();
+    Err(UpstreamError::Status {
+        code: status.as_u16(),
+        message: error_message(&body),
+        retry_after,
+    })
+}
+
+/// The human part of an error body: vLLM/OpenAI `{"message"}` or `{"error": {"message"}}`.
+fn error_message(body: &[u8]) -> String {
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
+        let m = v
+            .get("message")
+            .or_else(|| v.get("error").and_then(|e| e.get("message")))
+            .or_else(|| v.get("error"))
+            .or_else(|| v.get("detail"));
+        if let Some(m) = m {
+            return match m.as_str() {
+                Some(s) => s.to_string(),
+                None => m.to_string(),
+            };
+        }
+    }
+    let s = String::from_utf8_lossy(body);
+    s.chars().take(500).collect()
+}
+
+async fn read_capped(mut resp: reqwest::Response, cap: u64) -> Result<Vec<u8>, UpstreamError> {
+    let mut out = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| map_reqwest(resp.url().as_str(), e))?
+    {
+        if (out.len() + chunk.len()) as u64 > cap {
+            return Err(UpstreamError::TooLarge(cap));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+fn sampling_fields(s: &Sampling, obj: &mut serde_json::Map<String, serde_json::Value>) {
+    use serde_json::json;
+    obj.insert("temperature".into(), json!(s.temperature));
+    obj.insert("top_p".into(), json!(s.top_p));
+    if let Some(k) = s.top_k {
+        obj.insert("top_k".into(), json!(k));
+    }
+    if let Some(p) = s.min_p {
+        obj.insert("min_p".into(), json!(p));
+    }
+    if let Some(seed) = s.seed {
+        obj.insert("seed".into(), json!(seed));
+    }
+    if let Some(stop) = &s.stop {
+        obj.insert("stop".into(), json!(stop));
+    }
+}
+
+fn as_u32(v: Option<&serde_json::Value>) -> Option<u32> {
+    v.and_then(|v| v.as_u64())
+        .map(|n| n.min(u32::MAX as u64) as u32)
+}
+
+fn as_ids(v: Option<&serde_json::Value>) -> Option<Vec<u32>> {
+    let arr = v?.as_array()?;
+    let mut out = Vec::with_capacity(arr.len());
+    for x in arr {
+        out.push(x.as_u64()? as u32);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retriable_classification() {
+        let s = |code| UpstreamError::Status {
+            code,
+            message: String::new(),
+            retry_after: None,
+        };
+        assert!(s(429).is_retriable() && s(408).is_retriable() && s(503).is_retriable());
+        assert!(!s(400).is_retriable() && !s(404).is_retriable());
+        assert!(UpstreamError::Timeout.is_retriable());
+        assert!(!UpstreamError::TooLarge(1).is_retriable());
+    }
+
+    #[test]
+    fn error_messages_from_real_server_shapes() {
+        let vllm = br#"{"object":"error","message":"This model's maximum context length is 8 tokens.","type":"BadRequestError","code":400}"#;
+        assert!(error_message(vllm).starts_with("This model's maximum"));
+        let oai = br#"{"error":{"message":"bad thing","type":"invalid_request_error"}}"#;
+        assert_eq!(error_message(oai), "bad thing");
+        assert_eq!(error_message(b"plain"), "plain");
+    }
+}

@@ -1,0 +1,264 @@
+//! SGLang's native `/generate`.
+//!
+//! SGLang streams *cumulative* `text`/`output_ids` by default and *deltas* when started with
+//! `--incremental-streaming-output`. The shape is detected per event from
+//! `meta_info.completion_tokens` (always cumulative) so tokens are never double counted.
+//! `finish_reason` is an object such as `{"type": "length", "length": 128}`.
+
+use super::{
+    as_ids, as_u32, sampling_fields, sse, GenerateRequest, Generation, TokenSink, UpstreamError,
+};
+use serde_json::{json, Value};
+
+pub(super) fn body(req: &GenerateRequest<'_>, stream: bool) -> Value {
+    let mut sp = serde_json::Map::new();
+    sp.insert("max_new_tokens".into(), json!(req.sampling.max_tokens));
+    sampling_fields(req.sampling, &mut sp);
+    if let Some(stop) = sp.remove("seed") {
+        sp.insert("sampling_seed".into(), stop);
+    }
+    let mut b = serde_json::Map::new();
+    match req.prompt_ids {
+        Some(ids) => b.insert("input_ids".into(), json!(ids)),
+        None => b.insert("text".into(), json!(req.prompt)),
+    };
+    b.insert("sampling_params".into(), Value::Object(sp));
+    b.insert("stream".into(), json!(stream));
+    b.insert("rid".into(), json!(req.rid));
+    Value::Object(b)
+}
+
+fn finish_reason(meta: &Value) -> Option<String> {
+    let fr = meta.get("finish_reason")?;
+    match fr {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => Some(
+            o.get("type")
+                .and_then(|t| t.as_str())
+                .unwrap_or("unknown")
+                .to_string(),
+        ),
+        other => Some(other.to_string()),
+    }
+}
+
+pub(super) fn parse_full(bytes: &[u8]) -> Result<Generation, UpstreamError> {
+    let v: Value = serde_json::from_slice(bytes)
+        .map_err(|e| UpstreamError::Malformed(format!("/generate body: {e}")))?;
+    // A batch answer is a list; we send one prompt.
+    let v = match v {
+        Value::Array(mut a) if a.len() == 1 => a.remove(0),
+        v => v,
+    };
+    let text = v
+        .get("text")
+        .and_then(|t| t.as_str())
+        .ok_or_else(|| UpstreamError::Malformed("/generate body has no `text`".into()))?
+        .to_string();
+    let meta = v.get("meta_info").cloned().unwrap_or(Value::Null);
+    let ids = as_ids(v.get("output_ids"));
+    Ok(Generation {
+        text,
+        token_ids: ids,
+        prompt_tokens: as_u32(meta.get("prompt_tokens")),
+        completion_tokens: as_u32(meta.get("completion_tokens")),
+        finish_reason: finish_reason(&meta).unwrap_or_else(|| "unknown".into()),
+        ttft_ms: None,
+        latency_ms: 0,
+        chunks: 1,
+    })
+}
+
+/// Accumulates a `/generate` stream whichever shape the server sends.
+#[derive(Default)]
+pub(super) struct StreamState {
+    text: String,
+    ids: Vec<u32>,
+    has_ids: bool,
+    counted: u32,
+    prompt_tokens: Option<u32>,
+    completion_tokens: Option<u32>,
+    finish: Option<String>,
+    chunks: u32,
+    /// Decided on the first event that can tell: `Some(true)` = cumulative.
+    cumulative: Option<bool>,
+}
+
+impl StreamState {
+    /// Folds one event in; returns how many new tokens it brought.
+    pub(super) fn push(&mut self, v: &Value) -> Result<u32, UpstreamError> {
+        let meta = v.get("meta_info").cloned().unwrap_or(Value::Null);
+        let text = v.get("text").and_then(|t| t.as_str()).unwrap_or("");
+        let ids = as_ids(v.get("output_ids"));
+        let count = as_u32(meta.get("completion_tokens"));
+        let n_new = ids.as_ref().map(|i| i.len() as u32);
+        if self.cumulative.is_none() {
+            self.cumulative = match (count, n_new) {
+                // Deltas: what we have plus this event's ids equals the running count.
+                (Some(c), Some(n)) if self.ids.len() as u32 + n == c && !self.ids.is_empty() => {
+                    Some(false)
+                }
+                (Some(c), Some(n)) if n == c && !self.ids.is_empty() => Some(true),
+                (Some(_), Some(_)) if self.ids.is_empty() => None, // first event is ambiguous
+                _ => None,
+            };
+            if self.cumulative.is_none() && !self.text.is_empty() && !text.is_empty() {
+                // No ids/counts: text that repeats what we have is cumulative.
+                self.cumulative = Some(text.starts_with(self.text.as_str()));
+            }
+        }
+        let cumulative =
+            self.cumulative.unwrap_or(false) || self.ids.is_empty() && self.text.is_empty();
+        if let Some(ids) = ids {
+            self.has_ids = true;
+            if cumulative {
+                self.ids = ids;
+            } else {
+                self.ids.extend_from_slice(&ids);
+            }
+        }
+        if cumulative {
+            self.text = text.to_string();
+        } else {
+            self.text.push_str(text);
+        }
+        if !text.is_empty() || n_new.unwrap_or(0) > 0 {
+            self.chunks += 1;
+        }
+        if let Some(p) = as_u32(meta.get("prompt_tokens")) {
+            self.prompt_tokens = Some(p);
+        }
+        if count.is_some() {
+            self.completion_tokens = count;
+        }
+        if let Some(f) = finish_reason(&meta) {
+            self.finish = Some(f);
+        }
+        let now = self.completion_tokens.unwrap_or(if self.has_ids {
+            self.ids.len() as u32
+        } else {
+            self.chunks
+        });
+        let new = now.saturating_sub(self.counted);
+        self.counted = self.counted.max(now);
+        Ok(new)
+    }
+
+    fn finish(self, ttft_ms: Option<u32>) -> Result<Generation, UpstreamError> {
+        let Some(finish_reason) = self.finish else {
+            return Err(UpstreamError::StreamCut(
+                "/generate stream ended without a finish_reason".into(),
+            ));
+        };
+        if self.has_ids {
+            if let Some(c) = self.completion_tokens {
+                if c as usize != self.ids.len() {
+                    return Err(UpstreamError::Malformed(format!(
+                        "stream gave {} output ids but meta_info.completion_tokens = {c}",
+                        self.ids.len()
+                    )));
+                }
+            }
+        }
+        Ok(Generation {
+            text: self.text,
+            token_ids: self.has_ids.then_some(self.ids),
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            finish_reason,
+            ttft_ms,
+            latency_ms: 0,
+            chunks: self.chunks,
+        })
+    }
+}
+
+pub(super) async fn read_stream(
+    r: &mut sse::Reader,
+    sink: TokenSink<'_>,
+) -> Result<Generation, UpstreamError> {
+    let mut st = StreamState::default();
+    let mut done = false;
+    while let Some(data) = r.next_event().await? {
+        if data.trim() == "[DONE]" {
+            done = true;
+            break;
+        }
+        let v: Value = serde_json::from_str(&data)
+            .map_err(|e| UpstreamError::Malformed(format!("/generate event: {e}")))?;
+        if let Some(err) = v.get("error") {
+            return Err(UpstreamError::StreamCut(format!(
+                "server error in stream: {err}"
+            )));
+        }
+        let new = st.push(&v)?;
+        if new > 0 {
+            r.mark_first_token();
+            sink(new);
+        }
+    }
+    if !done && st.finish.is_none() {
+        return Err(UpstreamError::StreamCut(
+            "/generate stream ended without [DONE]".into(),
+        ));
+    }
+    st.finish(r.ttft_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(text: &str, ids: &[u32], count: u32, fin: Option<&str>) -> Value {
+        json!({"text": text, "output_ids": ids, "meta_info": {"completion_tokens": count, "prompt_tokens": 3,
+            "finish_reason": fin.map(|f| json!({"type": f, "length": count}))}})
+    }
+
+    #[test]
+    fn cumulative_stream_is_not_double_counted() {
+        let mut s = StreamState::default();
+        let mut total = 0;
+        total += s.push(&ev(" a", &[1], 1, None)).unwrap();
+        total += s.push(&ev(" a b c", &[1, 2, 3], 3, None)).unwrap();
+        total += s
+            .push(&ev(" a b c d", &[1, 2, 3, 4], 4, Some("length")))
+            .unwrap();
+        assert_eq!(total, 4);
+        let g = s.finish(None).unwrap();
+        assert_eq!(g.text, " a b c d");
+        assert_eq!(g.token_ids.unwrap(), vec![1, 2, 3, 4]);
+        assert_eq!(g.finish_reason, "length");
+    }
+
+    #[test]
+    fn incremental_stream_accumulates() {
+        let mut s = StreamState::default();
+        let mut total = 0;
+        total += s.push(&ev(" a", &[1], 1, None)).unwrap();
+        total += s.push(&ev(" b c", &[2, 3], 3, None)).unwrap();
+        total += s.push(&ev(" d", &[4], 4, Some("stop"))).unwrap();
+        assert_eq!(total, 4);
+        let g = s.finish(None).unwrap();
+        assert_eq!(g.text, " a b c d");
+        assert_eq!(g.token_ids.unwrap(), vec![1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn one_token_events_are_ambiguous_until_resolved() {
+        // Incremental with single-token events: [1], then [2] with count 2 → deltas.
+        let mut s = StreamState::default();
+        s.push(&ev(" a", &[1], 1, None)).unwrap();
+        s.push(&ev(" b", &[2], 2, Some("stop"))).unwrap();
+        let g = s.finish(None).unwrap();
+        assert_eq!(g.token_ids.unwrap(), vec![1, 2]);
+        assert_eq!(g.text, " a b");
+    }
+
+    #[test]
+    fn stream_without_finish_is_cut() {
+        let mut s = StreamState::default();
+        s.push(&ev(" a", &[1], 1, None)).unwrap();
+        assert!(matches!(s.finish(None), Err(UpstreamError::StreamCut(_))));
+    }
+}
