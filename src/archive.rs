@@ -49,6 +49,8 @@ pub struct Recovery {
 struct Open {
     writer: ShardWriter,
     rows: Vec<u64>,
+    /// The same rows, to refuse a second copy of one (a defence: the job never sends one).
+    seen: std::collections::HashSet<u64>,
 }
 
 /// Owns the open shard of every dataset; runs on its own thread, off the request path.
@@ -171,6 +173,7 @@ impl Archive {
                     Open {
                         writer,
                         rows: Vec::new(),
+                        seen: Default::default(),
                     },
                 );
             }
@@ -182,8 +185,19 @@ impl Archive {
                 .saturating_sub(open.writer.rows())
                 .max(1);
             let take = room.min(rest.len());
-            open.writer.append(&rest[..take])?;
-            open.rows.extend(rest[..take].iter().map(|r| r.row));
+            let fresh: Vec<ShardRow> = rest[..take]
+                .iter()
+                .filter(|r| {
+                    let new = open.seen.insert(r.row);
+                    if !new {
+                        tracing::error!(row = r.row, id = %r.id, "row offered twice to the open shard: ignored");
+                    }
+                    new
+                })
+                .cloned()
+                .collect();
+            open.writer.append(&fresh)?;
+            open.rows.extend(fresh.iter().map(|r| r.row));
             rest = &rest[take..];
             if open.writer.is_full() {
                 sealed.push(self.seal(ds)?);

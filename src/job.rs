@@ -324,6 +324,9 @@ pub async fn run(
 
     // Archive thread: seeded with results that are durable but not yet in a shard.
     let (arch_tx, arch_rx) = mpsc::unbounded_channel::<(u16, Vec<(ShardRow, CountSource)>)>();
+    // Invariant: the archive is seeded from the queue before any new result can be
+    // committed, or a result could be both seeded and sent (written twice).
+    let (seeded_tx, seeded_rx) = tokio::sync::oneshot::channel::<()>();
     let archive_thread = {
         let (queue, stop, fatal, metrics) =
             (queue.clone(), stop.clone(), fatal.clone(), metrics.clone());
@@ -332,7 +335,15 @@ pub async fn run(
         std::thread::Builder::new()
             .name("spool-archive".into())
             .spawn(move || {
-                let res = archive_loop(&mut archive, &queue, &ds_list, arch_rx, &metrics, &names);
+                let res = archive_loop(
+                    &mut archive,
+                    &queue,
+                    &ds_list,
+                    arch_rx,
+                    seeded_tx,
+                    &metrics,
+                    &names,
+                );
                 if let Err(e) = res {
                     tracing::error!(error = %e, "cannot write shards: stopping dispatch; everything completed stays in the queue");
                     archive.abandon_all();
@@ -342,6 +353,9 @@ pub async fn run(
             })
             .context("cannot start the archive thread")?
     };
+
+    // A failed seeding has already stopped the run (the sender is dropped).
+    let _ = seeded_rx.await;
 
     // Committer.
     let (commit_tx, commit_rx) = mpsc::unbounded_channel::<Finished>();
@@ -504,6 +518,7 @@ fn archive_loop(
     queue: &Queue,
     ds_list: &[u16],
     mut rx: mpsc::UnboundedReceiver<(u16, Vec<(ShardRow, CountSource)>)>,
+    seeded: tokio::sync::oneshot::Sender<()>,
     metrics: &Metrics,
     names: &HashMap<u16, String>,
 ) -> Result<(), crate::archive::ArchiveError> {
@@ -525,6 +540,7 @@ fn archive_loop(
             record(&sealed, ds);
         }
     }
+    let _ = seeded.send(());
     while let Some((ds, rows)) = rx.blocking_recv() {
         let source = rows.first().map(|r| r.1);
         let rows: Vec<ShardRow> = rows.into_iter().map(|r| r.0).collect();

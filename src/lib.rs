@@ -22,3 +22,4 @@ pub mod shard;
 pub mod status;
 pub mod template;
 pub mod upstream;
+pub mod verify;

@@ -56,6 +56,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check the shards against the queue: every completed item in exactly one shard.
+    Verify,
     /// Move permanently failed items back to pending.
     Retry {
         /// Only this dataset.
@@ -170,6 +172,34 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
                 print!("{}", report.render_table());
             }
             Ok(exit::OK)
+        }
+        Command::Verify => {
+            let cfg = Config::load(&cli.config, &overrides(&cli))?;
+            if !cfg.data_dir.is_dir() {
+                anyhow::bail!(
+                    "no queue in {} (data_dir of {}): nothing has run with this config, so there is nothing to verify",
+                    cfg.data_dir.display(),
+                    cfg.source.display()
+                );
+            }
+            let queue = spool::queue::Queue::open(&cfg.data_dir).map_err(|e| match e {
+                spool::queue::QueueError::Locked { .. } => anyhow::Error::new(e).context(
+                    "cannot verify while a `spool run` is active: it holds the queue; verify after it stops",
+                ),
+                e => e.into(),
+            })?;
+            let report = spool::verify::verify(&queue, &cfg)?;
+            print!("{}", report.render_summary());
+            for p in &report.problems {
+                println!("{p}");
+            }
+            if report.is_clean() {
+                println!("verify: clean");
+                Ok(exit::OK)
+            } else {
+                println!("verify: {} problem(s)", report.problems.len());
+                Ok(exit::FAILURE)
+            }
         }
         Command::Retry { dataset } => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;

@@ -368,6 +368,32 @@ fn sampling_fields(s: &Sampling, obj: &mut serde_json::Map<String, serde_json::V
     }
 }
 
+/// An error object sent inside a 200 stream (SGLang reports request validation this way):
+/// a status code it carries, or a context-length complaint, is permanent; else the stream
+/// is treated as cut.
+fn stream_error(err: &serde_json::Value) -> UpstreamError {
+    let message = err
+        .get("message")
+        .and_then(|m| m.as_str())
+        .map(str::to_string)
+        .unwrap_or_else(|| err.to_string());
+    let code = err.get("code").and_then(|c| c.as_u64()).map(|c| c as u16);
+    let lower = message.to_ascii_lowercase();
+    match code {
+        Some(code) if (400..600).contains(&code) => UpstreamError::Status {
+            code,
+            message,
+            retry_after: None,
+        },
+        _ if lower.contains("context length") || lower.contains("too long") => UpstreamError::Status {
+            code: 400,
+            message,
+            retry_after: None,
+        },
+        _ => UpstreamError::StreamCut(format!("server error in stream: {message}")),
+    }
+}
+
 fn as_u32(v: Option<&serde_json::Value>) -> Option<u32> {
     v.and_then(|v| v.as_u64())
         .map(|n| n.min(u32::MAX as u64) as u32)

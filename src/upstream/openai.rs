@@ -102,9 +102,7 @@ pub(super) async fn read_stream(
         let v: Value = serde_json::from_str(&data)
             .map_err(|e| UpstreamError::Malformed(format!("stream chunk: {e}")))?;
         if let Some(err) = v.get("error") {
-            return Err(UpstreamError::StreamCut(format!(
-                "server error in stream: {err}"
-            )));
+            return Err(super::stream_error(err));
         }
         if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
             prompt_tokens = as_u32(u.get("prompt_tokens")).or(prompt_tokens);

@@ -188,9 +188,7 @@ pub(super) async fn read_stream(
         let v: Value = serde_json::from_str(&data)
             .map_err(|e| UpstreamError::Malformed(format!("/generate event: {e}")))?;
         if let Some(err) = v.get("error") {
-            return Err(UpstreamError::StreamCut(format!(
-                "server error in stream: {err}"
-            )));
+            return Err(super::stream_error(err));
         }
         let new = st.push(&v)?;
         if new > 0 {

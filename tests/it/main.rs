@@ -3,7 +3,9 @@
 
 mod support;
 
+mod crash;
 mod e2e;
 mod mock_server;
 mod shard_read;
 mod template_golden;
+mod verify;

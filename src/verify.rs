@@ -1,0 +1,1033 @@
+//! `spool verify`: checks the output folders against the queue (SPEC §1, §5).
+//!
+//! For every dataset (those of the config, then any other the queue knows) it lists
+//! `output_dir/<dataset>/` and checks:
+//!
+//! - the folder holds only `part-NNNNNN.parquet` shards and `_rejected.jsonl`: a writer's
+//!   temporary file (`.part-NNNNNN.parquet.tmp`, left by a crash) or anything else is a
+//!   [`Problem::StrayFile`];
+//! - every shard opens, has exactly the SPEC §5 schema, the required key-value metadata
+//!   ([`shard::REQUIRED_METADATA_KEYS`]) and zstd column chunks, and decodes to the end
+//!   (every column is decoded, not only the ones checked below);
+//! - every row: its `dataset` column names the folder's dataset, its `id` is the one the
+//!   queue enqueued at that `row`, and when `completion_token_ids` is present its length
+//!   equals `completion_tokens` (the pair the budget counts; `prompt_token_ids` may
+//!   legitimately differ from a server-counted `prompt_tokens`, so it is not checked);
+//! - exactly-once: every item the queue records as sharded (`s` records) is in exactly one
+//!   row of exactly one shard, the one the queue names; no shard row is an item the queue
+//!   does not have as sharded (except in a shard the next `spool run` would adopt);
+//! - shard indices ≥ the dataset's `next_shard` (a crash between the rename and the queue
+//!   update) are reported, with whether `spool run` can adopt them;
+//! - the durable counters `done`, `sharded` and `completion_tokens` equal what the scan
+//!   counts (rows found in shards plus results waiting in the queue's `r` records).
+//!
+//! Done items whose result is durable in the queue but not yet in a shard (`r` records,
+//! normal after a kill: the next run writes them) are not problems; they are counted in
+//! [`VerifyReport::waiting_for_shard`].
+//!
+//! Invariants relied on (see `archive.rs` and `queue.rs`): an item is in exactly one of the
+//! queue's `p`, `r`, `s`, `f` states; an `s` record names the shard file holding the row; a
+//! `part-*.parquet` name is only ever given to a complete file; shards of a dataset are
+//! numbered below its `next_shard` once the queue has recorded them.
+//!
+//! Memory: shards are read one at a time, record batch by record batch, keeping only each
+//! row's (row, id, completion tokens) for the shard being read. Per dataset it keeps the
+//! queue's (row, shard) list and the shard each row was found in (three u64 per sharded
+//! item), plus the rows of the `r` records (bounded by the open shards' size).
+//! The verifier only reads: it never repairs (that is `spool run`'s recovery).
+
+use crate::config::Config;
+use crate::queue::{DatasetState, Queue, QueueError};
+use crate::shard::{self, ShardError};
+use arrow_array::{Array, ListArray, RecordBatch, StringArray, UInt32Array, UInt64Array};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// The one non-shard file a dataset folder may hold (written by intake).
+pub const REJECTED_FILE: &str = "_rejected.jsonl";
+
+/// Rows per record batch while scanning a shard (bounds memory per shard read).
+const SCAN_BATCH_ROWS: usize = 1024;
+
+/// Marks a sharded item not (yet) found in any shard.
+const NOT_FOUND: u64 = u64::MAX;
+
+/// Why verification could not be carried out at all (as opposed to a [`Problem`] found):
+/// the queue could not be read, or a folder could not be listed. Exit 1.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error("cannot list {}: {source}", path.display())]
+    List {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// One inconsistency between the shards and the queue. Each names the file, dataset, row
+/// and id involved so the user can find it; the `Display` is one line.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Problem {
+    /// A shard cannot be opened or decoded (truncated, corrupt, unreadable).
+    UnreadableShard { path: PathBuf, error: String },
+    /// A shard's columns are not SPEC §5's.
+    SchemaDrift { path: PathBuf, detail: String },
+    /// A shard lacks a key-value metadata entry every shard must carry.
+    MissingMetadata { path: PathBuf, key: String },
+    /// A shard has column chunks not compressed with zstd.
+    NotZstd { path: PathBuf },
+    /// A file in a dataset folder that is neither a shard nor `_rejected.jsonl`
+    /// (including a writer's temporary file left by a crash).
+    StrayFile { path: PathBuf },
+    /// A shard numbered at or past the dataset's `next_shard`: renamed, but the queue was
+    /// not updated (a crash in between). `adoptable`: its rows are all waiting in the
+    /// queue, so the next `spool run` adopts it; otherwise that run refuses to start.
+    UnrecordedShard {
+        path: PathBuf,
+        next_shard: u64,
+        adoptable: bool,
+    },
+    /// A shard the queue records rows in does not exist.
+    MissingShard { path: PathBuf, rows: u64 },
+    /// The queue says the item is done and in shard `recorded`, but no readable shard
+    /// holds it.
+    DoneButInNoShard {
+        dataset: String,
+        row: u64,
+        id: String,
+        recorded: PathBuf,
+    },
+    /// The item is in more than one shard row.
+    Duplicate {
+        dataset: String,
+        row: u64,
+        id: String,
+        places: Vec<PathBuf>,
+    },
+    /// A shard row the queue does not have as sharded; `queue_state` says what the queue
+    /// has instead.
+    NotInQueue {
+        path: PathBuf,
+        row: u64,
+        id: String,
+        queue_state: &'static str,
+    },
+    /// The item is in one shard, but not the one the queue recorded.
+    WrongShard {
+        dataset: String,
+        row: u64,
+        id: String,
+        recorded: PathBuf,
+        found: PathBuf,
+    },
+    /// A row whose `dataset` column is not the dataset of the folder it is in.
+    WrongDataset {
+        path: PathBuf,
+        row: u64,
+        id: String,
+        found: String,
+    },
+    /// A row whose id is not the one the queue enqueued at that row (`queue_row`: where
+    /// the queue has that id, if anywhere).
+    IdMismatch {
+        path: PathBuf,
+        row: u64,
+        id: String,
+        queue_row: Option<u64>,
+    },
+    /// `completion_token_ids` does not hold `completion_tokens` ids.
+    TokenCountMismatch {
+        path: PathBuf,
+        row: u64,
+        id: String,
+        completion_tokens: u32,
+        ids_len: usize,
+    },
+    /// A durable counter of the queue differs from what the scan counted.
+    CounterMismatch {
+        dataset: String,
+        what: &'static str,
+        counter: u64,
+        counted: u64,
+    },
+}
+
+impl Problem {
+    /// The file the problem is about, when it is about one file.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            Problem::UnreadableShard { path, .. }
+            | Problem::SchemaDrift { path, .. }
+            | Problem::MissingMetadata { path, .. }
+            | Problem::NotZstd { path }
+            | Problem::StrayFile { path }
+            | Problem::UnrecordedShard { path, .. }
+            | Problem::MissingShard { path, .. }
+            | Problem::NotInQueue { path, .. }
+            | Problem::WrongDataset { path, .. }
+            | Problem::IdMismatch { path, .. }
+            | Problem::TokenCountMismatch { path, .. } => Some(path),
+            Problem::DoneButInNoShard { recorded, .. } => Some(recorded),
+            Problem::WrongShard { found, .. } => Some(found),
+            Problem::Duplicate { .. } | Problem::CounterMismatch { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Problem::UnreadableShard { path, error } => {
+                write!(f, "{}: unreadable shard: {error}", path.display())
+            }
+            Problem::SchemaDrift { path, detail } => write!(
+                f,
+                "{}: schema differs from SPEC §5: {detail}",
+                path.display()
+            ),
+            Problem::MissingMetadata { path, key } => {
+                write!(f, "{}: metadata key `{key}` is missing", path.display())
+            }
+            Problem::NotZstd { path } => write!(
+                f,
+                "{}: some column chunks are not zstd-compressed",
+                path.display()
+            ),
+            Problem::StrayFile { path } => {
+                let name = path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                if shard::is_temp_file(&name) {
+                    write!(
+                        f,
+                        "{}: stray file: a shard writer's temporary file left by a crash \
+                         (the next `spool run` deletes it)",
+                        path.display()
+                    )
+                } else {
+                    write!(
+                        f,
+                        "{}: stray file: neither a part-NNNNNN.parquet shard nor {REJECTED_FILE}",
+                        path.display()
+                    )
+                }
+            }
+            Problem::UnrecordedShard {
+                path,
+                next_shard,
+                adoptable,
+            } => {
+                write!(
+                    f,
+                    "{}: shard not recorded in the queue (its next_shard is {next_shard}): \
+                     a run stopped between the rename and the queue update; ",
+                    path.display()
+                )?;
+                if *adoptable {
+                    write!(f, "the next `spool run` adopts it")
+                } else {
+                    write!(
+                        f,
+                        "its rows are not all waiting for a shard, so `spool run` will refuse it \
+                         (see the other problems for its rows)"
+                    )
+                }
+            }
+            Problem::MissingShard { path, rows } => write!(
+                f,
+                "{}: missing: the queue records {rows} row(s) in this shard",
+                path.display()
+            ),
+            Problem::DoneButInNoShard {
+                dataset,
+                row,
+                id,
+                recorded,
+            } => write!(
+                f,
+                "{dataset}: row {row} (id `{id}`) is done and recorded in {}, but no readable \
+                 shard holds it",
+                recorded.display()
+            ),
+            Problem::Duplicate {
+                dataset,
+                row,
+                id,
+                places,
+            } => {
+                let places: Vec<String> = places.iter().map(|p| p.display().to_string()).collect();
+                write!(
+                    f,
+                    "{dataset}: row {row} (id `{id}`) is in {} shard rows: {}",
+                    places.len(),
+                    places.join(", ")
+                )
+            }
+            Problem::NotInQueue {
+                path,
+                row,
+                id,
+                queue_state,
+            } => write!(
+                f,
+                "{}: row {row} (id `{id}`) is not recorded as sharded in the queue, which has it \
+                 {queue_state}",
+                path.display()
+            ),
+            Problem::WrongShard {
+                dataset,
+                row,
+                id,
+                recorded,
+                found,
+            } => write!(
+                f,
+                "{dataset}: row {row} (id `{id}`) is in {} but the queue records it in {}",
+                found.display(),
+                recorded.display()
+            ),
+            Problem::WrongDataset {
+                path,
+                row,
+                id,
+                found,
+            } => write!(
+                f,
+                "{}: row {row} (id `{id}`) belongs to dataset `{found}`",
+                path.display()
+            ),
+            Problem::IdMismatch {
+                path,
+                row,
+                id,
+                queue_row,
+            } => match queue_row {
+                Some(q) => write!(
+                    f,
+                    "{}: row {row} has id `{id}`, which the queue has at row {q}",
+                    path.display()
+                ),
+                None => write!(
+                    f,
+                    "{}: row {row} has id `{id}`, which the queue does not know",
+                    path.display()
+                ),
+            },
+            Problem::TokenCountMismatch {
+                path,
+                row,
+                id,
+                completion_tokens,
+                ids_len,
+            } => write!(
+                f,
+                "{}: row {row} (id `{id}`): completion_tokens is {completion_tokens} but \
+                 completion_token_ids holds {ids_len} ids",
+                path.display()
+            ),
+            Problem::CounterMismatch {
+                dataset,
+                what,
+                counter,
+                counted,
+            } => write!(
+                f,
+                "{dataset}: queue counter `{what}` is {counter} but the queue records and shards \
+                 hold {counted}"
+            ),
+        }
+    }
+}
+
+/// What was checked for one dataset.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DatasetReport {
+    pub name: String,
+    /// Shard files read (readable or not).
+    pub shards: usize,
+    /// Shard rows read.
+    pub rows: u64,
+    /// Done items the queue knows (its `done` counter; 0 when the queue lacks the dataset).
+    pub done: u64,
+    /// Done items durable in the queue, waiting for the next run to shard them.
+    pub waiting_for_shard: u64,
+}
+
+/// The outcome of a verification: clean when `problems` is empty.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct VerifyReport {
+    /// Everything found wrong, file-level problems first, then rows, then counters.
+    pub problems: Vec<Problem>,
+    /// Shard files read, over all datasets.
+    pub shards: usize,
+    /// Shard rows read, over all datasets.
+    pub rows: u64,
+    /// Done items waiting for a shard, over all datasets (not a problem).
+    pub waiting_for_shard: u64,
+    /// Per dataset, in config order, then datasets only the queue knows.
+    pub datasets: Vec<DatasetReport>,
+}
+
+impl VerifyReport {
+    /// Whether nothing is wrong (exit 0).
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+
+    /// The human summary: one line overall, one per dataset (without the problems).
+    pub fn render_summary(&self) -> String {
+        let mut out = format!(
+            "verified {} dataset(s): {} shard(s), {} row(s) checked, {} done item(s) waiting for a shard\n",
+            self.datasets.len(),
+            self.shards,
+            self.rows,
+            self.waiting_for_shard
+        );
+        for d in &self.datasets {
+            out.push_str(&format!(
+                "  {}: {} shard(s), {} row(s), {} done, {} waiting for a shard\n",
+                d.name, d.shards, d.rows, d.done, d.waiting_for_shard
+            ));
+        }
+        out
+    }
+}
+
+/// Checks the output folders of `cfg` against the queue; see the module documentation for
+/// what is checked. `Err` only when the check itself cannot proceed.
+pub fn verify(queue: &Queue, cfg: &Config) -> Result<VerifyReport, VerifyError> {
+    let names: Vec<String> = cfg.datasets.iter().map(|d| d.name.clone()).collect();
+    verify_output(queue, &cfg.output_dir, &names)
+}
+
+/// [`verify`] for explicit dataset names (the queue's other datasets are added).
+fn verify_output(
+    queue: &Queue,
+    output_dir: &Path,
+    names: &[String],
+) -> Result<VerifyReport, VerifyError> {
+    let states = queue.states();
+    let mut names: Vec<String> = names.to_vec();
+    for s in &states {
+        if !names.contains(&s.name) {
+            names.push(s.name.clone());
+        }
+    }
+    let mut report = VerifyReport::default();
+    for name in &names {
+        let state = states.iter().find(|s| &s.name == name);
+        let d = verify_dataset(queue, output_dir, name, state, &mut report.problems)?;
+        report.shards += d.shards;
+        report.rows += d.rows;
+        report.waiting_for_shard += d.waiting_for_shard;
+        report.datasets.push(d);
+    }
+    Ok(report)
+}
+
+/// One row of a shard, as much as the cross-checks need.
+struct Key {
+    row: u64,
+    id: String,
+    completion_tokens: u32,
+}
+
+/// A shard read to the end: its rows' keys and the problems found inside it.
+struct ShardScan {
+    keys: Vec<Key>,
+    problems: Vec<Problem>,
+}
+
+/// A shard row whose item the queue does not record as sharded.
+struct Extra {
+    id: String,
+    shards: Vec<u64>,
+}
+
+fn verify_dataset(
+    queue: &Queue,
+    output_dir: &Path,
+    name: &str,
+    state: Option<&DatasetState>,
+    problems: &mut Vec<Problem>,
+) -> Result<DatasetReport, VerifyError> {
+    let dir = output_dir.join(name);
+    let mut rep = DatasetReport {
+        name: name.to_string(),
+        done: state.map_or(0, |s| s.done),
+        ..Default::default()
+    };
+    let ds = state.map(|s| s.index);
+    let next_shard = state.map_or(0, |s| s.next_shard);
+    let shard_path = |i: u64| dir.join(shard::shard_file_name(i));
+
+    let files = list_shards(&dir, problems)?;
+
+    // The queue's view: (row, shard) of every sharded item, sorted by row.
+    let expected = match ds {
+        Some(ds) => queue.sharded_rows(ds)?,
+        None => Vec::new(),
+    };
+    let mut found = vec![NOT_FOUND; expected.len()];
+    let mut more_places: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+    let mut extras: BTreeMap<u64, Extra> = BTreeMap::new();
+    let mut unrecorded: Vec<(u64, Vec<u64>)> = Vec::new();
+    let mut counted_tokens = 0u64;
+    let mut row_problems = Vec::new();
+
+    for &index in &files {
+        let path = shard_path(index);
+        rep.shards += 1;
+        let scan = match scan_shard(&path, name) {
+            Ok(s) => s,
+            Err(p) => {
+                problems.push(p);
+                if index >= next_shard {
+                    problems.push(Problem::UnrecordedShard {
+                        path,
+                        next_shard,
+                        adoptable: false,
+                    });
+                }
+                continue;
+            }
+        };
+        problems.extend(scan.problems);
+        rep.rows += scan.keys.len() as u64;
+        let mut rows_here = Vec::new();
+        for key in scan.keys {
+            if let Some(ds) = ds {
+                let queue_row = queue.row_of_id(ds, &key.id)?;
+                if queue_row != Some(key.row) {
+                    row_problems.push(Problem::IdMismatch {
+                        path: path.clone(),
+                        row: key.row,
+                        id: key.id.clone(),
+                        queue_row,
+                    });
+                }
+            }
+            if index >= next_shard {
+                rows_here.push(key.row);
+            }
+            match expected.binary_search_by_key(&key.row, |e| e.0) {
+                Ok(i) if found[i] == NOT_FOUND => {
+                    found[i] = index;
+                    counted_tokens += u64::from(key.completion_tokens);
+                }
+                Ok(i) => more_places.entry(i).or_default().push(index),
+                Err(_) => extras
+                    .entry(key.row)
+                    .or_insert_with(|| Extra {
+                        id: key.id,
+                        shards: Vec::new(),
+                    })
+                    .shards
+                    .push(index),
+            }
+        }
+        if index >= next_shard {
+            unrecorded.push((index, rows_here));
+        }
+    }
+
+    // Results durable in the queue, waiting for a shard.
+    let waiting: Vec<(u64, u32)> = match ds {
+        Some(ds) => queue
+            .unsharded(ds)?
+            .into_iter()
+            .map(|r| (r.row, r.completion_tokens))
+            .collect(),
+        None => Vec::new(),
+    };
+    let waiting_rows: HashSet<u64> = waiting.iter().map(|w| w.0).collect();
+    counted_tokens += waiting.iter().map(|w| u64::from(w.1)).sum::<u64>();
+    rep.waiting_for_shard = waiting
+        .iter()
+        .filter(|w| !extras.contains_key(&w.0))
+        .count() as u64;
+
+    for (index, rows) in unrecorded {
+        let adoptable = rows.iter().all(|r| {
+            waiting_rows.contains(r) && extras.get(r).is_some_and(|e| e.shards.len() == 1)
+        });
+        problems.push(Problem::UnrecordedShard {
+            path: shard_path(index),
+            next_shard,
+            adoptable,
+        });
+    }
+
+    // Every sharded item: in exactly one shard, the recorded one.
+    let mut missing_by_shard: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut missing = Vec::new();
+    for (i, &(row, recorded)) in expected.iter().enumerate() {
+        let mut places: Vec<u64> = Vec::new();
+        if found[i] != NOT_FOUND {
+            places.push(found[i]);
+        }
+        if let Some(more) = more_places.remove(&i) {
+            places.extend(more);
+        }
+        let id = || -> Result<String, VerifyError> { item_id(queue, ds, row) };
+        match places.as_slice() {
+            [] => {
+                *missing_by_shard.entry(recorded).or_default() += 1;
+                missing.push(Problem::DoneButInNoShard {
+                    dataset: name.to_string(),
+                    row,
+                    id: id()?,
+                    recorded: shard_path(recorded),
+                });
+            }
+            [one] if *one == recorded => {}
+            [one] => row_problems.push(Problem::WrongShard {
+                dataset: name.to_string(),
+                row,
+                id: id()?,
+                recorded: shard_path(recorded),
+                found: shard_path(*one),
+            }),
+            many => row_problems.push(Problem::Duplicate {
+                dataset: name.to_string(),
+                row,
+                id: id()?,
+                places: many.iter().map(|&s| shard_path(s)).collect(),
+            }),
+        }
+    }
+    for (&recorded, &rows) in &missing_by_shard {
+        if !files.contains(&recorded) {
+            problems.push(Problem::MissingShard {
+                path: shard_path(recorded),
+                rows,
+            });
+        }
+    }
+
+    // Shard rows the queue does not record as sharded.
+    for (row, extra) in &extras {
+        if extra.shards.len() > 1 {
+            row_problems.push(Problem::Duplicate {
+                dataset: name.to_string(),
+                row: *row,
+                id: extra.id.clone(),
+                places: extra.shards.iter().map(|&s| shard_path(s)).collect(),
+            });
+        }
+        let queue_state = match ds {
+            None => "not at all (the queue does not know this dataset)",
+            Some(ds) if queue.is_unsharded(ds, *row)? => {
+                "waiting for a shard (the next `spool run` would write it again)"
+            }
+            Some(ds) if queue.is_pending(ds, *row)? => "pending",
+            Some(ds) if queue.item(ds, *row)?.is_some() => "failed",
+            Some(_) => "not enqueued",
+        };
+        let waiting_here = waiting_rows.contains(row);
+        for &s in &extra.shards {
+            // A waiting row in an unrecorded shard is what recovery adopts: reported once,
+            // as the shard's UnrecordedShard.
+            if waiting_here && s >= next_shard && extra.shards.len() == 1 {
+                continue;
+            }
+            row_problems.push(Problem::NotInQueue {
+                path: shard_path(s),
+                row: *row,
+                id: extra.id.clone(),
+                queue_state,
+            });
+        }
+    }
+    problems.extend(missing);
+    problems.extend(row_problems);
+
+    // Durable counters against the scan.
+    if let Some(s) = state {
+        let sharded = expected.len() as u64;
+        let mut check = |what: &'static str, counter: u64, counted: u64| {
+            if counter != counted {
+                problems.push(Problem::CounterMismatch {
+                    dataset: name.to_string(),
+                    what,
+                    counter,
+                    counted,
+                });
+            }
+        };
+        check("sharded", s.sharded, sharded);
+        check("done", s.done, sharded + waiting.len() as u64);
+        // Tokens of rows no shard holds cannot be counted: the rows are reported already.
+        if missing_by_shard.is_empty() {
+            check("completion_tokens", s.completion_tokens, counted_tokens);
+        }
+        if let Some(max) = expected.iter().map(|e| e.1).max() {
+            if max >= s.next_shard {
+                check("next_shard", s.next_shard, max + 1);
+            }
+        }
+    }
+    Ok(rep)
+}
+
+/// The id the queue enqueued at `row` (for messages), or `?` when it has none.
+fn item_id(queue: &Queue, ds: Option<u16>, row: u64) -> Result<String, VerifyError> {
+    Ok(match ds {
+        Some(ds) => queue.item(ds, row)?.map(|i| i.id),
+        None => None,
+    }
+    .unwrap_or_else(|| "?".into()))
+}
+
+/// Shard indices in `dir`, sorted; every other entry is reported as a stray file. A
+/// missing folder holds no shards.
+fn list_shards(dir: &Path, problems: &mut Vec<Problem>) -> Result<Vec<u64>, VerifyError> {
+    let list_err = |source| VerifyError::List {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(list_err(e)),
+    };
+    let mut shards = Vec::new();
+    let mut strays = Vec::new();
+    for e in entries {
+        let e = e.map_err(list_err)?;
+        let is_file = e.file_type().map_err(list_err)?.is_file();
+        let name = e.file_name().to_string_lossy().into_owned();
+        match shard::parse_shard_index(&name) {
+            Some(i) if is_file => shards.push(i),
+            _ if is_file && name == REJECTED_FILE => {}
+            _ => strays.push(e.path()),
+        }
+    }
+    shards.sort_unstable();
+    strays.sort();
+    problems.extend(strays.into_iter().map(|path| Problem::StrayFile { path }));
+    Ok(shards)
+}
+
+/// The message of a shard error without the path (the problem names the file).
+fn shard_error_detail(e: &ShardError) -> String {
+    match e {
+        ShardError::Io { source, .. } => source.to_string(),
+        ShardError::Parquet { source, .. } => source.to_string(),
+        ShardError::Arrow { source, .. } => source.to_string(),
+        ShardError::Schema { detail, .. } | ShardError::Invalid { detail, .. } => detail.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Reads one shard to the end, checking its footer and every row. `Err`: the shard as a
+/// whole is unusable (none of its rows count as found).
+fn scan_shard(path: &Path, dataset: &str) -> Result<ShardScan, Problem> {
+    let unreadable = |error: String| Problem::UnreadableShard {
+        path: path.to_path_buf(),
+        error,
+    };
+    let info = match shard::read_info(path) {
+        Ok(i) => i,
+        Err(ShardError::Schema { detail, .. }) => {
+            return Err(Problem::SchemaDrift {
+                path: path.to_path_buf(),
+                detail,
+            })
+        }
+        Err(e) => return Err(unreadable(shard_error_detail(&e))),
+    };
+    let mut problems = Vec::new();
+    for key in shard::REQUIRED_METADATA_KEYS {
+        if !info.metadata.iter().any(|(k, _)| k == key) {
+            problems.push(Problem::MissingMetadata {
+                path: path.to_path_buf(),
+                key: (*key).to_string(),
+            });
+        }
+    }
+    if !info.all_zstd {
+        problems.push(Problem::NotZstd {
+            path: path.to_path_buf(),
+        });
+    }
+
+    let file = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .and_then(|b| b.with_batch_size(SCAN_BATCH_ROWS).build())
+        .map_err(|e| unreadable(e.to_string()))?;
+    let mut keys = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| unreadable(e.to_string()))?;
+        scan_batch(path, dataset, &batch, &mut keys, &mut problems).map_err(unreadable)?;
+    }
+    if keys.len() as u64 != info.rows {
+        return Err(unreadable(format!(
+            "the footer says {} rows but {} were read",
+            info.rows,
+            keys.len()
+        )));
+    }
+    Ok(ShardScan { keys, problems })
+}
+
+fn column<'a, T: 'static>(batch: &'a RecordBatch, name: &str) -> Result<&'a T, String> {
+    batch
+        .column_by_name(name)
+        .and_then(|c| c.as_any().downcast_ref::<T>())
+        .ok_or_else(|| format!("column `{name}` does not decode as its SPEC §5 type"))
+}
+
+/// Checks one decoded batch's rows and appends their keys.
+fn scan_batch(
+    path: &Path,
+    dataset: &str,
+    batch: &RecordBatch,
+    keys: &mut Vec<Key>,
+    problems: &mut Vec<Problem>,
+) -> Result<(), String> {
+    let ids = column::<StringArray>(batch, "id")?;
+    let datasets = column::<StringArray>(batch, "dataset")?;
+    let rows = column::<UInt64Array>(batch, "row")?;
+    let tokens = column::<UInt32Array>(batch, "completion_tokens")?;
+    let token_ids = column::<ListArray>(batch, "completion_token_ids")?;
+    for i in 0..batch.num_rows() {
+        let key = Key {
+            row: rows.value(i),
+            id: ids.value(i).to_owned(),
+            completion_tokens: tokens.value(i),
+        };
+        if datasets.value(i) != dataset {
+            problems.push(Problem::WrongDataset {
+                path: path.to_path_buf(),
+                row: key.row,
+                id: key.id.clone(),
+                found: datasets.value(i).to_owned(),
+            });
+        }
+        if token_ids.is_valid(i) {
+            let ids_len = usize::try_from(token_ids.value_length(i)).unwrap_or_default();
+            if ids_len != key.completion_tokens as usize {
+                problems.push(Problem::TokenCountMismatch {
+                    path: path.to_path_buf(),
+                    row: key.row,
+                    id: key.id.clone(),
+                    completion_tokens: key.completion_tokens,
+                    ids_len,
+                });
+            }
+        }
+        keys.push(key);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::{Item, Outcome};
+    use crate::shard::{ShardLimits, ShardRow, ShardWriter};
+
+    fn item(id: &str) -> (u64, Item) {
+        let row: u64 = id[1..].parse().unwrap();
+        (
+            row,
+            Item {
+                id: id.into(),
+                hash: [0; 16],
+                prompt: format!("p {id}"),
+                messages: None,
+                prompt_ids: None,
+            },
+        )
+    }
+
+    fn result(row: u64) -> ShardRow {
+        ShardRow {
+            id: format!("x{row}"),
+            dataset: "a".into(),
+            row,
+            prompt: "p".into(),
+            messages: None,
+            prompt_token_ids: None,
+            completion: "c".into(),
+            completion_token_ids: Some(vec![7; 3]),
+            prompt_tokens: 1,
+            completion_tokens: 3,
+            finish_reason: "stop".into(),
+            model: "m".into(),
+            attempts: 1,
+            latency_ms: 1,
+            ttft_ms: None,
+            completed_at_ms: 0,
+        }
+    }
+
+    fn metadata() -> Vec<(String, String)> {
+        shard::REQUIRED_METADATA_KEYS
+            .iter()
+            .map(|k| (k.to_string(), "x".to_string()))
+            .collect()
+    }
+
+    fn write_shard(dir: &Path, index: u64, rows: &[ShardRow]) {
+        let mut w = ShardWriter::create(&dir.join("a"), index, &ShardLimits::default(), metadata())
+            .unwrap();
+        w.append(rows).unwrap();
+        w.finish().unwrap();
+    }
+
+    /// A queue with 6 items of dataset `a`, rows 0..4 done; `sharded` of them in shard 0.
+    fn setup(out: &Path, data: &Path, sharded: &[u64]) -> Queue {
+        let q = Queue::open(data).unwrap();
+        let s = q.open_dataset("a").unwrap();
+        let items: Vec<_> = (0..6).map(|i| item(&format!("x{i}"))).collect();
+        q.enqueue(s.index, &items, 6, 0).unwrap();
+        let outcomes: Vec<_> = (0..4)
+            .map(|r| Outcome::Done {
+                ds: s.index,
+                result: Box::new(result(r)),
+            })
+            .collect();
+        q.commit(&outcomes).unwrap();
+        if !sharded.is_empty() {
+            let rows: Vec<_> = sharded.iter().map(|&r| result(r)).collect();
+            write_shard(out, 0, &rows);
+            q.mark_sharded(s.index, 0, sharded).unwrap();
+        }
+        q
+    }
+
+    fn names() -> Vec<String> {
+        vec!["a".to_string()]
+    }
+
+    /// Results waiting in the queue are counted, not reported; the counters check out.
+    #[test]
+    fn waiting_results_are_not_problems() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("out");
+        let q = setup(&out, &t.path().join("data"), &[0, 1]);
+        let r = verify_output(&q, &out, &names()).unwrap();
+        assert!(r.is_clean(), "{:?}", r.problems);
+        assert_eq!((r.shards, r.rows, r.waiting_for_shard), (1, 2, 2));
+        assert_eq!(r.datasets[0].done, 4);
+    }
+
+    /// A shard renamed but not recorded (crash before the queue update) is reported as
+    /// adoptable, and its rows are neither waiting nor "not in queue".
+    #[test]
+    fn an_unrecorded_shard_of_waiting_rows_is_adoptable() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("out");
+        let q = setup(&out, &t.path().join("data"), &[0, 1]);
+        write_shard(&out, 1, &[result(2), result(3)]);
+        let r = verify_output(&q, &out, &names()).unwrap();
+        assert_eq!(r.waiting_for_shard, 0);
+        assert_eq!(
+            r.problems,
+            vec![Problem::UnrecordedShard {
+                path: out.join("a/part-000001.parquet"),
+                next_shard: 1,
+                adoptable: true
+            }]
+        );
+        assert!(r.problems[0].to_string().contains("adopts it"));
+    }
+
+    /// Rows in a recorded shard that the queue does not have as sharded, rows in the wrong
+    /// shard and wrong ids are each named.
+    #[test]
+    fn foreign_and_misplaced_rows_are_named() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("out");
+        let q = setup(&out, &t.path().join("data"), &[0]);
+        // Recorded: row 1 in shard 1. Written: shard 1 holds row 2 (waiting) and row 5
+        // (pending) with a wrong id; shard 2 holds row 1 but is never recorded.
+        let s = q.state(0).unwrap();
+        write_shard(
+            &out,
+            1,
+            &[result(2), {
+                let mut r = result(5);
+                r.id = "x4".into();
+                r
+            }],
+        );
+        q.mark_sharded(s.index, 1, &[1]).unwrap();
+        write_shard(&out, 2, &[result(1)]);
+        let r = verify_output(&q, &out, &names()).unwrap();
+        let text: Vec<String> = r.problems.iter().map(|p| p.to_string()).collect();
+        let has = |f: &dyn Fn(&Problem) -> bool| r.problems.iter().any(f);
+        assert!(
+            has(&|p| matches!(p, Problem::WrongShard { row: 1, .. })),
+            "{text:#?}"
+        );
+        assert!(
+            has(
+                &|p| matches!(p, Problem::NotInQueue { row: 2, queue_state, .. } if queue_state.starts_with("waiting"))
+            ),
+            "{text:#?}"
+        );
+        assert!(
+            has(&|p| matches!(
+                p,
+                Problem::NotInQueue {
+                    row: 5,
+                    queue_state: "pending",
+                    ..
+                }
+            )),
+            "{text:#?}"
+        );
+        assert!(
+            has(&|p| matches!(
+                p,
+                Problem::IdMismatch {
+                    row: 5,
+                    queue_row: Some(4),
+                    ..
+                }
+            )),
+            "{text:#?}"
+        );
+        assert!(
+            has(&|p| matches!(
+                p,
+                Problem::UnrecordedShard {
+                    adoptable: false,
+                    ..
+                }
+            )),
+            "{text:#?}"
+        );
+    }
+
+    /// A counter that disagrees with the records is reported with both numbers.
+    #[test]
+    fn counters_are_checked_against_the_scan() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("out");
+        let q = setup(&out, &t.path().join("data"), &[0, 1]);
+        // Rewrite shard 0 with a different completion token count for row 0.
+        std::fs::remove_file(out.join("a/part-000000.parquet")).unwrap();
+        let mut r0 = result(0);
+        r0.completion_tokens = 5;
+        r0.completion_token_ids = None;
+        write_shard(&out, 0, &[r0, result(1)]);
+        let r = verify_output(&q, &out, &names()).unwrap();
+        assert_eq!(
+            r.problems,
+            vec![Problem::CounterMismatch {
+                dataset: "a".into(),
+                what: "completion_tokens",
+                counter: 12,
+                counted: 14
+            }]
+        );
+    }
+}
