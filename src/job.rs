@@ -35,6 +35,9 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// File in `data_dir` holding the address the running process's endpoint is bound to.
+pub const ENDPOINT_FILE: &str = "metrics.addr";
+
 /// How a run ended (the caller maps it to an exit code).
 #[derive(Debug)]
 pub struct RunSummary {
@@ -43,6 +46,9 @@ pub struct RunSummary {
     /// The final status, from the queue.
     pub report: StatusReport,
 }
+
+/// Per dataset: (tokens/s, requests/s, ETA seconds), refreshed by the monitor each second.
+type LiveRates = Mutex<HashMap<String, (f64, f64, Option<f64>)>>;
 
 /// One configured server and its load.
 struct Server {
@@ -388,7 +394,7 @@ pub async fn run(
     });
 
     // Monitor: rates, gauges, progress lines, live status, server probes.
-    let live = Arc::new(Mutex::new(HashMap::<String, (f64, f64, Option<f64>)>::new()));
+    let live = Arc::new(LiveRates::default());
     let monitor_stop = CancellationToken::new();
     let monitor = tokio::spawn(monitor_loop(
         ctx.clone(),
@@ -412,7 +418,10 @@ pub async fn run(
         let listener = tokio::net::TcpListener::bind(&cfg.run.metrics_addr)
             .await
             .with_context(|| format!("cannot bind run.metrics_addr {}", cfg.run.metrics_addr))?;
-        tracing::info!(addr = %listener.local_addr()?, "metrics endpoint listening");
+        let addr = listener.local_addr()?;
+        tracing::info!(%addr, "metrics endpoint listening");
+        // Lets `spool status` find this process when the port was chosen by the OS.
+        let _ = std::fs::write(cfg.data_dir.join(ENDPOINT_FILE), addr.to_string());
         let (o, s) = (observed.clone(), http_stop.clone());
         Some(tokio::spawn(crate::http::serve(listener, o, async move {
             s.cancelled().await
@@ -823,12 +832,7 @@ fn to_row(
 }
 
 /// The live status: queue counters plus in-flight counts, rates and ETAs.
-fn live_status(
-    queue: &Queue,
-    cfg: &Config,
-    sched: &Scheduler,
-    live: &Mutex<HashMap<String, (f64, f64, Option<f64>)>>,
-) -> StatusReport {
+fn live_status(queue: &Queue, cfg: &Config, sched: &Scheduler, live: &LiveRates) -> StatusReport {
     let mut r = StatusReport::from_queue(queue, cfg).unwrap_or_default();
     r.running = true;
     let views = sched.views();
@@ -852,7 +856,7 @@ fn live_status(
 async fn monitor_loop(
     ctx: Arc<Ctx>,
     metrics: Arc<Metrics>,
-    live: Arc<Mutex<HashMap<String, (f64, f64, Option<f64>)>>>,
+    live: Arc<LiveRates>,
     stop: CancellationToken,
 ) {
     let start = Instant::now();

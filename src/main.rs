@@ -64,6 +64,17 @@ enum Command {
         #[arg(long)]
         dataset: Option<String>,
     },
+    /// Print the first rows of a shard as JSON lines (a quick look without Python).
+    Show {
+        /// A `part-*.parquet` file.
+        shard: PathBuf,
+        /// How many rows.
+        #[arg(short = 'n', long, default_value_t = 3)]
+        rows: usize,
+        /// Cut long strings to this many characters (0 = whole).
+        #[arg(long, default_value_t = 160)]
+        width: usize,
+    },
     /// A simulated inference server for demos, tests and benchmarks.
     MockServer(spool::mock::MockConfig),
 }
@@ -225,6 +236,23 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
             tracing::info!(items = total, "retry done");
             Ok(exit::OK)
         }
+        Command::Show { shard, rows, width } => {
+            let all = spool::shard::read_rows(shard)?;
+            for r in all.iter().take(*rows) {
+                let mut v = serde_json::to_value(r)?;
+                if *width > 0 {
+                    shorten(&mut v, *width);
+                }
+                println!("{v}");
+            }
+            println!(
+                "({} of {} rows in {})",
+                all.len().min(*rows),
+                all.len(),
+                shard.display()
+            );
+            Ok(exit::OK)
+        }
         Command::MockServer(mcfg) => {
             let mcfg = mcfg.clone();
             runtime()?.block_on(async move {
@@ -242,18 +270,41 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
     }
 }
 
+/// Cuts long strings and id lists so a row fits on a screen.
+fn shorten(v: &mut serde_json::Value, width: usize) {
+    match v {
+        serde_json::Value::String(s) if s.chars().count() > width => {
+            let cut: String = s.chars().take(width).collect();
+            *s = format!("{cut}…");
+        }
+        serde_json::Value::Array(a) if a.len() > 12 => {
+            let n = a.len();
+            a.truncate(12);
+            a.push(serde_json::Value::String(format!("… {n} in all")));
+        }
+        serde_json::Value::Object(o) => o.values_mut().for_each(|x| shorten(x, width)),
+        _ => {}
+    }
+}
+
 /// The running process's `/status` when it answers, else the queue alone.
 async fn status_report(cfg: &Config) -> anyhow::Result<StatusReport> {
     if !cfg.run.metrics_addr.is_empty() {
-        let url = format!("http://{}/status", cfg.run.metrics_addr);
+        let mut addrs = vec![cfg.run.metrics_addr.clone()];
+        if let Ok(a) = std::fs::read_to_string(cfg.data_dir.join(spool::job::ENDPOINT_FILE)) {
+            addrs.insert(0, a.trim().to_string());
+        }
         let client = reqwest::Client::builder()
             .no_proxy()
             .timeout(std::time::Duration::from_secs(2))
             .build()?;
-        if let Ok(r) = client.get(&url).send().await {
-            if r.status().is_success() {
-                if let Ok(rep) = r.json::<StatusReport>().await {
-                    return Ok(rep);
+        for addr in addrs.iter().filter(|a| !a.ends_with(":0")) {
+            let url = format!("http://{addr}/status");
+            if let Ok(r) = client.get(&url).send().await {
+                if r.status().is_success() {
+                    if let Ok(rep) = r.json::<StatusReport>().await {
+                        return Ok(rep);
+                    }
                 }
             }
         }

@@ -574,7 +574,7 @@ impl ShardWriter {
         sync_dir(&self.dir)?;
         faults.pause("after_rename", &self.final_path);
 
-        tracing::info!(
+        tracing::debug!(
             path = %self.final_path.display(),
             index = self.index,
             rows = self.rows,

@@ -385,11 +385,13 @@ fn stream_error(err: &serde_json::Value) -> UpstreamError {
             message,
             retry_after: None,
         },
-        _ if lower.contains("context length") || lower.contains("too long") => UpstreamError::Status {
-            code: 400,
-            message,
-            retry_after: None,
-        },
+        _ if lower.contains("context length") || lower.contains("too long") => {
+            UpstreamError::Status {
+                code: 400,
+                message,
+                retry_after: None,
+            }
+        }
         _ => UpstreamError::StreamCut(format!("server error in stream: {message}")),
     }
 }

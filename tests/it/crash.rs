@@ -25,7 +25,10 @@ fn log_lines(path: &Path) -> Vec<(String, u64, String)> {
     text.lines()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            let rid = v["rid"].as_str().expect("spool sends a request id").to_string();
+            let rid = v["rid"]
+                .as_str()
+                .expect("spool sends a request id")
+                .to_string();
             let mut parts = rid.rsplitn(3, '-');
             let _nonce = parts.next().unwrap();
             let row: u64 = parts.next().unwrap().parse().unwrap();
@@ -93,7 +96,10 @@ async fn kill_inside_finalisation(cfg: &Path, out: &Path, names: &[&str], stage:
             }
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "no finalisation seen at {stage:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no finalisation seen at {stage:?}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     child.kill().unwrap();
@@ -145,14 +151,28 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
         "sglang",
         true,
         &[
-            Ds { name: "alpha", file: "a.jsonl", budget: None },
-            Ds { name: "beta", file: "b.jsonl", budget: Some(budget) },
-            Ds { name: "gamma", file: "c.jsonl", budget: None },
+            Ds {
+                name: "alpha",
+                file: "a.jsonl",
+                budget: None,
+            },
+            Ds {
+                name: "beta",
+                file: "b.jsonl",
+                budget: Some(budget),
+            },
+            Ds {
+                name: "gamma",
+                file: "c.jsonl",
+                budget: None,
+            },
         ],
         "",
     );
     // Small shards: many finalisations for the kills to land in.
-    let text = std::fs::read_to_string(&cfg).unwrap().replace("max_rows = 25", "max_rows = 7")
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("max_rows = 25", "max_rows = 7")
         // Attempts restart with the process; with 12 % faults per attempt, 8 make a
         // permanent failure of any of 450 items a one-in-a-million event.
         .replace("max_attempts = 4", "max_attempts = 8");
@@ -164,16 +184,29 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     let mut finished_early = false;
     for i in 0..kills {
         if i < 2 {
-            let stage = if i == 0 { Stage::AfterRename } else { Stage::BeforeRename };
-            assert!(kill_inside_finalisation(&cfg, &out, &names, stage).await, "killed at {stage:?}");
+            let stage = if i == 0 {
+                Stage::AfterRename
+            } else {
+                Stage::BeforeRename
+            };
+            assert!(
+                kill_inside_finalisation(&cfg, &out, &names, stage).await,
+                "killed at {stage:?}"
+            );
             killed += 1;
-            tokio::time::timeout(Duration::from_secs(20), mock.state.wait_until(|s| s.in_flight == 0))
-                .await
-                .expect("mock drains after the client died");
+            tokio::time::timeout(
+                Duration::from_secs(20),
+                mock.state.wait_until(|s| s.in_flight == 0),
+            )
+            .await
+            .expect("mock drains after the client died");
             checkpoints.push((log_lines(&log).len(), sharded_keys(&out, &names)));
             if i == 0 {
                 // The file renamed before the kill is complete and must be adopted, not rewritten.
-                let parts: Vec<_> = files(&out, &names).into_iter().filter(|f| f.ends_with(".parquet")).collect();
+                let parts: Vec<_> = files(&out, &names)
+                    .into_iter()
+                    .filter(|f| f.ends_with(".parquet"))
+                    .collect();
                 assert!(!parts.is_empty());
             }
             continue;
@@ -185,7 +218,12 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
             // It finished before the kill: nothing left to kill.
             let mut err = String::new();
             use std::io::Read;
-            child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
             assert!(status.success(), "run exited with {status:?}: {err}");
             finished_early = true;
             break;
@@ -194,14 +232,20 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
         child.wait().unwrap();
         killed += 1;
         // Let the mock notice the dead client, so its log has every request so far.
-        tokio::time::timeout(Duration::from_secs(20), mock.state.wait_until(|s| s.in_flight == 0))
-            .await
-            .expect("mock drains after the client died");
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            mock.state.wait_until(|s| s.in_flight == 0),
+        )
+        .await
+        .expect("mock drains after the client died");
         let lines = log_lines(&log).len();
         checkpoints.push((lines, sharded_keys(&out, &names)));
     }
     eprintln!("killed {killed} times (finished early: {finished_early})");
-    assert!(killed >= 3, "the run must have been killed mid-way several times");
+    assert!(
+        killed >= 3,
+        "the run must have been killed mid-way several times"
+    );
 
     // Restart to the end.
     let child = spawn_run(&cfg, 0);
@@ -216,10 +260,16 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     // From the Parquet files alone.
     for (name, prefix) in [("alpha", "a"), ("gamma", "c")] {
         let rows = shard_rows(&out, name);
-        assert_exactly_once(&rows, &(0..150).map(|i| format!("{prefix}{i}")).collect::<Vec<_>>());
+        assert_exactly_once(
+            &rows,
+            &(0..150).map(|i| format!("{prefix}{i}")).collect::<Vec<_>>(),
+        );
         for r in &rows {
             assert_eq!(r.id, format!("{prefix}{}", r.row));
-            assert_eq!(r.completion_token_ids.as_ref().unwrap().len() as u32, r.completion_tokens);
+            assert_eq!(
+                r.completion_token_ids.as_ref().unwrap().len() as u32,
+                r.completion_tokens
+            );
         }
     }
     let beta = shard_rows(&out, "beta");
@@ -229,11 +279,17 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     }
     let beta_tokens: u64 = beta.iter().map(|r| u64::from(r.completion_tokens)).sum();
     assert!(beta_tokens >= budget, "budget reached: {beta_tokens}");
-    assert!(beta_tokens < budget + 16 * 200, "overshoot bounded: {beta_tokens}");
+    assert!(
+        beta_tokens < budget + 16 * 200,
+        "overshoot bounded: {beta_tokens}"
+    );
     for n in names {
         for e in std::fs::read_dir(out.join(n)).unwrap() {
             let f = e.unwrap().file_name().to_string_lossy().into_owned();
-            assert!(f.starts_with("part-") && f.ends_with(".parquet"), "stray file {n}/{f}");
+            assert!(
+                f.starts_with("part-") && f.ends_with(".parquet"),
+                "stray file {n}/{f}"
+            );
         }
     }
 

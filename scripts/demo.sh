@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# `make demo`: the real job end to end against the bundled mock server, on loopback.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --quiet
+BIN=target/debug/spool
+OUT=demo-out
+rm -rf "$OUT" && mkdir -p "$OUT"
+cp -r examples/prompts "$OUT/prompts"
+
+# A simulated 8-GPU server, 15× faster than real time: ~850 tok/s × 15, heavy-tailed lengths.
+"$BIN" mock-server --addr 127.0.0.1:0 --time-scale 15 --capacity-tps 850 --per-request-tps 60 \
+  --mean-tokens 350 --sigma 1.0 --seed 7 --model qwen3-demo >"$OUT/mock.addr" 2>"$OUT/mock.log" &
+MOCK=$!
+trap 'kill $MOCK 2>/dev/null || true' EXIT
+for _ in $(seq 1 100); do grep -q listening "$OUT/mock.addr" && break; sleep 0.1; done
+URL=$(sed -n 's/^listening on //p' "$OUT/mock.addr")
+echo "== mock server at $URL"
+
+# The example config, pointed at the mock and at the copied prompts.
+sed -e "s#http://127.0.0.1:30000#$URL#" \
+    -e "s#\.\./tests/fixtures#$PWD/tests/fixtures#" examples/spool.toml >"$OUT/spool.toml"
+
+echo "== spool run"
+"$BIN" run -c "$OUT/spool.toml"
+echo "== spool status"
+"$BIN" status -c "$OUT/spool.toml"
+echo "== spool verify"
+"$BIN" verify -c "$OUT/spool.toml"
+echo "== first rows of $OUT/spool-out/chat/part-000000.parquet"
+"$BIN" show "$OUT/spool-out/chat/part-000000.parquet" -n 2 --width 100
+echo "== run it again: nothing left to do, nothing requested twice"
+"$BIN" run -q -c "$OUT/spool.toml"
+"$BIN" status -c "$OUT/spool.toml"
