@@ -2,9 +2,10 @@
 # `make demo`: the real job end to end against the bundled mock server, on loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --quiet
-BIN=target/debug/spool
-OUT=demo-out
+# SPOOL_BIN / DEMO_OUT let the test suite run this very script against its own build.
+if [[ -z "${SPOOL_BIN:-}" ]]; then cargo build --quiet; fi
+BIN=${SPOOL_BIN:-target/debug/spool}
+OUT=${DEMO_OUT:-demo-out}
 rm -rf "$OUT" && mkdir -p "$OUT"
 cp -r examples/prompts "$OUT/prompts"
 
@@ -12,7 +13,7 @@ cp -r examples/prompts "$OUT/prompts"
 "$BIN" mock-server --addr 127.0.0.1:0 --time-scale 15 --capacity-tps 850 --per-request-tps 60 \
   --mean-tokens 350 --sigma 1.0 --seed 7 --model qwen3-demo >"$OUT/mock.addr" 2>"$OUT/mock.log" &
 MOCK=$!
-trap 'kill $MOCK 2>/dev/null || true' EXIT
+trap 'kill $MOCK 2>/dev/null; wait $MOCK 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do grep -q listening "$OUT/mock.addr" && break; sleep 0.1; done
 URL=$(sed -n 's/^listening on //p' "$OUT/mock.addr")
 echo "== mock server at $URL"

@@ -4,6 +4,7 @@
 mod support;
 
 mod crash;
+mod demo;
 mod e2e;
 mod mock_server;
 mod shard_read;
