@@ -1,5 +1,5 @@
 # spool: the two commands that do everything are `make demo` and `make test`.
-.PHONY: demo test lint build soak bench clean
+.PHONY: demo test lint build soak bench bench-eta bench-tokenize clean dashboard-png
 
 build:
 	cargo build
@@ -9,6 +9,7 @@ demo:
 	bash scripts/demo.sh
 
 ## The whole test suite (unit + integration, real sled, real Parquet read back by pyarrow/DuckDB).
+## Also needs `prometheus` and `promtool` (Debian's `prometheus` package) for tests/it/observability.rs.
 test:
 	@if cargo nextest --version >/dev/null 2>&1; then \
 		cargo nextest run --no-fail-fast --status-level fail --final-status-level slow; \
@@ -20,13 +21,35 @@ lint:
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 
-## Longer crash run: SPOOL_CRASH_KILLS=N (default 60) random SIGKILLs.
+## Longer chaos: rounds of the crash test (60 SIGKILLs each, faults on, fresh seed) until
+## SPOOL_SOAK_S seconds (default 1800) have passed. SPOOL_CRASH_KILLS / SPOOL_CRASH_ITEMS
+## size a round; each prints a `chaos:` line, the last a `soak:` total.
 soak:
-	SPOOL_CRASH_KILLS=$${SPOOL_CRASH_KILLS:-60} cargo test --test it crash -- --nocapture
+	SPOOL_SOAK_S=$${SPOOL_SOAK_S:-1800} cargo test --test it crash::soak -- --ignored --nocapture
 
 bench:
 	@echo "No benchmarks yet: the bench-* targets come with issues 4, 6 and 7 (see BENCHMARKS.md)."
 
+## Issue 4: budget overshoot (finish / cancel / naive), ETA error over the run against the naive
+## "remaining requests / req/s", and server utilisation across the dataset boundary, in a
+## scaled-time simulation of the real job (150 in flight, lognormal 3500/σ1, 850 tok/s).
+## About 20 minutes at the default time scale 50; BENCH_ETA_ARGS="--variants finish" for one.
+bench-eta:
+	cargo build --release
+	python3 bench/eta.py $(BENCH_ETA_ARGS)
+
+## Issue 6: spool's enqueue path (render + tokenize + queue) vs transformers + tokenizers, on
+## generated chat prompts (needs `pip install transformers`; no model download). By hand, not
+## in `make test`; figures go in BENCHMARKS.md. BENCH_TOKENIZE_ARGS="--sizes 100000" for less.
+bench-tokenize:
+	cargo build --release
+	python3 bench/tokenize/bench.py $(BENCH_TOKENIZE_ARGS)
+
 clean:
 	cargo clean
 	rm -rf demo-out
+
+## docs/dashboard.png: a demo run scraped by a local Prometheus, drawn with the Grafana
+## dashboard's own queries (needs Debian's `prometheus` and `python3-matplotlib`; not in `make test`).
+dashboard-png:
+	bash scripts/dashboard_png.sh

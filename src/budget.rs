@@ -1,130 +1,368 @@
-//! Token budgets and ETAs: how many tokens the work in flight will still produce.
+//! Token budgets and ETAs: how many tokens the work in flight will still produce, and when a
+//! dataset will be finished.
 //!
-//! [`LengthModel`] learns a dataset's completion-length distribution from the completions
-//! seen so far *and* from the requests in flight, treated as censored observations (a
-//! request that has streamed 3 000 tokens will produce at least 3 000). This is the
-//! Kaplan–Meier product-limit estimator; it removes the short-first bias that makes
-//! estimates from finished requests alone far too low early in a run.
+//! [`LengthModel`] fits a log-normal completion-length distribution by maximum likelihood to
+//! the completions seen so far *and* to the requests in flight, treated as right-censored
+//! observations (a request that has streamed 3 000 tokens will produce at least 3 000; a
+//! completion stopped by `max_tokens` is censored at the cap). Early in a run only short
+//! completions have finished; the censored terms are what keep the fit from inheriting that
+//! short-first bias. The fit is refreshed by [`LengthModel::refit`] (once a second, by the
+//! monitor), so the scheduler's hot path only evaluates closed forms.
 //!
-//! Invariants: `expected_final(s) >= s` and `<= max_tokens`; with no data the estimate
-//! is the conservative `max_tokens`, so a fresh run never dispatches past its budget on
-//! optimism.
+//! Invariants: `expected_final(s) >= s` and `<= max_tokens`; until [`MIN_SAMPLES`]
+//! completions are seen the estimate is the conservative `max_tokens`, so a fresh run
+//! never dispatches past its budget on optimism.
 
-/// A dataset's completion lengths: finished ones exactly, in-flight ones as lower bounds.
+/// Completions needed before the fitted distribution replaces the conservative prior.
+pub const MIN_SAMPLES: usize = 8;
+
+/// A fitted log-normal: ln L ~ N(mu, sigma²).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogNormal {
+    pub mu: f64,
+    pub sigma: f64,
+}
+
+/// A dataset's completion lengths and the distribution fitted to them. Finished
+/// completions are kept as sufficient statistics (count, Σ ln L, Σ ln² L, count at the cap),
+/// so memory and fitting cost do not grow with the run.
 #[derive(Debug, Clone)]
 pub struct LengthModel {
     max_tokens: u32,
-    /// Completed lengths, kept sorted.
-    done: Vec<u32>,
+    seen: u64,
+    sum: u64,
+    /// Completions below the cap: count, Σ ln L, Σ (ln L)².
+    n_exact: f64,
+    s1: f64,
+    s2: f64,
+    /// Completions stopped by the cap (lower bounds of their natural length).
+    n_cap: f64,
+    fit: Option<LogNormal>,
 }
-
-/// Completions needed before the learned distribution replaces the conservative prior.
-const MIN_SAMPLES: usize = 8;
 
 impl LengthModel {
     /// An empty model for completions capped at `max_tokens`.
     pub fn new(max_tokens: u32) -> Self {
         Self {
             max_tokens: max_tokens.max(1),
-            done: Vec::new(),
+            seen: 0,
+            sum: 0,
+            n_exact: 0.0,
+            s1: 0.0,
+            s2: 0.0,
+            n_cap: 0.0,
+            fit: None,
         }
+    }
+
+    /// The cap every completion is subject to.
+    pub fn max_tokens(&self) -> u32 {
+        self.max_tokens
     }
 
     /// Records a finished completion's length.
     pub fn observe(&mut self, len: u32) {
         let len = len.min(self.max_tokens);
-        let at = self.done.partition_point(|&x| x <= len);
-        self.done.insert(at, len);
+        self.seen += 1;
+        self.sum += u64::from(len);
+        if len >= self.max_tokens {
+            self.n_cap += 1.0;
+        } else {
+            let l = f64::from(len.max(1)).ln();
+            self.n_exact += 1.0;
+            self.s1 += l;
+            self.s2 += l * l;
+        }
     }
 
     /// Number of finished completions seen.
     pub fn samples(&self) -> usize {
-        self.done.len()
+        self.seen as usize
     }
 
-    /// The estimated survival curve S(t) = P(L > t) at the distinct lengths, from finished
-    /// lengths (events) and in-flight progress (censored). Returns (t, S(t)) steps.
-    fn survival(&self, censored: &[u32]) -> Vec<(u32, f64)> {
-        let mut cens: Vec<u32> = censored.iter().map(|&c| c.min(self.max_tokens)).collect();
-        cens.sort_unstable();
-        let n_total = self.done.len() + cens.len();
-        let mut at_risk = n_total as f64;
-        let mut s = 1.0;
-        let mut steps = Vec::new();
-        let (mut i, mut j) = (0, 0);
-        while i < self.done.len() {
-            let t = self.done[i];
-            // Censored strictly before t leave the risk set first.
-            while j < cens.len() && cens[j] < t {
-                at_risk -= 1.0;
-                j += 1;
-            }
-            let mut d = 0.0;
-            while i < self.done.len() && self.done[i] == t {
-                d += 1.0;
-                i += 1;
-            }
-            if at_risk > 0.0 {
-                s *= 1.0 - d / at_risk;
-            }
-            at_risk -= d;
-            steps.push((t, s));
-        }
-        steps
+    /// Mean of the finished completions (biased short early in a run; for display).
+    pub fn observed_mean(&self) -> Option<f64> {
+        (self.seen > 0).then(|| self.sum as f64 / self.seen as f64)
     }
 
-    /// Expected final length of a request that has produced `streamed` tokens so far,
-    /// given the other requests in flight (`censored`, their streamed counts).
-    pub fn expected_final(&self, streamed: u32, censored: &[u32]) -> f64 {
-        let cap = f64::from(self.max_tokens);
-        let s0 = f64::from(streamed.min(self.max_tokens));
-        if self.done.len() < MIN_SAMPLES || streamed >= self.max_tokens {
-            return cap.max(s0);
+    /// The current fit, once there is one.
+    pub fn fitted(&self) -> Option<LogNormal> {
+        self.fit
+    }
+
+    /// Refits the distribution to the completions and the requests in flight (`censored`:
+    /// tokens each has streamed so far).
+    pub fn refit(&mut self, censored: &[u32]) {
+        if (self.seen as usize) < MIN_SAMPLES || self.n_exact < 2.0 {
+            return;
         }
-        let steps = self.survival(censored);
-        // E[L | L > s] = s + ∫_s^cap S(t) dt / S(s), S a right-continuous step function.
-        let surv_at = |t: u32| -> f64 {
-            let k = steps.partition_point(|&(x, _)| x <= t);
-            if k == 0 {
-                1.0
-            } else {
-                steps[k - 1].1
+        self.fit = Some(self.fit_lognormal(censored));
+    }
+
+    /// Censored maximum likelihood: exact completions through their sums, completions at
+    /// the cap and requests in flight as lower bounds. Nelder–Mead over (mu, ln sigma).
+    fn fit_lognormal(&self, censored: &[u32]) -> LogNormal {
+        let cap = self.max_tokens;
+        let cens: Vec<f64> = censored
+            .iter()
+            .filter(|&&c| c > 0)
+            .map(|&c| f64::from(c.min(cap)).ln())
+            .collect();
+        let ln_cap = f64::from(cap).ln();
+        let (n, s1, s2, n_cap) = (self.n_exact, self.s1, self.s2, self.n_cap);
+        let log_surv = |z: f64| (0.5 * erfc(z / std::f64::consts::SQRT_2)).max(1e-300).ln();
+        let nll = |p: [f64; 2]| -> f64 {
+            let (mu, ls) = (p[0], p[1]);
+            let sigma = ls.exp();
+            let mut v = (s2 - 2.0 * mu * s1 + n * mu * mu) / (2.0 * sigma * sigma) + n * ls;
+            if n_cap > 0.0 {
+                v -= n_cap * log_surv((ln_cap - mu) / sigma);
+            }
+            for &c in &cens {
+                v -= log_surv((c - mu) / sigma);
+            }
+            v
+        };
+        let (mu0, ls0) = match self.fit {
+            Some(d) => (d.mu, d.sigma.ln()),
+            None => {
+                let m = s1 / n;
+                let var = (s2 / n - m * m).max(0.01);
+                (m, var.sqrt().ln())
             }
         };
-        let s_s = surv_at(streamed);
-        if s_s <= 1e-12 {
-            // Everything seen ended before `streamed`: the tail is unknown; assume the
-            // request runs half of the way to the cap.
-            return s0 + (cap - s0) / 2.0;
+        let (mu, ls) = nelder_mead(nll, [mu0, ls0], [0.3, 0.2], 200);
+        LogNormal {
+            mu,
+            sigma: ls.exp().clamp(0.01, 10.0),
         }
-        let mut area = 0.0;
-        let mut prev_t = s0;
-        let mut prev_s = s_s;
-        let mut k = steps.partition_point(|&(x, _)| x <= streamed);
-        while k < steps.len() {
-            let (t, sv) = steps[k];
-            let t = f64::from(t);
-            area += prev_s * (t - prev_t);
-            prev_t = t;
-            prev_s = sv;
-            k += 1;
+    }
+
+    /// Expected final length of a request that has produced `streamed` tokens so far.
+    pub fn expected_final(&self, streamed: u32) -> f64 {
+        let cap = f64::from(self.max_tokens);
+        let s = f64::from(streamed.min(self.max_tokens));
+        match self.fit {
+            None => cap,
+            Some(_) if streamed >= self.max_tokens => cap,
+            Some(d) => d.conditional_mean(s, cap).clamp(s, cap),
         }
-        // Beyond the last event the curve is unknown; if mass remains, it runs to the cap.
-        area += prev_s * (cap - prev_t).max(0.0);
-        (s0 + area / s_s).clamp(s0, cap)
     }
 
     /// Expected length of a request not yet started.
-    pub fn expected_new(&self, censored: &[u32]) -> f64 {
-        self.expected_final(0, censored)
+    pub fn expected_new(&self) -> f64 {
+        self.expected_final(0)
+    }
+
+    /// P(L > x) under the fit (with the cap: 0 at and beyond it).
+    pub fn survival(&self, x: f64) -> f64 {
+        let cap = f64::from(self.max_tokens);
+        if x >= cap {
+            return 0.0;
+        }
+        match self.fit {
+            None => 1.0,
+            Some(d) => d.survival(x),
+        }
+    }
+
+    /// Expected longest remaining length (in tokens) among requests that have streamed
+    /// `streamed`: E[max_i (L_i − s_i) | L_i > s_i]. What decides when a draining dataset
+    /// is done.
+    pub fn expected_max_remaining(&self, streamed: &[u32]) -> f64 {
+        if streamed.is_empty() {
+            return 0.0;
+        }
+        let cap = f64::from(self.max_tokens);
+        if self.fit.is_none() {
+            let min_s = streamed.iter().copied().min().unwrap_or(0);
+            return cap - f64::from(min_s);
+        }
+        let base: Vec<(f64, f64)> = streamed
+            .iter()
+            .map(|&s| {
+                let s = f64::from(s);
+                (s, self.survival(s).max(1e-300))
+            })
+            .collect();
+        // E[max] = ∫ P(max > t) dt over a grid of the remaining range.
+        let steps = 256;
+        let dt = cap / steps as f64;
+        let mut total = 0.0;
+        for k in 0..steps {
+            let t = (k as f64 + 0.5) * dt;
+            let mut all_done = 1.0;
+            for &(s, ss) in &base {
+                let p_more = (self.survival(s + t) / ss).min(1.0);
+                all_done *= 1.0 - p_more;
+                if all_done < 1e-12 {
+                    break;
+                }
+            }
+            total += (1.0 - all_done) * dt;
+        }
+        total
+    }
+
+    /// Expected residual length of a request in flight in a steady stream of requests
+    /// (the length-biased residual life: E[L²] / 2E[L]).
+    pub fn expected_residual_in_steady_state(&self) -> f64 {
+        let cap = f64::from(self.max_tokens);
+        let Some(d) = self.fit else {
+            return cap / 2.0;
+        };
+        // E[min(L,cap)²] / (2 E[min(L,cap)]), by integration of the survival function:
+        // E[X] = ∫ S, E[X²] = ∫ 2x S(x) dx.
+        let steps = 512;
+        let dx = cap / steps as f64;
+        let (mut m1, mut m2) = (0.0, 0.0);
+        for k in 0..steps {
+            let x = (k as f64 + 0.5) * dx;
+            let s = d.survival(x);
+            m1 += s * dx;
+            m2 += 2.0 * x * s * dx;
+        }
+        if m1 <= 0.0 {
+            0.0
+        } else {
+            m2 / (2.0 * m1)
+        }
+    }
+
+    /// E[max of `n` steady-state residuals], for the tail a dataset will leave once it
+    /// stops dispatching with `n` requests in flight.
+    pub fn expected_max_steady_residual(&self, n: usize) -> f64 {
+        let cap = f64::from(self.max_tokens);
+        if n == 0 {
+            return 0.0;
+        }
+        let Some(d) = self.fit else {
+            return cap;
+        };
+        let steps = 256;
+        let dx = cap / steps as f64;
+        // R(t) = ∫_t^cap S(x) dx / ∫_0^cap S(x) dx.
+        let s: Vec<f64> = (0..steps)
+            .map(|k| d.survival((k as f64 + 0.5) * dx))
+            .collect();
+        let total: f64 = s.iter().sum::<f64>() * dx;
+        if total <= 0.0 {
+            return 0.0;
+        }
+        let mut tail = total;
+        let mut e = 0.0;
+        for sk in &s {
+            let r = (tail / total).clamp(0.0, 1.0);
+            e += (1.0 - (1.0 - r).powi(n as i32)) * dx;
+            tail -= sk * dx;
+        }
+        e
     }
 }
 
-/// Seconds left for a dataset at the current token throughput.
-///
-/// `remaining_tokens` is the work left under the budget (the smaller of remaining prompts ×
-/// expected tokens per prompt and the remaining budget, minus what is in flight already
-/// produced); `tokens_per_s` counts streamed tokens, so it is honest from the first minute.
+impl LogNormal {
+    /// P(L > x).
+    pub fn survival(&self, x: f64) -> f64 {
+        if x <= 0.0 {
+            return 1.0;
+        }
+        0.5 * erfc(((x.ln() - self.mu) / self.sigma) / std::f64::consts::SQRT_2)
+    }
+
+    /// E[min(L, cap) | L > s].
+    pub fn conditional_mean(&self, s: f64, cap: f64) -> f64 {
+        let sig = self.sigma;
+        let phi = |z: f64| 0.5 * erfc(-z / std::f64::consts::SQRT_2);
+        let alpha = if s <= 0.0 {
+            f64::NEG_INFINITY
+        } else {
+            (s.ln() - self.mu) / sig
+        };
+        let beta = (cap.ln() - self.mu) / sig;
+        let p_more = 1.0 - phi(alpha);
+        if p_more < 1e-12 {
+            return s;
+        }
+        let mean_part = (self.mu + sig * sig / 2.0).exp() * (phi(beta - sig) - phi(alpha - sig));
+        (mean_part + cap * (1.0 - phi(beta))) / p_more
+    }
+}
+
+fn nelder_mead(
+    f: impl Fn([f64; 2]) -> f64,
+    x0: [f64; 2],
+    step: [f64; 2],
+    iters: usize,
+) -> (f64, f64) {
+    let mut pts = [x0, [x0[0] + step[0], x0[1]], [x0[0], x0[1] + step[1]]];
+    let mut vals = pts.map(&f);
+    for _ in 0..iters {
+        let mut idx = [0usize, 1, 2];
+        idx.sort_by(|&a, &b| vals[a].total_cmp(&vals[b]));
+        let (b, m, w) = (idx[0], idx[1], idx[2]);
+        if (vals[w] - vals[b]).abs() < 1e-9 {
+            break;
+        }
+        let c = [(pts[b][0] + pts[m][0]) / 2.0, (pts[b][1] + pts[m][1]) / 2.0];
+        let at = |t: f64| [c[0] + t * (pts[w][0] - c[0]), c[1] + t * (pts[w][1] - c[1])];
+        let r = at(-1.0);
+        let fr = f(r);
+        if fr < vals[b] {
+            let e = at(-2.0);
+            let fe = f(e);
+            if fe < fr {
+                pts[w] = e;
+                vals[w] = fe;
+            } else {
+                pts[w] = r;
+                vals[w] = fr;
+            }
+        } else if fr < vals[m] {
+            pts[w] = r;
+            vals[w] = fr;
+        } else {
+            let k = at(0.5);
+            let fk = f(k);
+            if fk < vals[w] {
+                pts[w] = k;
+                vals[w] = fk;
+            } else {
+                for i in [m, w] {
+                    pts[i] = [(pts[i][0] + pts[b][0]) / 2.0, (pts[i][1] + pts[b][1]) / 2.0];
+                    vals[i] = f(pts[i]);
+                }
+            }
+        }
+    }
+    let best = (0..3)
+        .min_by(|&a, &b| vals[a].total_cmp(&vals[b]))
+        .unwrap_or(0);
+    (pts[best][0], pts[best][1])
+}
+
+/// Complementary error function (Numerical Recipes' Chebyshev fit, |error| < 1.2e-7).
+pub fn erfc(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t
+        * (-z * z - 1.265_512_23
+            + t * (1.000_023_68
+                + t * (0.374_091_96
+                    + t * (0.096_784_18
+                        + t * (-0.186_288_06
+                            + t * (0.278_868_07
+                                + t * (-1.135_203_98
+                                    + t * (1.488_515_87
+                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+            .exp();
+    if x >= 0.0 {
+        r
+    } else {
+        2.0 - r
+    }
+}
+
+/// Seconds left for `remaining_tokens` at `tokens_per_s`.
 pub fn eta_seconds(remaining_tokens: f64, tokens_per_s: f64) -> Option<f64> {
     if remaining_tokens <= 0.0 {
         return Some(0.0);
@@ -153,43 +391,99 @@ pub fn format_duration(secs: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, LogNormal as LN};
+
+    fn draws(n: usize, mean: f64, sigma: f64, seed: u64) -> Vec<f64> {
+        let mu = mean.ln() - sigma * sigma / 2.0;
+        let d = LN::new(mu, sigma).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        (0..n).map(|_| d.sample(&mut rng)).collect()
+    }
 
     #[test]
     fn no_data_means_the_conservative_cap() {
         let m = LengthModel::new(1000);
-        assert_eq!(m.expected_new(&[]), 1000.0);
-        assert_eq!(m.expected_final(1200, &[]), 1000.0);
+        assert_eq!(m.expected_new(), 1000.0);
+        assert_eq!(m.expected_final(1200), 1000.0);
     }
 
     #[test]
-    fn complete_data_gives_the_mean_and_conditional_means() {
-        let mut m = LengthModel::new(1000);
-        for l in [100, 200, 300, 400, 500, 600, 700, 800, 900, 1000] {
-            m.observe(l);
+    fn erfc_is_accurate() {
+        for (x, want) in [
+            (0.0, 1.0),
+            (1.0, 0.157_299_207),
+            (-1.0, 1.842_700_793),
+            (2.5, 0.000_406_952),
+        ] {
+            assert!((erfc(x) - want).abs() < 2e-7, "erfc({x}) = {}", erfc(x));
         }
-        let e = m.expected_new(&[]);
-        assert!((e - 550.0).abs() < 1e-6, "{e}");
-        // Given it already passed 650: the mean of {700, 800, 900, 1000}.
-        let c = m.expected_final(650, &[]);
-        assert!((c - 850.0).abs() < 1e-6, "{c}");
-        assert!(m.expected_final(999, &[]) >= 999.0);
     }
 
+    #[test]
+    fn complete_data_recovers_the_distribution() {
+        let mut m = LengthModel::new(100_000);
+        for x in draws(3000, 3500.0, 1.0, 1) {
+            m.observe(x.round().max(1.0) as u32);
+        }
+        m.refit(&[]);
+        let e = m.expected_new();
+        assert!((e - 3500.0).abs() / 3500.0 < 0.06, "mean {e}");
+        assert!(m.expected_final(5000) > 5000.0);
+    }
+
+    /// The short-first bias: early in a run, the finished completions are the short ones.
+    /// Treating the requests in flight as censored recovers the true mean; the naive mean of
+    /// finished ones is far too low.
     #[test]
     fn censoring_corrects_the_short_first_bias() {
-        // Early in a run only the short ones have finished; 20 long ones are in flight.
-        let mut m = LengthModel::new(10_000);
-        for l in [50, 80, 100, 120, 150, 200, 220, 250, 300, 310] {
-            m.observe(l);
+        // 600 requests started together at the same speed; at "time" 1500 tokens, those
+        // shorter have finished and the rest are in flight with 1500 streamed.
+        let lens = draws(600, 3500.0, 1.0, 7);
+        let mut m = LengthModel::new(10_240);
+        let mut inflight = Vec::new();
+        for l in &lens {
+            let l = l.round().max(1.0) as u32;
+            if l <= 1500 {
+                m.observe(l.min(10_240));
+            } else {
+                inflight.push(1500u32);
+            }
         }
-        let naive = m.expected_new(&[]);
-        let censored = vec![400u32; 20];
-        let km = m.expected_new(&censored);
-        assert!(naive < 200.0, "{naive}");
+        let naive = m.observed_mean().unwrap();
+        m.refit(&inflight);
+        let truth = lens.iter().map(|l| l.min(10_240.0)).sum::<f64>() / lens.len() as f64;
+        let fitted = m.expected_new();
+        assert!(naive < 0.4 * truth, "naive {naive} truth {truth}");
         assert!(
-            km > 2.0 * naive,
-            "KM {km} should see the long tail naive {naive} misses"
+            (fitted - truth).abs() / truth < 0.15,
+            "fitted {fitted} truth {truth}"
         );
+    }
+
+    #[test]
+    fn conditional_means_and_the_cap() {
+        let d = LogNormal {
+            mu: 7.0,
+            sigma: 1.0,
+        };
+        let c0 = d.conditional_mean(0.0, 1e9);
+        assert!((c0 - (7.5f64).exp()).abs() / c0 < 1e-3);
+        assert!(d.conditional_mean(5000.0, 10_240.0) <= 10_240.0);
+        assert!(d.conditional_mean(5000.0, 10_240.0) > 5000.0);
+    }
+
+    #[test]
+    fn max_remaining_grows_with_the_number_in_flight() {
+        let mut m = LengthModel::new(10_240);
+        for x in draws(500, 3500.0, 1.0, 3) {
+            m.observe(x.round().max(1.0) as u32);
+        }
+        m.refit(&[]);
+        let one = m.expected_max_remaining(&[0]);
+        let many = m.expected_max_remaining(&[0; 100]);
+        assert!(many > one && many <= 10_240.0, "{one} {many}");
+        assert!(m.expected_max_steady_residual(150) > m.expected_residual_in_steady_state());
     }
 
     #[test]

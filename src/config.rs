@@ -100,6 +100,21 @@ pub struct ServerConfig {
     /// Cap on one response body; a larger one is refused rather than exhausting memory.
     #[serde(default = "default_max_response_bytes")]
     pub max_response_bytes: u64,
+    /// The model's context length in tokens, when the server does not report it (or to
+    /// use a smaller one). Absent: asked from the server at start (see `probe`: SGLang
+    /// `/get_model_info` and `/get_server_info`, `/v1/models` `max_model_len`, llama.cpp
+    /// `/props`). Prompts that leave no room for generation are rejected at intake.
+    #[serde(default)]
+    pub context_length: Option<u32>,
+    /// Send `max_tokens = min(max_tokens, context − prompt tokens)` instead of the
+    /// configured `max_tokens` when the prompt leaves less room than that (vLLM refuses
+    /// such requests). Needs the context length and prompt ids (a `[tokenizer]`).
+    #[serde(default)]
+    pub clamp_max_tokens: bool,
+    /// One tiny generation request per server at start, to log its streaming shape and
+    /// whether it returns token ids and usage.
+    #[serde(default = "default_true")]
+    pub self_check: bool,
 }
 
 /// The worker pool and the process.
@@ -255,6 +270,9 @@ impl Default for ServerConfig {
             max_attempts: default_max_attempts(),
             stream: true,
             max_response_bytes: default_max_response_bytes(),
+            context_length: None,
+            clamp_max_tokens: false,
+            self_check: true,
         }
     }
 }
@@ -402,6 +420,9 @@ impl Config {
         }
         if self.server.request_timeout_s.is_nan() || self.server.request_timeout_s <= 0.0 {
             return Err(self.invalid("server.request_timeout_s", "must be > 0"));
+        }
+        if self.server.context_length == Some(0) {
+            return Err(self.invalid("server.context_length", "must be > 0"));
         }
         if self.run.concurrency == 0 {
             return Err(self.invalid("run.concurrency", "must be at least 1"));

@@ -1,13 +1,32 @@
 //! Prompt files → rows (SPEC §3), streamed: never the whole file in memory.
 //!
-//! Reads `.jsonl` and `.jsonl.zst` line by line. A row carries exactly one of `prompt`,
-//! `messages` or `conversations` (ShareGPT, converted to messages, a trailing assistant
-//! turn dropped) and optionally an `id`. A bad row becomes a [`Rejection`] naming its line
-//! and reason; only a file that cannot be opened or decoded is an error.
+//! Reads `.jsonl` and `.jsonl.zst` line by line, and `.parquet` row group by row group (only
+//! the `prompt`, `messages`, `conversations` and `id` columns are decoded, 1024 rows at a
+//! time). A row carries exactly one of `prompt`, `messages` or `conversations` (ShareGPT,
+//! converted to messages, a trailing assistant turn dropped) and optionally an `id`. A bad
+//! row becomes a [`Rejection`] naming its line (or Parquet row) and reason; only a file that
+//! cannot be opened or decoded is an error.
 //!
-//! Invariants: `row` is the 0-based line index, so it is stable when lines are appended;
-//! the same content gives the same [`Row::hash`] and the same derived id in every run.
+//! Reading is split in two so intake can parse in parallel: [`DatasetReader::next_raw`]
+//! only cuts the file into [`RawEntry`]s (a line's bytes, or a Parquet row as a JSON
+//! object), and [`Parser::parse`] turns one into an [`Entry`] (JSON parsing, shape checks,
+//! ids and hashes). [`DatasetReader::next_entry`] does both.
+//!
+//! Invariants: `row` is the 0-based line index (Parquet: the 0-based row index across row
+//! groups), so it is stable when lines (rows) are appended; the same content gives the
+//! same [`Row::hash`] and the same derived id in every run, whatever the file format.
 
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type,
+    UInt64Type, UInt8Type,
+};
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::DataType;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder,
+};
+use parquet::arrow::ProjectionMask;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use std::io::{BufRead, BufReader};
@@ -15,6 +34,12 @@ use std::path::{Path, PathBuf};
 
 /// Longest line accepted; longer lines are rejected without being held in memory.
 pub const MAX_LINE_BYTES: usize = 32 << 20;
+
+/// Rows decoded at a time from a Parquet row group.
+const PARQUET_BATCH_ROWS: usize = 1024;
+
+/// The Parquet columns read; any other column is ignored (never decoded).
+const PARQUET_COLUMNS: [&str; 4] = ["prompt", "messages", "conversations", "id"];
 
 /// A prompt file that cannot be read at all (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -30,8 +55,10 @@ pub enum DatasetError {
         line: u64,
         source: std::io::Error,
     },
-    #[error("dataset file {path}: unsupported format (use .jsonl or .jsonl.zst)")]
+    #[error("dataset file {path}: unsupported format (use .jsonl, .jsonl.zst or .parquet)")]
     Format { path: PathBuf },
+    #[error("dataset file {path}: {detail}")]
+    Parquet { path: PathBuf, detail: String },
 }
 
 /// What a row asks for.
@@ -46,7 +73,7 @@ pub enum Input {
 /// One good row.
 #[derive(Debug, Clone)]
 pub struct Row {
-    /// 0-based line index in the file.
+    /// 0-based line index in the file (Parquet: row index).
     pub row: u64,
     pub id: String,
     pub input: Input,
@@ -58,7 +85,7 @@ pub struct Row {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Rejection {
     pub file: String,
-    /// 1-based line number, as editors show it.
+    /// 1-based line number, as editors show it (Parquet: 1-based row number).
     pub line: u64,
     pub row: u64,
     pub reason: String,
@@ -71,34 +98,116 @@ pub enum Entry {
     Rejected(Rejection),
 }
 
+/// A row as cut from the file, not yet parsed.
+#[derive(Debug, Clone)]
+pub enum Raw {
+    /// One JSONL line's bytes (trailing newline included).
+    Line(Vec<u8>),
+    /// One Parquet row: the columns present, as JSON (nulls left out).
+    Object(Map<String, Value>),
+    /// Unusable before parsing (too long, bad UTF-8, an undecodable Parquet cell).
+    Bad(String),
+}
+
+/// A row of the file before parsing, with its position.
+#[derive(Debug, Clone)]
+pub struct RawEntry {
+    /// 0-based row index.
+    pub row: u64,
+    pub raw: Raw,
+}
+
+impl RawEntry {
+    /// 1-based line (Parquet: row) number.
+    pub fn line(&self) -> u64 {
+        self.row + 1
+    }
+}
+
+/// Turns [`RawEntry`]s of one file into [`Entry`]s; cheap to clone, `Send + Sync`.
+#[derive(Debug, Clone)]
+pub struct Parser {
+    file: String,
+    dataset: String,
+}
+
+impl Parser {
+    /// A parser for rows of `path` in dataset `dataset` (its name seeds derived ids).
+    pub fn new(path: &Path, dataset: &str) -> Self {
+        Self {
+            file: path.display().to_string(),
+            dataset: dataset.to_string(),
+        }
+    }
+
+    /// Parses one raw row: a good row, or its rejection.
+    pub fn parse(&self, e: RawEntry) -> Entry {
+        let row = e.row;
+        let res = match e.raw {
+            Raw::Bad(reason) => Err(reason),
+            Raw::Object(obj) => parse_object(&self.dataset, row, obj),
+            Raw::Line(bytes) => match std::str::from_utf8(&bytes) {
+                Ok(text) => parse_row(&self.dataset, row, text.trim()),
+                Err(e) => Err(format!("invalid UTF-8 at byte {}", e.valid_up_to())),
+            },
+        };
+        match res {
+            Ok(r) => Entry::Row(r),
+            Err(reason) => Entry::Rejected(self.reject(row, reason)),
+        }
+    }
+
+    /// A rejection of row `row` of this file.
+    pub fn reject(&self, row: u64, reason: String) -> Rejection {
+        Rejection {
+            file: self.file.clone(),
+            line: row + 1,
+            row,
+            reason,
+        }
+    }
+}
+
+enum Source {
+    Lines {
+        reader: Box<dyn BufRead + Send>,
+        buf: Vec<u8>,
+    },
+    Parquet(Box<ParquetSource>),
+}
+
 /// Streams entries from a dataset file.
 pub struct DatasetReader {
     path: PathBuf,
-    dataset: String,
-    reader: Box<dyn BufRead + Send>,
+    parser: Parser,
+    source: Source,
+    /// Lines (Parquet: rows) consumed so far.
     line: u64,
-    buf: Vec<u8>,
 }
 
 impl DatasetReader {
-    /// Opens `path` for dataset `dataset` (its name seeds derived ids).
+    /// Opens `path` for dataset `dataset` (its name seeds derived ids). The format comes
+    /// from the name: `.jsonl` (also `.json`, `.ndjson`), `.jsonl.zst` / `.zst`, `.parquet`.
     pub fn open(path: &Path, dataset: &str) -> Result<Self, DatasetError> {
         let name = path.to_string_lossy();
-        let file = std::fs::File::open(path).map_err(|source| DatasetError::Open {
+        let open_err = |source| DatasetError::Open {
             path: path.to_path_buf(),
             source,
-        })?;
-        let reader: Box<dyn BufRead + Send> = if name.ends_with(".jsonl.zst")
-            || name.ends_with(".zst")
-        {
-            let dec =
-                zstd::stream::read::Decoder::new(file).map_err(|source| DatasetError::Open {
-                    path: path.to_path_buf(),
-                    source,
-                })?;
-            Box::new(BufReader::with_capacity(1 << 16, dec))
+        };
+        let file = std::fs::File::open(path).map_err(open_err)?;
+        let source = if name.ends_with(".parquet") {
+            Source::Parquet(Box::new(ParquetSource::open(path, file)?))
+        } else if name.ends_with(".jsonl.zst") || name.ends_with(".zst") {
+            let dec = zstd::stream::read::Decoder::new(file).map_err(open_err)?;
+            Source::Lines {
+                reader: Box::new(BufReader::with_capacity(1 << 16, dec)),
+                buf: Vec::new(),
+            }
         } else if name.ends_with(".jsonl") || name.ends_with(".json") || name.ends_with(".ndjson") {
-            Box::new(BufReader::with_capacity(1 << 16, file))
+            Source::Lines {
+                reader: Box::new(BufReader::with_capacity(1 << 16, file)),
+                buf: Vec::new(),
+            }
         } else {
             return Err(DatasetError::Format {
                 path: path.to_path_buf(),
@@ -106,66 +215,308 @@ impl DatasetReader {
         };
         Ok(Self {
             path: path.to_path_buf(),
-            dataset: dataset.to_string(),
-            reader,
+            parser: Parser::new(path, dataset),
+            source,
             line: 0,
-            buf: Vec::new(),
         })
     }
 
-    /// Lines read so far.
+    /// Lines (Parquet: rows) read so far.
     pub fn lines_read(&self) -> u64 {
         self.line
     }
 
+    /// The parser for this file's raw rows.
+    pub fn parser(&self) -> Parser {
+        self.parser.clone()
+    }
+
     /// The next entry, `Ok(None)` at the end of the file. Blank lines are skipped.
     pub fn next_entry(&mut self) -> Result<Option<Entry>, DatasetError> {
-        loop {
-            self.buf.clear();
-            let (n, too_long) = read_line_capped(&mut self.reader, &mut self.buf, MAX_LINE_BYTES)
-                .map_err(|source| DatasetError::Read {
-                path: self.path.clone(),
-                line: self.line + 1,
-                source,
-            })?;
-            if n == 0 {
-                return Ok(None);
-            }
-            self.line += 1;
-            let row = self.line - 1;
-            if too_long {
-                return Ok(Some(self.reject(
-                    row,
-                    format!("line longer than {} MiB", MAX_LINE_BYTES >> 20),
-                )));
-            }
-            let text = match std::str::from_utf8(&self.buf) {
-                Ok(t) => t.trim(),
-                Err(e) => {
-                    return Ok(Some(self.reject(
-                        row,
-                        format!("invalid UTF-8 at byte {}", e.valid_up_to()),
-                    )))
+        Ok(self.next_raw()?.map(|raw| self.parser.parse(raw)))
+    }
+
+    /// The next row, unparsed; `Ok(None)` at the end of the file. Blank lines are skipped.
+    pub fn next_raw(&mut self) -> Result<Option<RawEntry>, DatasetError> {
+        match &mut self.source {
+            Source::Parquet(p) => {
+                let next = p.next_row()?;
+                if let Some(e) = &next {
+                    self.line = e.row + 1;
                 }
-            };
-            if text.is_empty() {
+                Ok(next)
+            }
+            Source::Lines { reader, buf } => loop {
+                buf.clear();
+                let (n, too_long) = read_line_capped(reader.as_mut(), buf, MAX_LINE_BYTES)
+                    .map_err(|source| DatasetError::Read {
+                        path: self.path.clone(),
+                        line: self.line + 1,
+                        source,
+                    })?;
+                if n == 0 {
+                    return Ok(None);
+                }
+                self.line += 1;
+                let row = self.line - 1;
+                if too_long {
+                    return Ok(Some(RawEntry {
+                        row,
+                        raw: Raw::Bad(format!("line longer than {} MiB", MAX_LINE_BYTES >> 20)),
+                    }));
+                }
+                if buf.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return Ok(Some(RawEntry {
+                    row,
+                    raw: Raw::Line(std::mem::take(buf)),
+                }));
+            },
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Parquet
+// ---------------------------------------------------------------------------------------
+
+/// A Parquet file read one row group at a time, [`PARQUET_BATCH_ROWS`] rows per batch,
+/// with only the known columns projected.
+struct ParquetSource {
+    path: PathBuf,
+    file: std::fs::File,
+    meta: ArrowReaderMetadata,
+    mask: ProjectionMask,
+    /// Names of the projected columns, in the batches' column order.
+    names: Vec<String>,
+    next_group: usize,
+    reader: Option<ParquetRecordBatchReader>,
+    batch: Option<RecordBatch>,
+    pos: usize,
+    row: u64,
+}
+
+impl ParquetSource {
+    fn open(path: &Path, file: std::fs::File) -> Result<Self, DatasetError> {
+        let err = |detail: String| DatasetError::Parquet {
+            path: path.to_path_buf(),
+            detail,
+        };
+        let meta = ArrowReaderMetadata::load(&file, Default::default())
+            .map_err(|e| err(format!("not a readable Parquet file: {e}")))?;
+        let schema = meta.schema().clone();
+        let mut roots = Vec::new();
+        let mut names = Vec::new();
+        for (i, f) in schema.fields().iter().enumerate() {
+            if !PARQUET_COLUMNS.contains(&f.name().as_str()) {
                 continue;
             }
-            return Ok(Some(match parse_row(&self.dataset, row, text) {
-                Ok(r) => Entry::Row(r),
-                Err(reason) => self.reject(row, reason),
-            }));
+            if let Err(t) = supported(f.data_type()) {
+                return Err(err(format!(
+                    "column `{}` has type {t}, which spool cannot read (use strings, integers, lists and structs)",
+                    f.name()
+                )));
+            }
+            roots.push(i);
+            names.push(f.name().clone());
+        }
+        if !names
+            .iter()
+            .any(|n| n == "prompt" || n == "messages" || n == "conversations")
+        {
+            return Err(err(
+                "none of the columns `prompt`, `messages`, `conversations`".into(),
+            ));
+        }
+        // Roots are counted in the Parquet schema, which has the same top-level fields.
+        let mask = ProjectionMask::roots(meta.parquet_schema(), roots);
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            meta,
+            mask,
+            names,
+            next_group: 0,
+            reader: None,
+            batch: None,
+            pos: 0,
+            row: 0,
+        })
+    }
+
+    fn error(&self, detail: String) -> DatasetError {
+        DatasetError::Parquet {
+            path: self.path.clone(),
+            detail,
         }
     }
 
-    fn reject(&self, row: u64, reason: String) -> Entry {
-        Entry::Rejected(Rejection {
-            file: self.path.display().to_string(),
-            line: row + 1,
-            row,
-            reason,
-        })
+    /// The next batch of the current row group, opening the next group when it ends.
+    fn next_batch(&mut self) -> Result<Option<RecordBatch>, DatasetError> {
+        loop {
+            if let Some(r) = &mut self.reader {
+                match r.next() {
+                    Some(Ok(b)) => return Ok(Some(b)),
+                    Some(Err(e)) => {
+                        return Err(self.error(format!(
+                            "cannot decode row group {}: {e}",
+                            self.next_group - 1
+                        )))
+                    }
+                    None => self.reader = None,
+                }
+            }
+            if self.next_group >= self.meta.metadata().num_row_groups() {
+                return Ok(None);
+            }
+            let file = self.file.try_clone().map_err(|source| DatasetError::Read {
+                path: self.path.clone(),
+                line: self.row + 1,
+                source,
+            })?;
+            let reader =
+                ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.meta.clone())
+                    .with_row_groups(vec![self.next_group])
+                    .with_projection(self.mask.clone())
+                    .with_batch_size(PARQUET_BATCH_ROWS)
+                    .build()
+                    .map_err(|e| {
+                        self.error(format!("cannot read row group {}: {e}", self.next_group))
+                    })?;
+            self.next_group += 1;
+            self.reader = Some(reader);
+        }
     }
+
+    fn next_row(&mut self) -> Result<Option<RawEntry>, DatasetError> {
+        loop {
+            if let Some(b) = &self.batch {
+                if self.pos < b.num_rows() {
+                    let i = self.pos;
+                    self.pos += 1;
+                    let row = self.row;
+                    self.row += 1;
+                    return Ok(Some(RawEntry {
+                        row,
+                        raw: row_object(&self.names, b, i),
+                    }));
+                }
+            }
+            self.batch = None;
+            self.pos = 0;
+            match self.next_batch()? {
+                Some(b) => self.batch = Some(b),
+                None => return Ok(None),
+            }
+        }
+    }
+}
+
+/// Whether spool can turn a column of this type into JSON (`Err` = the type's name).
+fn supported(t: &DataType) -> Result<(), String> {
+    match t {
+        DataType::Null
+        | DataType::Boolean
+        | DataType::Int8
+        | DataType::Int16
+        | DataType::Int32
+        | DataType::Int64
+        | DataType::UInt8
+        | DataType::UInt16
+        | DataType::UInt32
+        | DataType::UInt64
+        | DataType::Float32
+        | DataType::Float64
+        | DataType::Utf8
+        | DataType::LargeUtf8
+        | DataType::Utf8View => Ok(()),
+        DataType::List(f) | DataType::LargeList(f) => supported(f.data_type()),
+        DataType::Struct(fields) => fields.iter().try_for_each(|f| supported(f.data_type())),
+        DataType::Dictionary(_, v) => supported(v),
+        other => Err(other.to_string()),
+    }
+}
+
+/// One Parquet row as the JSON object a JSONL line would hold. String cells of
+/// `messages` / `conversations` are JSON text and are decoded.
+fn row_object(names: &[String], batch: &RecordBatch, i: usize) -> Raw {
+    let mut obj = Map::new();
+    for (name, col) in names.iter().zip(batch.columns()) {
+        let v = match cell_json(col.as_ref(), i) {
+            Ok(v) => v,
+            Err(e) => return Raw::Bad(format!("column `{name}`: {e}")),
+        };
+        let v = match v {
+            Value::String(s) if name == "messages" || name == "conversations" => {
+                match serde_json::from_str::<Value>(&s) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        return Raw::Bad(format!("`{name}` is a string but not valid JSON: {e}"))
+                    }
+                }
+            }
+            v => v,
+        };
+        if !v.is_null() {
+            obj.insert(name.clone(), v);
+        }
+    }
+    Raw::Object(obj)
+}
+
+/// Cell `i` of an Arrow array as JSON (struct fields that are null are left out).
+fn cell_json(a: &dyn Array, i: usize) -> Result<Value, String> {
+    if a.is_null(i) {
+        return Ok(Value::Null);
+    }
+    Ok(match a.data_type() {
+        DataType::Null => Value::Null,
+        DataType::Boolean => Value::Bool(a.as_boolean().value(i)),
+        DataType::Int8 => a.as_primitive::<Int8Type>().value(i).into(),
+        DataType::Int16 => a.as_primitive::<Int16Type>().value(i).into(),
+        DataType::Int32 => a.as_primitive::<Int32Type>().value(i).into(),
+        DataType::Int64 => a.as_primitive::<Int64Type>().value(i).into(),
+        DataType::UInt8 => a.as_primitive::<UInt8Type>().value(i).into(),
+        DataType::UInt16 => a.as_primitive::<UInt16Type>().value(i).into(),
+        DataType::UInt32 => a.as_primitive::<UInt32Type>().value(i).into(),
+        DataType::UInt64 => a.as_primitive::<UInt64Type>().value(i).into(),
+        DataType::Float32 => f64::from(a.as_primitive::<Float32Type>().value(i)).into(),
+        DataType::Float64 => a.as_primitive::<Float64Type>().value(i).into(),
+        DataType::Utf8 => Value::String(a.as_string::<i32>().value(i).to_owned()),
+        DataType::LargeUtf8 => Value::String(a.as_string::<i64>().value(i).to_owned()),
+        DataType::Utf8View => Value::String(a.as_string_view().value(i).to_owned()),
+        DataType::List(_) => list_json(a.as_list::<i32>().value(i).as_ref())?,
+        DataType::LargeList(_) => list_json(a.as_list::<i64>().value(i).as_ref())?,
+        DataType::Struct(_) => {
+            let s = a.as_struct();
+            let mut obj = Map::new();
+            for (f, col) in s.fields().iter().zip(s.columns()) {
+                let v = cell_json(col.as_ref(), i)?;
+                if !v.is_null() {
+                    obj.insert(f.name().clone(), v);
+                }
+            }
+            Value::Object(obj)
+        }
+        DataType::Dictionary(_, _) => {
+            let d = a
+                .as_any_dictionary_opt()
+                .ok_or_else(|| "undecodable dictionary".to_string())?;
+            let key = cell_json(d.keys(), i)?
+                .as_u64()
+                .ok_or_else(|| "dictionary key is not an index".to_string())?;
+            cell_json(d.values().as_ref(), key as usize)?
+        }
+        other => return Err(format!("unsupported type {other}")),
+    })
+}
+
+fn list_json(items: &dyn Array) -> Result<Value, String> {
+    (0..items.len())
+        .map(|j| cell_json(items, j))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Value::Array)
 }
 
 /// Reads one line into `buf`, keeping at most `cap` bytes; returns (bytes consumed,
@@ -212,6 +563,11 @@ pub fn parse_row(dataset: &str, row: u64, text: &str) -> Result<Row, String> {
     let Value::Object(obj) = v else {
         return Err("a row must be a JSON object".into());
     };
+    parse_object(dataset, row, obj)
+}
+
+/// Parses one row given as a JSON object (a JSONL line, or a Parquet row).
+pub fn parse_object(dataset: &str, row: u64, obj: Map<String, Value>) -> Result<Row, String> {
     let present: Vec<&str> = ["prompt", "messages", "conversations"]
         .into_iter()
         .filter(|k| obj.get(*k).is_some_and(|v| !v.is_null()))

@@ -2,6 +2,11 @@
 //!
 //! Invariant: read-only; nothing served here can change the run. It binds wherever
 //! `run.metrics_addr` says, loopback by default.
+//!
+//! `/readyz` is 200 while at least one inference server is in rotation (its
+//! `spool_server_up` gauge is 1, kept by the monitor from the routing state: a server is
+//! taken out after 3 consecutive errors, connection refused included, and probed back in),
+//! 503 otherwise.
 
 use crate::metrics::Metrics;
 use crate::status::StatusReport;
@@ -16,7 +21,8 @@ use std::sync::Arc;
 /// What the endpoint reads.
 pub struct Observed {
     pub metrics: Arc<Metrics>,
-    /// True while at least one server answers.
+    /// False forces `/readyz` to 503; when true, readiness is "a server in rotation"
+    /// (read from the `spool_server_up` gauges).
     pub ready: AtomicBool,
     /// Produces the live status report.
     pub status: Box<dyn Fn() -> StatusReport + Send + Sync>,
@@ -43,7 +49,7 @@ async fn metrics(State(s): State<Arc<Observed>>) -> impl IntoResponse {
 }
 
 async fn readyz(State(s): State<Arc<Observed>>) -> impl IntoResponse {
-    if s.ready.load(Ordering::Relaxed) {
+    if s.ready.load(Ordering::Relaxed) && s.metrics.any_server_up() {
         (StatusCode::OK, "ready\n")
     } else {
         (

@@ -2,21 +2,41 @@
 //!
 //! Lines already taken in by an earlier run are only checked (same content hash, or the run
 //! refuses); lines after them are parsed, rendered, tokenized and enqueued in batches; bad
-//! rows are appended to `output_dir/<dataset>/_rejected.jsonl`.
+//! rows, and prompts that leave no room for generation in the server's context, are
+//! appended to `output_dir/<dataset>/_rejected.jsonl`.
+//!
+//! Parallelism: one reader thread cuts the file into chunks of raw rows; `threads` workers
+//! parse, render and tokenize whole chunks; this thread puts the chunks back in file order
+//! and does everything that must be sequential (duplicate ids, `max_prompts`, the queue
+//! writes). Channels between the stages are bounded, so at most
+//! `MAX_CHUNKS_IN_FLIGHT × CHUNK_ROWS` rows (and one queue batch) are in memory, whatever
+//! the file size.
 //!
 //! Invariants: a batch of items and the scan position that covers them are one queue batch,
-//! so a crash mid-intake resumes at the first line not taken in; the file is read as a
-//! stream, memory bounded by one batch; no prompt is enqueued twice.
+//! so a crash mid-intake resumes at the first line not taken in; the outcome (items, ids,
+//! rejections, their order) is the same as a sequential pass, whatever the thread count;
+//! no prompt is enqueued twice.
 
 use crate::config::DatasetConfig;
-use crate::dataset::{DatasetError, DatasetReader, Entry, Input, Rejection};
+use crate::dataset::{
+    DatasetError, DatasetReader, Entry, Input, Parser, Raw, RawEntry, Rejection, Row,
+};
 use crate::queue::{Item, Queue, QueueError};
-use crate::template::PromptBuilder;
+use crate::template::{BuiltPrompt, PromptBuilder};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Rows per queue batch.
 const BATCH: usize = 1024;
+/// Rows per chunk handed to a worker ...
+const CHUNK_ROWS: usize = 256;
+/// ... or fewer, once the chunk holds this many bytes of raw lines.
+const CHUNK_BYTES: usize = 4 << 20;
 
 /// Why intake stopped.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +62,8 @@ pub enum IntakeError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("a prompt worker thread panicked")]
+    Panicked,
 }
 
 /// What one intake pass did.
@@ -50,6 +72,28 @@ pub struct IntakeReport {
     pub added: u64,
     pub rejected: u64,
     pub lines: u64,
+    /// Rejected because prompt tokens + 1 exceed the context length.
+    pub over_context: u64,
+    /// Added, but prompt tokens + `max_tokens` exceed the context length.
+    pub short_of_room: u64,
+    /// Prompt tokens of the rows added (0 without a tokenizer).
+    pub prompt_tokens: u64,
+    /// Wall time of the pass.
+    pub seconds: f64,
+}
+
+/// How intake builds prompts.
+#[derive(Debug, Clone, Default)]
+pub struct IntakeOptions {
+    /// The server applies the chat template (`api = "chat"`), so messages need no local
+    /// template; without one, the `prompt` column holds the messages as JSON.
+    pub server_templates: bool,
+    /// The server's context length: a prompt of this many tokens or more is rejected.
+    pub context_length: Option<u32>,
+    /// The dataset's `max_tokens`, to count prompts that leave less room than that.
+    pub max_tokens: u32,
+    /// Worker threads for parsing, rendering and tokenizing; 0 = one per core.
+    pub threads: usize,
 }
 
 /// Appends rejected rows to `_rejected.jsonl` (created only if there is one).
@@ -95,108 +139,336 @@ impl RejectLog {
     }
 }
 
+/// A row after the parallel stage.
+enum Prepared {
+    Rejected(Rejection),
+    /// A good row; `built` is `None` for rows taken in by an earlier run (only checked).
+    Row {
+        row: Row,
+        built: Option<Result<BuiltPrompt, String>>,
+    },
+}
+
+/// Parses and builds one chunk (the parallel stage).
+fn prepare(
+    parser: &Parser,
+    builder: &PromptBuilder,
+    server_templates: bool,
+    scanned: u64,
+    chunk: Vec<RawEntry>,
+) -> Vec<Prepared> {
+    chunk
+        .into_iter()
+        .map(|raw| {
+            let line = raw.line();
+            match parser.parse(raw) {
+                Entry::Rejected(r) => Prepared::Rejected(r),
+                Entry::Row(row) => {
+                    let built = (line > scanned).then(|| {
+                        // A panic in the template engine or the tokenizer rejects this row
+                        // only: a lost chunk would stall the in-order collector.
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            match &row.input {
+                                Input::Prompt(p) => builder.build_text(p),
+                                Input::Messages(m)
+                                    if server_templates && !builder.has_template() =>
+                                {
+                                    Ok(BuiltPrompt {
+                                        text: m.to_string(),
+                                        token_ids: None,
+                                    })
+                                }
+                                Input::Messages(m) => builder.build_chat(m),
+                            }
+                            .map_err(|e| e.to_string())
+                        }))
+                        .unwrap_or_else(|panic| {
+                            let what = panic
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| panic.downcast_ref::<String>().cloned())
+                                .unwrap_or_default();
+                            Err(format!(
+                                "internal error while rendering or tokenizing: {what}"
+                            ))
+                        })
+                    });
+                    Prepared::Row { row, built }
+                }
+            }
+        })
+        .collect()
+}
+
+fn raw_bytes(r: &RawEntry) -> usize {
+    match &r.raw {
+        Raw::Line(b) => b.len(),
+        Raw::Bad(s) => s.len(),
+        Raw::Object(_) => 256,
+    }
+}
+
+/// The reader stage: raw rows in chunks, numbered, until the end, an error or `stop`.
+fn read_chunks(
+    mut reader: DatasetReader,
+    out: SyncSender<(u64, Vec<RawEntry>)>,
+    stop: &AtomicBool,
+) -> Result<(), DatasetError> {
+    let mut seq = 0u64;
+    let mut chunk = Vec::with_capacity(CHUNK_ROWS);
+    let mut bytes = 0;
+    while let Some(raw) = reader.next_raw()? {
+        bytes += raw_bytes(&raw);
+        chunk.push(raw);
+        if chunk.len() >= CHUNK_ROWS || bytes >= CHUNK_BYTES {
+            if stop.load(Ordering::Relaxed)
+                || out
+                    .send((
+                        seq,
+                        std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK_ROWS)),
+                    ))
+                    .is_err()
+            {
+                return Ok(());
+            }
+            seq += 1;
+            bytes = 0;
+        }
+    }
+    if !chunk.is_empty() {
+        let _ = out.send((seq, chunk));
+    }
+    Ok(())
+}
+
+/// The worker stage: chunks in, prepared chunks out, in whatever order they finish.
+fn work_chunks(
+    jobs: &Mutex<Receiver<(u64, Vec<RawEntry>)>>,
+    out: SyncSender<(u64, Vec<Prepared>)>,
+    parser: &Parser,
+    builder: &PromptBuilder,
+    server_templates: bool,
+    scanned: u64,
+) {
+    loop {
+        // The lock is held only to take the next chunk.
+        let job = jobs.lock().unwrap_or_else(|p| p.into_inner()).recv();
+        let Ok((seq, chunk)) = job else { return };
+        let done = prepare(parser, builder, server_templates, scanned, chunk);
+        if out.send((seq, done)).is_err() {
+            return;
+        }
+    }
+}
+
 /// Takes in new rows of `d` (dataset index `ds`) and checks the old ones.
-/// `server_templates`: the server applies the chat template (`api = "chat"`), so messages
-/// need no local template; without one, the `prompt` column holds the messages as JSON.
 pub fn intake(
     queue: &Queue,
     ds: u16,
     d: &DatasetConfig,
     builder: &PromptBuilder,
     output_dir: &Path,
-    server_templates: bool,
+    opts: &IntakeOptions,
 ) -> Result<IntakeReport, IntakeError> {
     let state = queue.state(ds).ok_or_else(|| QueueError::Corrupt {
         key: d.name.clone(),
         detail: "dataset not opened".into(),
     })?;
-    let mut reader = DatasetReader::open(&d.path, &d.name)?;
-    let mut rejects = RejectLog {
-        path: output_dir.join(&d.name).join("_rejected.jsonl"),
-        file: None,
+    let reader = DatasetReader::open(&d.path, &d.name)?;
+    let parser = reader.parser();
+    let threads = match opts.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
     };
-    let mut report = IntakeReport::default();
-    let mut items: u64 = state.items;
-    let mut batch: Vec<(u64, Item)> = Vec::new();
-    let mut batch_rejected = 0u64;
-    let mut batch_ids = std::collections::HashMap::<String, u64>::new();
-    let cap = d.max_prompts.unwrap_or(u64::MAX);
-    let mut last_line = 0;
-    while let Some(entry) = reader.next_entry()? {
-        let line = reader.lines_read();
-        last_line = line;
-        let already = line <= state.scanned_lines;
-        match entry {
-            Entry::Rejected(r) => {
-                if !already {
-                    rejects.write(&r)?;
-                    batch_rejected += 1;
-                    report.rejected += 1;
+    let mut collector = Collector {
+        queue,
+        ds,
+        d,
+        opts,
+        scanned: state.scanned_lines,
+        rejects: RejectLog {
+            path: output_dir.join(&d.name).join("_rejected.jsonl"),
+            file: None,
+        },
+        report: IntakeReport::default(),
+        items: state.items,
+        batch: Vec::new(),
+        batch_rejected: 0,
+        batch_ids: std::collections::HashMap::new(),
+        cap: d.max_prompts.unwrap_or(u64::MAX),
+        last_line: 0,
+        started: Instant::now(),
+        last_log: Instant::now(),
+    };
+    let stop = AtomicBool::new(false);
+    let scanned = state.scanned_lines;
+    let (read_res, collect_res) = std::thread::scope(|s| {
+        let (job_tx, job_rx) = sync_channel::<(u64, Vec<RawEntry>)>(threads * 2);
+        let (done_tx, done_rx) = sync_channel::<(u64, Vec<Prepared>)>(threads * 2);
+        let stop = &stop;
+        let reader = s.spawn(move || read_chunks(reader, job_tx, stop));
+        let jobs = Arc::new(Mutex::new(job_rx));
+        let mut workers = Vec::with_capacity(threads);
+        for _ in 0..threads {
+            let (jobs, out, parser) = (jobs.clone(), done_tx.clone(), parser.clone());
+            let server_templates = opts.server_templates;
+            workers.push(s.spawn(move || {
+                work_chunks(&jobs, out, &parser, builder, server_templates, scanned)
+            }));
+        }
+        drop((jobs, done_tx));
+        let collected = collector.collect(done_rx);
+        // Whatever happened, let the other stages wind down (their sends fail).
+        stop.store(true, Ordering::Relaxed);
+        let panicked = workers.into_iter().any(|w| w.join().is_err());
+        let read = reader
+            .join()
+            .map_err(|_| IntakeError::Panicked)
+            .and_then(|r| r.map_err(IntakeError::from));
+        let collected = if panicked {
+            Err(IntakeError::Panicked)
+        } else {
+            collected
+        };
+        (read, collected)
+    });
+    let stopped_early = collect_res?;
+    read_res?;
+    collector.finish(stopped_early)
+}
+
+/// The sequential stage, in file order.
+struct Collector<'a> {
+    queue: &'a Queue,
+    ds: u16,
+    d: &'a DatasetConfig,
+    opts: &'a IntakeOptions,
+    scanned: u64,
+    rejects: RejectLog,
+    report: IntakeReport,
+    items: u64,
+    batch: Vec<(u64, Item)>,
+    batch_rejected: u64,
+    batch_ids: std::collections::HashMap<String, u64>,
+    cap: u64,
+    last_line: u64,
+    started: Instant,
+    last_log: Instant,
+}
+
+impl Collector<'_> {
+    /// Takes prepared chunks, puts them in order and processes them; `Ok(true)` when it
+    /// stopped at `max_prompts` before the end of the file.
+    fn collect(&mut self, done: Receiver<(u64, Vec<Prepared>)>) -> Result<bool, IntakeError> {
+        let mut waiting: BTreeMap<u64, Vec<Prepared>> = BTreeMap::new();
+        let mut next = 0u64;
+        for (seq, rows) in done {
+            waiting.insert(seq, rows);
+            while let Some(rows) = waiting.remove(&next) {
+                next += 1;
+                for p in rows {
+                    if !self.take(p)? {
+                        return Ok(true);
+                    }
+                }
+                if self.last_log.elapsed() >= Duration::from_secs(10) {
+                    self.last_log = Instant::now();
+                    let secs = self.started.elapsed().as_secs_f64().max(1e-9);
+                    tracing::info!(dataset = %self.d.name, lines = self.last_line, added = self.report.added,
+                        rows_per_s = (self.last_line.saturating_sub(self.scanned) as f64 / secs) as u64, "enqueueing");
                 }
             }
-            Entry::Row(r) => {
+        }
+        Ok(false)
+    }
+
+    fn reject(&mut self, r: Rejection) -> Result<(), IntakeError> {
+        self.rejects.write(&r)?;
+        self.batch_rejected += 1;
+        self.report.rejected += 1;
+        Ok(())
+    }
+
+    /// One row, in file order; `Ok(false)` = stop here (`max_prompts` reached).
+    fn take(&mut self, p: Prepared) -> Result<bool, IntakeError> {
+        let (line, already) = match &p {
+            Prepared::Rejected(r) => (r.line, r.line <= self.scanned),
+            Prepared::Row { row, .. } => (row.row + 1, row.row < self.scanned),
+        };
+        self.last_line = line;
+        match p {
+            Prepared::Rejected(r) => {
+                if !already {
+                    self.reject(r)?;
+                }
+            }
+            Prepared::Row { row: r, built } => {
                 if already {
-                    if let Some(old) = queue.item(ds, r.row)? {
+                    if let Some(old) = self.queue.item(self.ds, r.row)? {
                         if old.hash != r.hash {
                             return Err(IntakeError::Changed {
-                                path: d.path.clone(),
+                                path: self.d.path.clone(),
                                 line,
                                 id: old.id,
                             });
                         }
                     }
-                    continue;
+                    return Ok(true);
                 }
-                if items >= cap {
+                if self.items >= self.cap {
                     // Past max_prompts: not taken in, and not counted as scanned.
-                    last_line = line - 1;
-                    break;
+                    self.last_line = line - 1;
+                    return Ok(false);
                 }
-                let dup = match batch_ids.get(&r.id) {
+                let dup = match self.batch_ids.get(&r.id) {
                     Some(&row) => Some(row),
-                    None => queue.row_of_id(ds, &r.id)?,
+                    None => self.queue.row_of_id(self.ds, &r.id)?,
+                };
+                let rejection = |reason| Rejection {
+                    file: self.d.path.display().to_string(),
+                    line,
+                    row: r.row,
+                    reason,
                 };
                 if let Some(first) = dup {
-                    rejects.write(&Rejection {
-                        file: d.path.display().to_string(),
-                        line,
-                        row: r.row,
-                        reason: format!("duplicate id `{}` (first at line {})", r.id, first + 1),
-                    })?;
-                    batch_rejected += 1;
-                    report.rejected += 1;
-                    continue;
+                    let rej = rejection(format!(
+                        "duplicate id `{}` (first at line {})",
+                        r.id,
+                        first + 1
+                    ));
+                    self.reject(rej)?;
+                    return self.maybe_flush(line).map(|_| true);
                 }
-                let built = match &r.input {
-                    Input::Prompt(p) => builder.build_text(p),
-                    Input::Messages(m) if server_templates && !builder.has_template() => {
-                        Ok(crate::template::BuiltPrompt {
-                            text: m.to_string(),
-                            token_ids: None,
-                        })
-                    }
-                    Input::Messages(m) => builder.build_chat(m),
-                };
                 let built = match built {
-                    Ok(b) => b,
-                    Err(e) => {
-                        rejects.write(&Rejection {
-                            file: d.path.display().to_string(),
-                            line,
-                            row: r.row,
-                            reason: e.to_string(),
-                        })?;
-                        batch_rejected += 1;
-                        report.rejected += 1;
-                        continue;
+                    Some(Ok(b)) => b,
+                    Some(Err(reason)) => {
+                        let rej = rejection(reason);
+                        self.reject(rej)?;
+                        return self.maybe_flush(line).map(|_| true);
                     }
+                    None => unreachable!("rows after the scan position are always built"),
                 };
+                if let (Some(ctx), Some(ids)) = (self.opts.context_length, &built.token_ids) {
+                    let n = ids.len() as u64;
+                    if n + 1 > u64::from(ctx) {
+                        let rej = rejection(format!(
+                            "prompt is {n} tokens and the server's context length is {ctx}: no room for generation"
+                        ));
+                        self.report.over_context += 1;
+                        self.reject(rej)?;
+                        return self.maybe_flush(line).map(|_| true);
+                    }
+                    if n + u64::from(self.opts.max_tokens) > u64::from(ctx) {
+                        self.report.short_of_room += 1;
+                    }
+                }
                 let messages = match &r.input {
                     Input::Messages(m) => Some(m.to_string()),
                     Input::Prompt(_) => None,
                 };
-                batch_ids.insert(r.id.clone(), r.row);
-                batch.push((
+                self.report.prompt_tokens += built.token_ids.as_ref().map_or(0, |i| i.len() as u64);
+                self.batch_ids.insert(r.id.clone(), r.row);
+                self.batch.push((
                     r.row,
                     Item {
                         id: r.id,
@@ -206,33 +478,81 @@ pub fn intake(
                         prompt_ids: built.token_ids,
                     },
                 ));
-                items += 1;
-                report.added += 1;
+                self.items += 1;
+                self.report.added += 1;
             }
         }
-        if batch.len() >= BATCH || batch_rejected as usize >= BATCH {
-            rejects.sync()?;
-            queue.enqueue(ds, &batch, line, batch_rejected)?;
-            batch.clear();
-            batch_ids.clear();
-            batch_rejected = 0;
+        self.maybe_flush(line)?;
+        Ok(true)
+    }
+
+    fn maybe_flush(&mut self, line: u64) -> Result<(), IntakeError> {
+        if self.batch.len() >= BATCH || self.batch_rejected as usize >= BATCH {
+            self.rejects.sync()?;
+            self.queue
+                .enqueue(self.ds, &self.batch, line, self.batch_rejected)?;
+            self.batch.clear();
+            self.batch_ids.clear();
+            self.batch_rejected = 0;
+        }
+        Ok(())
+    }
+
+    fn finish(mut self, stopped_at_cap: bool) -> Result<IntakeReport, IntakeError> {
+        if self.last_line < self.scanned && !stopped_at_cap && self.items < self.cap {
+            return Err(IntakeError::Shrunk {
+                path: self.d.path.clone(),
+                lines: self.last_line,
+                scanned: self.scanned,
+            });
+        }
+        self.rejects.sync()?;
+        self.queue.enqueue(
+            self.ds,
+            &self.batch,
+            self.last_line.max(self.scanned),
+            self.batch_rejected,
+        )?;
+        self.queue.flush()?;
+        self.report.lines = self.last_line;
+        self.report.seconds = self.started.elapsed().as_secs_f64();
+        if self.report.added > 0 {
+            let secs = self.report.seconds.max(1e-9);
+            tracing::info!(
+                dataset = %self.d.name,
+                added = self.report.added,
+                rejected = self.report.rejected,
+                prompt_tokens = self.report.prompt_tokens,
+                seconds = format!("{:.2}", self.report.seconds),
+                prompts_per_s = (self.report.added as f64 / secs) as u64,
+                tokens_per_s = (self.report.prompt_tokens as f64 / secs) as u64,
+                "enqueued"
+            );
+        }
+        Ok(self.report)
+    }
+}
+
+/// Logs what the context limit did to a dataset's new rows (once per dataset and run).
+pub fn log_context_report(
+    name: &str,
+    rep: &IntakeReport,
+    context_length: Option<u32>,
+    opts: &IntakeOptions,
+    clamp: bool,
+) {
+    let Some(ctx) = context_length else { return };
+    if rep.over_context > 0 {
+        tracing::warn!(dataset = %name, rejected = rep.over_context, context_length = ctx,
+            "prompts too long for the server's context were rejected (see _rejected.jsonl)");
+    }
+    if rep.short_of_room > 0 {
+        if clamp {
+            tracing::info!(dataset = %name, prompts = rep.short_of_room, max_tokens = opts.max_tokens, context_length = ctx,
+                "prompts whose max_tokens will be clamped to what the context leaves");
+        } else {
+            tracing::warn!(dataset = %name, prompts = rep.short_of_room, max_tokens = opts.max_tokens, context_length = ctx,
+                "prompts leave less than max_tokens of the context: a server may refuse them (vLLM does); set server.clamp_max_tokens = true to clamp");
         }
     }
-    if last_line < state.scanned_lines && items < cap {
-        return Err(IntakeError::Shrunk {
-            path: d.path.clone(),
-            lines: last_line,
-            scanned: state.scanned_lines,
-        });
-    }
-    rejects.sync()?;
-    queue.enqueue(
-        ds,
-        &batch,
-        last_line.max(state.scanned_lines),
-        batch_rejected,
-    )?;
-    queue.flush()?;
-    report.lines = last_line;
-    Ok(report)
 }

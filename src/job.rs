@@ -52,6 +52,25 @@ pub async fn run(
     cfg: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<RunSummary> {
+    // Signals are watched from the very start, so one that arrives during a long intake
+    // is a clean stop (exit 130) too.
+    let stop = CancellationToken::new();
+    let hard_stop = CancellationToken::new();
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let (stop, interrupted) = (stop.clone(), interrupted.clone());
+        let grace = cfg.run.shutdown_grace_s;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown => {
+                    interrupted.store(true, Ordering::SeqCst);
+                    tracing::info!(grace_s = grace, "shutdown requested: no new requests; waiting for those in flight (a second signal exits at once)");
+                    stop.cancel();
+                }
+                _ = stop.cancelled() => {}
+            }
+        });
+    }
     std::fs::create_dir_all(&cfg.output_dir)
         .with_context(|| format!("cannot create output_dir {}", cfg.output_dir.display()))?;
     let queue = Arc::new(Queue::open(&cfg.data_dir)?);
@@ -106,12 +125,32 @@ pub async fn run(
         .collect();
     let mut archive = Archive::new(queue.clone(), &cfg.output_dir, limits, arch_datasets);
     for &ds in &ds_of {
-        let rec = archive.recover(ds)?;
+        let rec = archive
+            .recover(ds)
+            .map_err(|e| output_failure(&e, &cfg.output_dir, &cfg.data_dir))?;
         if rec.temp_files_removed > 0 || rec.shards_adopted > 0 {
             tracing::info!(dataset = %name_map[&ds], temp_files_removed = rec.temp_files_removed,
                 shards_adopted = rec.shards_adopted, rows_adopted = rec.rows_adopted, "recovered output folder");
         }
     }
+
+    let upstream = Upstream::new(UpstreamOptions {
+        api: cfg.server.api,
+        model: cfg.server.model.clone(),
+        api_key,
+        stream: cfg.server.stream,
+        request_timeout: Duration::from_secs_f64(cfg.server.request_timeout_s),
+        max_response_bytes: cfg.server.max_response_bytes,
+        pool_size: cfg.run.concurrency,
+    })?;
+    // Issue 6: the servers' context length (and a self-check, logged once), before intake.
+    let probe_ids = builder
+        .tokenizer()
+        .and_then(|t| t.encode("Hello", false).ok());
+    let context_length =
+        crate::probe::probe(&cfg, &upstream, probe_ids, builder.has_tokenizer()).await;
+    let upstream =
+        upstream.with_max_tokens_clamp(context_length.filter(|_| cfg.server.clamp_max_tokens));
 
     // Intake, then the resume line of each dataset.
     let metrics = Arc::new(Metrics::new());
@@ -124,10 +163,23 @@ pub async fn run(
             builder.clone(),
             cfg.output_dir.clone(),
         );
-        let chat = cfg.server.api == crate::config::Api::Chat;
-        let rep = tokio::task::spawn_blocking(move || intake(&q, ds, &d2, &b, &out, chat))
+        let opts = crate::intake::IntakeOptions {
+            server_templates: cfg.server.api == crate::config::Api::Chat,
+            context_length,
+            max_tokens: cfg.sampling_of(d).max_tokens,
+            threads: 0,
+        };
+        let o = opts.clone();
+        let rep = tokio::task::spawn_blocking(move || intake(&q, ds, &d2, &b, &out, &o))
             .await
             .context("intake task panicked")??;
+        crate::intake::log_context_report(
+            &d.name,
+            &rep,
+            context_length,
+            &opts,
+            cfg.server.clamp_max_tokens,
+        );
         let s = queue
             .state(ds)
             .context("dataset state missing after intake")?;
@@ -167,17 +219,17 @@ pub async fn run(
         if d.token_budget.is_some_and(|b| s.completion_tokens >= b) {
             tracing::info!(dataset = %d.name, "budget already met: skipping this dataset");
         }
+        if stop.is_cancelled() {
+            // A signal during intake: what was enqueued is durable (intake is idempotent
+            // and resumable); nothing has been requested yet.
+            queue.flush()?;
+            return Ok(RunSummary {
+                interrupted: interrupted.load(Ordering::SeqCst),
+                report: StatusReport::from_queue(&queue, &cfg)?,
+            });
+        }
     }
 
-    let upstream = Upstream::new(UpstreamOptions {
-        api: cfg.server.api,
-        model: cfg.server.model.clone(),
-        api_key,
-        stream: cfg.server.stream,
-        request_timeout: Duration::from_secs_f64(cfg.server.request_timeout_s),
-        max_response_bytes: cfg.server.max_response_bytes,
-        pool_size: cfg.run.concurrency,
-    })?;
     let servers = Arc::new(Servers::new(&cfg.server.urls));
     for s in &servers.list {
         metrics.server_up.with_label_values(&[&s.url]).set(1);
@@ -198,23 +250,26 @@ pub async fn run(
         .collect();
     let sched = Arc::new(Scheduler::new(queue.clone(), specs));
 
-    let stop = CancellationToken::new();
-    let hard_stop = CancellationToken::new();
-    let interrupted = Arc::new(AtomicBool::new(false));
-    let fatal: Arc<Mutex<Option<anyhow::Error>>> = Arc::new(Mutex::new(None));
-    {
-        let (stop, interrupted) = (stop.clone(), interrupted.clone());
+    if cfg.run.budget_policy == crate::config::BudgetPolicy::Cancel {
+        // Policy "cancel": abort a dataset's requests in flight as soon as what they have
+        // streamed would take it past its budget.
+        let (sched, stop) = (sched.clone(), stop.clone());
         tokio::spawn(async move {
-            tokio::select! {
-                _ = shutdown => {
-                    interrupted.store(true, Ordering::SeqCst);
-                    tracing::info!("shutdown requested: no new requests; waiting for those in flight");
-                    stop.cancel();
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => sched.enforce_cancel(),
+                    _ = stop.cancelled() => break,
                 }
-                _ = stop.cancelled() => {}
             }
         });
     }
+    let fatal: Arc<Mutex<Option<anyhow::Error>>> = Arc::new(Mutex::new(None));
+    // Set when the queue's storage failed (disk full or unwritable data_dir): results can
+    // no longer be made durable, so requests in flight are not waited for, and sled is
+    // not asked to flush again (after an I/O error it may never return from a flush).
+    let queue_broken = Arc::new(AtomicBool::new(false));
+    let (arch_done_tx, arch_done_rx) = tokio::sync::oneshot::channel::<()>();
 
     // Archive thread: seeded with results that are durable but not yet in a shard.
     let (arch_tx, arch_rx) = mpsc::unbounded_channel::<(u16, Vec<(ShardRow, CountSource)>)>();
@@ -224,8 +279,10 @@ pub async fn run(
     let archive_thread = {
         let (queue, stop, fatal, metrics) =
             (queue.clone(), stop.clone(), fatal.clone(), metrics.clone());
+        let (hard_stop, queue_broken) = (hard_stop.clone(), queue_broken.clone());
         let ds_list = ds_of.clone();
         let names = name_map.clone();
+        let (out_dir, data_dir) = (cfg.output_dir.clone(), cfg.data_dir.clone());
         std::thread::Builder::new()
             .name("spool-archive".into())
             .spawn(move || {
@@ -239,11 +296,25 @@ pub async fn run(
                     &names,
                 );
                 if let Err(e) = res {
-                    tracing::error!(error = %e, "cannot write shards: stopping dispatch; everything completed stays in the queue");
-                    archive.abandon_all();
-                    *fatal.lock().unwrap_or_else(|p| p.into_inner()) = Some(anyhow::Error::new(e));
+                    // Disk full or unwritable output (SPEC §4.4): stop dispatching, keep
+                    // everything (results are durable in the queue before they reach a
+                    // shard), exit 1 naming the path.
+                    if matches!(e, crate::archive::ArchiveError::Queue(_)) {
+                        queue_broken.store(true, Ordering::SeqCst);
+                        hard_stop.cancel();
+                    }
+                    let e = output_failure(&e, &out_dir, &data_dir);
+                    tracing::error!("{e}");
                     stop.cancel();
+                    archive.abandon_all();
+                    // Keep the first fatal error (the committer's, when the queue's disk
+                    // is the full one).
+                    fatal
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(e);
                 }
+                let _ = arch_done_tx.send(());
             })
             .context("cannot start the archive thread")?
     };
@@ -256,12 +327,24 @@ pub async fn run(
     let committer = {
         let (queue, sched, fatal, stop) =
             (queue.clone(), sched.clone(), fatal.clone(), stop.clone());
+        let (hard_stop, queue_broken) = (hard_stop.clone(), queue_broken.clone());
         let dmetrics = dmetrics.clone();
+        let data_dir = cfg.data_dir.clone();
         tokio::spawn(async move {
             if let Err(e) = commit_loop(commit_rx, queue, sched, arch_tx, dmetrics).await {
-                tracing::error!(error = %e, "queue commit failed: stopping");
-                *fatal.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                let e = anyhow::anyhow!(
+                    "cannot store results in the queue in {} (disk full or unwritable?): {e}. \
+                     Dispatch stopped; results not stored are requested again by the next run",
+                    data_dir.display()
+                );
+                tracing::error!("{e}");
+                queue_broken.store(true, Ordering::SeqCst);
+                hard_stop.cancel();
                 stop.cancel();
+                fatal
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(e);
             }
         })
     };
@@ -276,6 +359,7 @@ pub async fn run(
         builder,
         names: names.clone(),
         dmetrics: dmetrics.clone(),
+        stop: stop.clone(),
         hard_stop: hard_stop.clone(),
         commits: commit_tx,
         nonce: AtomicU64::new(0),
@@ -321,15 +405,20 @@ pub async fn run(
     let slots = Arc::new(Semaphore::new(cfg.run.concurrency));
     'dispatch: loop {
         let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => p.context("slot semaphore closed")?,
+            // Stop first: after the signal not one more request goes out.
+            biased;
             _ = stop.cancelled() => break 'dispatch,
+            p = slots.clone().acquire_owned() => p.context("slot semaphore closed")?,
         };
         let lease = loop {
             let notified = sched.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            if stop.is_cancelled() {
+                break 'dispatch;
+            }
             if !servers.any_up() {
-                servers.log_all_down();
+                crate::worker::log_all_down(&servers);
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
                     _ = stop.cancelled() => break 'dispatch,
@@ -354,6 +443,8 @@ pub async fn run(
             drop(permit);
         });
     }
+    // Ends the helper tasks tied to `stop` (shutdown watcher, cancel enforcer).
+    stop.cancel();
     tracker.close();
     let grace = Duration::from_secs_f64(cfg.run.shutdown_grace_s.max(0.0));
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
@@ -368,18 +459,34 @@ pub async fn run(
     monitor_stop.cancel();
     let _ = monitor.await;
     drop(ctx);
+    if queue_broken.load(Ordering::SeqCst) {
+        // The queue's storage failed: sled may be stuck in a flush that never returns
+        // (seen on ENOSPC; regression test `a_full_queue_disk_stops_the_run_…`). Give the
+        // committer and the archive a moment, then report without touching sled again:
+        // its state on disk is whatever the last successful flush made durable, which
+        // the next run resumes from. The queue is never dropped (its destructor flushes).
+        let wait = Duration::from_secs(5);
+        let _ = tokio::time::timeout(wait, committer).await;
+        let _ = tokio::time::timeout(wait, arch_done_rx).await;
+        std::mem::forget(queue.clone());
+        http_stop.cancel();
+        let e = fatal.lock().unwrap_or_else(|p| p.into_inner()).take();
+        return Err(e.unwrap_or_else(|| anyhow::anyhow!("queue storage failed")));
+    }
     committer.await.context("committer task panicked")?;
     archive_thread
         .join()
         .map_err(|_| anyhow::anyhow!("archive thread panicked"))?;
-    queue.flush()?;
+    let flushed = queue.flush();
     http_stop.cancel();
     if let Some(h) = http_task {
         let _ = h.await;
     }
+    // The first fatal error is the one to report (a full disk also fails the last flush).
     if let Some(e) = fatal.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(e);
     }
+    flushed?;
     let report = StatusReport::from_queue(&queue, &cfg)?;
     let interrupted = interrupted.load(Ordering::SeqCst);
     for d in &report.datasets {
@@ -392,6 +499,29 @@ pub async fn run(
         interrupted,
         report,
     })
+}
+
+/// The run's error when shards cannot be written: what failed, where, and that nothing
+/// is lost. One line (the cause's text is inlined, not chained, so it is said once).
+fn output_failure(
+    e: &crate::archive::ArchiveError,
+    out_dir: &std::path::Path,
+    data_dir: &std::path::Path,
+) -> anyhow::Error {
+    match e {
+        crate::archive::ArchiveError::Queue(_) => anyhow::anyhow!(
+            "cannot record written shards in the queue in {} (disk full or unwritable?): {e}. \
+             Dispatch stopped; the next run adopts what was written and shards the rest",
+            data_dir.display()
+        ),
+        _ => anyhow::anyhow!(
+            "cannot write shards under {}: {e}. Dispatch stopped; every completed result is \
+             kept in the queue ({}) and goes into a shard on the next run, once the output is \
+             writable",
+            out_dir.display(),
+            data_dir.display()
+        ),
+    }
 }
 
 fn load_prompt_tools(cfg: &Config) -> Result<(Option<Tokenizer>, Option<ChatTemplate>)> {
@@ -459,44 +589,57 @@ async fn commit_loop(
 ) -> Result<()> {
     let mut buf = Vec::new();
     while rx.recv_many(&mut buf, 512).await > 0 {
-        let batch = std::mem::take(&mut buf);
-        let outcomes: Vec<Outcome> = batch.iter().map(|f| f.outcome.clone()).collect();
+        let mut metas = Vec::with_capacity(buf.len());
+        let mut outcomes = Vec::with_capacity(buf.len());
+        for f in buf.drain(..) {
+            // Policy "cancel": a result that would take its dataset past the budget is
+            // not committed; the item goes back to pending.
+            if let Outcome::Done { result, .. } = &f.outcome {
+                if !sched.admit(&f.lease, result.completion_tokens) {
+                    let _ = queue.add_wasted(f.lease.ds, u64::from(result.completion_tokens));
+                    sched.release(&f.lease);
+                    continue;
+                }
+            }
+            outcomes.push(f.outcome);
+            metas.push((f.lease, f.count_source, f.duration_s, f.ttft_s));
+        }
+        if outcomes.is_empty() {
+            continue;
+        }
         let q = queue.clone();
         // One batch and one fsync for everything that arrived together.
-        let applied = tokio::task::spawn_blocking(move || -> Result<Vec<bool>> {
+        let (applied, outcomes) = tokio::task::spawn_blocking(move || -> Result<_> {
             let a = q.commit(&outcomes)?;
             q.flush()?;
-            Ok(a)
+            Ok((a, outcomes))
         })
         .await
         .context("commit task panicked")??;
         let mut to_archive: HashMap<u16, Vec<(ShardRow, CountSource)>> = HashMap::new();
-        for (f, ok) in batch.into_iter().zip(applied) {
-            let dm = &dmetrics[f.lease.lane];
-            match f.outcome {
+        for ((outcome, ok), (lease, source, duration_s, ttft_s)) in
+            outcomes.into_iter().zip(applied).zip(metas)
+        {
+            let dm = &dmetrics[lease.lane];
+            match outcome {
                 Outcome::Done { ds, result } if ok => {
                     dm.ok.inc();
                     dm.completion_tokens
                         .inc_by(u64::from(result.completion_tokens));
                     dm.prompt_tokens.inc_by(u64::from(result.prompt_tokens));
-                    dm.duration.observe(f.duration_s);
-                    if let Some(t) = f.ttft_s {
+                    dm.duration.observe(duration_s);
+                    if let Some(t) = ttft_s {
                         dm.ttft.observe(t);
                     }
-                    sched.completed(&f.lease, result.completion_tokens);
-                    to_archive
-                        .entry(ds)
-                        .or_default()
-                        .push((*result, f.count_source));
+                    sched.completed(&lease, result.completion_tokens);
+                    to_archive.entry(ds).or_default().push((*result, source));
                 }
                 Outcome::Failed { .. } if ok => {
                     dm.failed.inc();
-                    sched.failed(&f.lease);
+                    sched.failed(&lease);
                 }
-                _ => {
-                    // Not pending any more: nothing to do but end the lease.
-                    sched.release(&f.lease);
-                }
+                // Not pending any more: nothing to do but end the lease.
+                _ => sched.release(&lease),
             }
         }
         for (ds, rows) in to_archive {

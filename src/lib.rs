@@ -6,16 +6,19 @@
 //! `job` wires them together for `spool run`; `status`, `metrics` and `http` observe.
 
 pub mod archive;
+pub mod bars;
 pub mod budget;
 pub mod config;
 pub mod dataset;
 pub mod error;
+pub mod export;
 pub mod http;
 pub mod intake;
 pub mod job;
 pub mod metrics;
 pub mod mock;
 pub mod monitor;
+pub mod probe;
 pub mod progress;
 pub mod queue;
 pub mod scheduler;

@@ -75,6 +75,18 @@ enum Command {
         #[arg(long, default_value_t = 160)]
         width: usize,
     },
+    /// Write the shards in a drafter-training form: ShareGPT JSONL or token-id Parquet.
+    Export {
+        /// `sharegpt`: JSONL {id, dataset, conversations}; `tokens`: Parquet {id, dataset, input_ids, loss_mask}.
+        #[arg(long, value_enum)]
+        format: spool::export::Format,
+        /// Output file (written under a temporary name, renamed when complete).
+        #[arg(long)]
+        out: PathBuf,
+        /// Only this dataset (default: every dataset of the config).
+        #[arg(long)]
+        dataset: Option<String>,
+    },
     /// A simulated inference server for demos, tests and benchmarks.
     MockServer(spool::mock::MockConfig),
 }
@@ -85,12 +97,15 @@ fn main() -> ExitCode {
     match real_main(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("spool: error: {e:#}");
+            eprintln!("spool: error: {}", spool::error::render(&e));
             ExitCode::from(exit_code(&e))
         }
     }
 }
 
+/// Logging to stderr, and the progress mode: on a terminal (and without `-q`) progress
+/// bars are installed and log lines are written above them; otherwise plain progress lines
+/// are logged (SPEC §4.5).
 fn init_logging(quiet: bool, verbose: u8) {
     use tracing_subscriber::EnvFilter;
     let default = match (quiet, verbose) {
@@ -102,9 +117,12 @@ fn init_logging(quiet: bool, verbose: u8) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("{default},sled=warn,hyper=warn,reqwest=warn")));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    if spool::bars::wanted(quiet) {
+        spool::bars::install();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(spool::bars::LogWriter)
         .with_ansi(ansi)
         .with_target(false)
         .init();
@@ -163,7 +181,12 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
     match &cli.command {
         Command::Run => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
-            let summary = runtime()?.block_on(spool::job::run(cfg, first_signal()))?;
+            let rt = runtime()?;
+            let summary = rt.block_on(spool::job::run(cfg, first_signal()));
+            // A storage layer stuck after a disk error must not keep the process alive
+            // (dropping the runtime would wait for its blocking tasks forever).
+            rt.shutdown_timeout(std::time::Duration::from_secs(5));
+            let summary = summary?;
             if summary.interrupted {
                 return Ok(exit::INTERRUPTED);
             }
@@ -253,6 +276,27 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
             );
             Ok(exit::OK)
         }
+        Command::Export {
+            format,
+            out,
+            dataset,
+        } => {
+            let cfg = Config::load(&cli.config, &overrides(&cli))?;
+            let r = spool::export::export(&cfg, *format, out, dataset.as_deref())?;
+            println!(
+                "export: {} row(s) from {} shard(s) to {}",
+                r.rows,
+                r.shards,
+                out.display()
+            );
+            if r.without_ids > 0 {
+                eprintln!(
+                    "spool: {} row(s) without token ids left out (the run had no [tokenizer] for them)",
+                    r.without_ids
+                );
+            }
+            Ok(exit::OK)
+        }
         Command::MockServer(mcfg) => {
             let mcfg = mcfg.clone();
             runtime()?.block_on(async move {
@@ -289,10 +333,15 @@ fn shorten(v: &mut serde_json::Value, width: usize) {
 
 /// The running process's `/status` when it answers, else the queue alone.
 async fn status_report(cfg: &Config) -> anyhow::Result<StatusReport> {
-    if !cfg.run.metrics_addr.is_empty() {
-        let mut addrs = vec![cfg.run.metrics_addr.clone()];
+    {
+        // The address a running process actually bound (it may have been given on its
+        // command line, or be port 0), then the configured one.
+        let mut addrs = Vec::new();
         if let Ok(a) = std::fs::read_to_string(cfg.data_dir.join(spool::job::ENDPOINT_FILE)) {
-            addrs.insert(0, a.trim().to_string());
+            addrs.push(a.trim().to_string());
+        }
+        if !cfg.run.metrics_addr.is_empty() {
+            addrs.push(cfg.run.metrics_addr.clone());
         }
         let client = reqwest::Client::builder()
             .no_proxy()

@@ -2,8 +2,14 @@
 //!
 //! Invariants: label sets are bounded — `dataset` takes the config's dataset names,
 //! `server` the configured URLs, `outcome`/`state` fixed enums; hot-path counters are
-//! pre-resolved per dataset ([`DatasetMetrics`]) so updating them takes no lock.
+//! pre-resolved per dataset ([`DatasetMetrics`]) so updating them takes no lock (an
+//! `IntCounter` is one atomic add, a `Histogram` observation atomics only). Gauges are
+//! written once a second by the monitor. A gauge whose value is unknown (an ETA without a
+//! measured rate, a budget that is not set) is absent rather than a sentinel.
+//!
+//! One series beyond SPEC §6: `spool_run_eta_seconds` (no labels), the whole run's ETA.
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -20,6 +26,9 @@ pub struct Metrics {
     pub token_budget: IntGaugeVec,
     pub budget_remaining: IntGaugeVec,
     pub eta: GaugeVec,
+    /// The whole run's ETA (an addition to SPEC §6); absent while unknown, hence a
+    /// family without labels rather than a plain gauge. Set it with [`Metrics::set_run_eta`].
+    pub run_eta: GaugeVec,
     pub request_duration: HistogramVec,
     pub ttft: HistogramVec,
     pub inflight: IntGaugeVec,
@@ -126,6 +135,13 @@ impl Metrics {
                 ),
                 ds
             )),
+            run_eta: reg!(GaugeVec::new(
+                Opts::new(
+                    "spool_run_eta_seconds",
+                    "Estimated seconds until every dataset is finished."
+                ),
+                &[]
+            )),
             request_duration: reg!(HistogramVec::new(
                 HistogramOpts::new(
                     "spool_request_duration_seconds",
@@ -165,12 +181,12 @@ impl Metrics {
         }
     }
 
-    /// Pre-resolves a dataset's series (and makes them exist at zero from the start).
+    /// Pre-resolves a dataset's series (and makes the counters exist at zero from the
+    /// start, so `rate()` has a baseline). The ETA is left absent until it is known.
     pub fn dataset(&self, name: &str) -> DatasetMetrics {
         let r = |o: &str| self.requests.with_label_values(&[name, o]);
         self.shards_written.with_label_values(&[name]);
         self.shard_bytes.with_label_values(&[name]);
-        self.eta.with_label_values(&[name]);
         DatasetMetrics {
             ok: r("ok"),
             retry: r("retry"),
@@ -182,6 +198,36 @@ impl Metrics {
             duration: self.request_duration.with_label_values(&[name]),
             ttft: self.ttft.with_label_values(&[name]),
         }
+    }
+
+    /// Sets a dataset's ETA, or removes the series while it is unknown.
+    pub fn set_eta(&self, dataset: &str, eta_s: Option<f64>) {
+        match eta_s {
+            Some(e) if e.is_finite() => self.eta.with_label_values(&[dataset]).set(e.max(0.0)),
+            _ => {
+                let _ = self.eta.remove_label_values(&[dataset]);
+            }
+        }
+    }
+
+    /// Sets the run's ETA, or removes the series while it is unknown.
+    pub fn set_run_eta(&self, eta_s: Option<f64>) {
+        let none: [&str; 0] = [];
+        match eta_s {
+            Some(e) if e.is_finite() => self.run_eta.with_label_values(&none).set(e.max(0.0)),
+            _ => {
+                let _ = self.run_eta.remove_label_values(&none);
+            }
+        }
+    }
+
+    /// Whether any `spool_server_up` series is 1 (what `/readyz` answers).
+    pub fn any_server_up(&self) -> bool {
+        self.server_up
+            .collect()
+            .iter()
+            .flat_map(|f| f.get_metric())
+            .any(|m| m.get_gauge().get_value() > 0.0)
     }
 
     /// The text exposition format.
@@ -212,6 +258,8 @@ mod tests {
         m.items.with_label_values(&["a", "pending"]).set(3);
         m.token_budget.with_label_values(&["a"]).set(10);
         m.budget_remaining.with_label_values(&["a"]).set(7);
+        m.set_eta("a", Some(12.0));
+        m.set_run_eta(Some(12.0));
         m.inflight.with_label_values(&["http://x"]).set(1);
         m.server_up.with_label_values(&["http://x"]).set(1);
         let text = m.render();
@@ -230,8 +278,62 @@ mod tests {
             "spool_server_up{server=\"http://x\"}",
             "spool_shards_written_total{dataset=\"a\"}",
             "spool_shard_bytes_total{dataset=\"a\"}",
+            "spool_run_eta_seconds 12",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
+    }
+
+    #[test]
+    fn unknown_eta_is_absent_not_a_sentinel() {
+        let m = Metrics::new();
+        m.dataset("a");
+        assert!(!m.render().contains("spool_eta_seconds{"));
+        m.set_eta("a", Some(30.0));
+        assert!(m.render().contains("spool_eta_seconds{dataset=\"a\"} 30"));
+        m.set_eta("a", None);
+        assert!(!m.render().contains("spool_eta_seconds{"));
+        m.set_eta("a", Some(f64::INFINITY));
+        assert!(!m.render().contains("spool_eta_seconds{"));
+        m.set_run_eta(Some(5.0));
+        assert!(m.render().contains("\nspool_run_eta_seconds 5\n"));
+        m.set_run_eta(None);
+        assert!(!m.render().contains("\nspool_run_eta_seconds "));
+    }
+
+    #[test]
+    fn readiness_follows_server_up() {
+        let m = Metrics::new();
+        assert!(!m.any_server_up(), "no server configured: not ready");
+        m.server_up.with_label_values(&["http://a"]).set(0);
+        m.server_up.with_label_values(&["http://b"]).set(0);
+        assert!(!m.any_server_up());
+        m.server_up.with_label_values(&["http://b"]).set(1);
+        assert!(m.any_server_up());
+    }
+
+    #[test]
+    fn hot_path_handles_are_the_exported_series() {
+        // The pre-resolved handles must be the very series the registry exports, so a
+        // worker's lock-free `inc` is what a scrape sees.
+        let m = Metrics::new();
+        let d = m.dataset("a");
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let d = d.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..10_000 {
+                        d.streamed_tokens.inc();
+                        d.ok.inc();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let text = m.render();
+        assert!(text.contains("spool_streamed_tokens_total{dataset=\"a\"} 40000"));
+        assert!(text.contains("spool_requests_total{dataset=\"a\",outcome=\"ok\"} 40000"));
     }
 }

@@ -1,11 +1,20 @@
-//! Once a second: rates, gauges, progress lines, live status, and probes of servers taken
-//! out of rotation.
+//! Once a second: rates, gauges, progress (bars on a terminal, lines otherwise), live
+//! status, `/readyz` (through `spool_server_up`), and probes of servers taken out of
+//! rotation.
+//!
+//! Rates are per dataset over streamed tokens (work in flight included); ETAs use the
+//! server's total throughput (the sum over datasets), since datasets share it
+//! ([`crate::scheduler::lane_eta`], [`crate::scheduler::run_eta`]).
+//!
+//! At the end of a run the monitor waits (bounded) until every lease has ended, so the last
+//! gauges, the last progress line of each dataset and the final bars show final numbers.
 
+use crate::bars::{self, DatasetBar, RunLine};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::progress::{format_line, LineClock, LineFields, Rate};
 use crate::queue::Queue;
-use crate::scheduler::{lane_eta, Scheduler};
+use crate::scheduler::{lane_eta, run_eta, Scheduler};
 use crate::status::StatusReport;
 use crate::worker::Ctx;
 use std::collections::HashMap;
@@ -16,6 +25,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Per dataset: (tokens/s, requests/s, ETA seconds), refreshed by the monitor each second.
 pub(crate) type LiveRates = Mutex<HashMap<String, (f64, f64, Option<f64>)>>;
+
+/// How long the end of a run waits for the last leases to end before the final figures.
+const FINAL_WAIT: Duration = Duration::from_secs(3);
 
 pub(crate) fn live_status(
     queue: &Queue,
@@ -43,102 +55,151 @@ pub(crate) fn live_status(
     r
 }
 
-pub(crate) async fn monitor_loop(
-    ctx: Arc<Ctx>,
-    metrics: Arc<Metrics>,
-    live: Arc<LiveRates>,
-    stop: CancellationToken,
-) {
-    let start = Instant::now();
-    let mut rates: Vec<Rate> = ctx.names.iter().map(|_| Rate::default()).collect();
-    let mut clocks: Vec<LineClock> = ctx
-        .names
-        .iter()
-        .map(|_| LineClock::new(ctx.cfg.run.progress_every, 0, start))
-        .collect();
-    let mut first = true;
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut last_probe = Instant::now();
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.cancelled() => break,
+/// The monitor's memory between ticks.
+struct Monitor {
+    start: Instant,
+    rates: Vec<Rate>,
+    clocks: Vec<LineClock>,
+    /// `done` of each dataset at the first tick (a bar appears once a dataset moves).
+    start_done: Vec<Option<u64>>,
+    /// Datasets that have a bar.
+    shown: Vec<bool>,
+}
+
+impl Monitor {
+    fn new(n: usize, every: u64, now: Instant) -> Self {
+        Self {
+            start: now,
+            rates: (0..n).map(|_| Rate::default()).collect(),
+            clocks: (0..n).map(|_| LineClock::new(every, 0, now)).collect(),
+            start_done: vec![None; n],
+            shown: vec![false; n],
         }
+    }
+
+    /// One pass: gauges, live rates, progress. `last` = the run is over (final figures).
+    fn tick(&mut self, ctx: &Ctx, metrics: &Metrics, live: &LiveRates, last: bool) {
         let now = Instant::now();
         let views = ctx.sched.views();
         let states = ctx.queue.states();
+        let bars = bars::active();
+
+        // Rates first: every ETA needs the total throughput.
+        let mut per_ds = Vec::with_capacity(views.len());
+        for (i, _) in views.iter().enumerate() {
+            let dm = &ctx.dmetrics[i];
+            self.rates[i].sample(now, dm.streamed_tokens.get(), dm.ok.get());
+            per_ds.push(self.rates[i].rates().unwrap_or((0.0, 0.0)));
+        }
+        let total_tok_s: f64 = per_ds.iter().map(|r| r.0).sum();
+
         let mut live_map = HashMap::new();
+        let mut bar_rows = Vec::new();
+        let mut run = RunLine {
+            done: 0,
+            total: 0,
+            tokens: 0,
+            tok_per_s: total_tok_s,
+            eta_s: run_eta(&views, total_tok_s),
+            servers_up: 0,
+            servers: ctx.servers.list.len(),
+            elapsed_s: now.duration_since(self.start).as_secs_f64(),
+        };
         for (i, v) in views.iter().enumerate() {
             let dm = &ctx.dmetrics[i];
             let Some(s) = states.iter().find(|s| s.name == v.name) else {
                 continue;
             };
-            if first {
-                clocks[i] = LineClock::new(ctx.cfg.run.progress_every, s.done, now);
+            if self.start_done[i].is_none() {
+                self.start_done[i] = Some(s.done);
+                self.clocks[i] = LineClock::new(ctx.cfg.run.progress_every, s.done, now);
             }
-            rates[i].sample(now, dm.streamed_tokens.get(), dm.ok.get());
-            let (tok_s, req_s) = rates[i].rates().unwrap_or((0.0, 0.0));
-            let eta = if v.finished {
-                Some(0.0)
-            } else {
-                lane_eta(v, tok_s)
-            };
+            let (tok_s, req_s) = per_ds[i];
+            let eta = lane_eta(v, total_tok_s);
             let name = v.name.as_str();
             let pending = s.pending().saturating_sub(v.inflight as u64);
-            metrics
-                .items
-                .with_label_values(&[name, "pending"])
-                .set(pending as i64);
-            metrics
-                .items
-                .with_label_values(&[name, "inflight"])
-                .set(v.inflight as i64);
-            metrics
-                .items
-                .with_label_values(&[name, "done"])
-                .set(s.done as i64);
-            metrics
-                .items
-                .with_label_values(&[name, "failed"])
-                .set(s.failed as i64);
+            for (state, n) in [
+                ("pending", pending),
+                ("inflight", v.inflight as u64),
+                ("done", s.done),
+                ("failed", s.failed),
+            ] {
+                metrics
+                    .items
+                    .with_label_values(&[name, state])
+                    .set(n as i64);
+            }
             if let Some(b) = v.budget {
                 metrics
                     .budget_remaining
                     .with_label_values(&[name])
                     .set(b.saturating_sub(s.completion_tokens) as i64);
             }
-            metrics
-                .eta
-                .with_label_values(&[name])
-                .set(eta.unwrap_or(-1.0));
+            metrics.set_eta(name, eta);
             live_map.insert(v.name.clone(), (tok_s, req_s, eta));
-            let active = v.inflight > 0;
-            if clocks[i].due(s.done, active, now) {
-                let avg = if s.done > 0 {
-                    s.completion_tokens as f64 / s.done as f64
-                } else {
-                    0.0
-                };
-                tracing::info!(
-                    "{}",
-                    format_line(&LineFields {
+            run.done += s.done;
+            run.total += s.items;
+            run.tokens += s.completion_tokens;
+
+            let budget_met = v.budget.is_some_and(|b| s.completion_tokens >= b);
+            let state = if v.finished && budget_met {
+                "budget met"
+            } else if v.finished {
+                "done"
+            } else if v.inflight > 0 {
+                "running"
+            } else {
+                "waiting"
+            };
+            let moved = v.inflight > 0 || Some(s.done) != self.start_done[i];
+            self.shown[i] |= moved;
+            let avg = if s.done > 0 {
+                s.completion_tokens as f64 / s.done as f64
+            } else {
+                0.0
+            };
+            let fields = LineFields {
+                name,
+                done: s.done,
+                total: s.items,
+                errors: s.failed + dm.retry.get(),
+                req_per_s: req_s,
+                tok_per_s: tok_s,
+                avg_completion: avg,
+                tokens: s.completion_tokens,
+                budget: v.budget,
+                eta_s: eta,
+            };
+            if bars.is_some() {
+                if self.shown[i] {
+                    bar_rows.push(DatasetBar {
                         name,
                         done: s.done,
                         total: s.items,
-                        errors: s.failed + dm.retry.get(),
-                        req_per_s: req_s,
-                        tok_per_s: tok_s,
-                        avg_completion: avg,
+                        failed: s.failed,
                         tokens: s.completion_tokens,
                         budget: v.budget,
+                        tok_per_s: tok_s,
                         eta_s: eta,
-                    })
-                );
+                        state,
+                    });
+                }
+            } else {
+                let due = if last {
+                    self.clocks[i].finish(s.done, now)
+                } else {
+                    self.clocks[i].due(s.done, v.inflight > 0, now)
+                };
+                if due {
+                    tracing::info!("{}", format_line(&fields));
+                }
             }
         }
-        first = false;
+        metrics.set_run_eta(run.eta_s);
         *live.lock().unwrap_or_else(|p| p.into_inner()) = live_map;
         for s in &ctx.servers.list {
+            let up = s.up.load(Ordering::Relaxed);
+            run.servers_up += usize::from(up);
             metrics
                 .inflight
                 .with_label_values(&[&s.url])
@@ -146,8 +207,30 @@ pub(crate) async fn monitor_loop(
             metrics
                 .server_up
                 .with_label_values(&[&s.url])
-                .set(i64::from(s.up.load(Ordering::Relaxed)));
+                .set(i64::from(up));
         }
+        if let Some(b) = bars {
+            b.update(&bar_rows, &run);
+        }
+    }
+}
+
+pub(crate) async fn monitor_loop(
+    ctx: Arc<Ctx>,
+    metrics: Arc<Metrics>,
+    live: Arc<LiveRates>,
+    stop: CancellationToken,
+) {
+    let mut m = Monitor::new(ctx.names.len(), ctx.cfg.run.progress_every, Instant::now());
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_probe = Instant::now();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.cancelled() => break,
+        }
+        m.tick(&ctx, &metrics, &live, false);
         // Probe servers taken out of rotation.
         if last_probe.elapsed() >= Duration::from_secs(2) {
             last_probe = Instant::now();
@@ -156,6 +239,27 @@ pub(crate) async fn monitor_loop(
                     ctx.servers.ok(i);
                 }
             }
+        }
+    }
+    leases_ended(&ctx.sched, FINAL_WAIT).await;
+    m.tick(&ctx, &metrics, &live, true);
+    if let Some(b) = bars::active() {
+        b.finish();
+    }
+}
+
+/// Waits until no lease is held (every result committed or given back), at most `limit`.
+async fn leases_ended(sched: &Scheduler, limit: Duration) {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let notified = sched.changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if sched.views().iter().all(|v| v.inflight == 0) {
+            return;
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            return;
         }
     }
 }

@@ -5,7 +5,9 @@
 //! the first minute; requests/s is shown but never used for the ETA.
 //!
 //! Invariant: a progress line is logged every `progress_every` completions of a dataset
-//! and at least every 60 s while it is active.
+//! and at least every 60 s while it is active, and once more at the end of a run for a
+//! dataset that progressed since its last line. On a terminal the bars of
+//! [`crate::bars`] replace the lines.
 
 use crate::budget::format_duration;
 use std::collections::VecDeque;
@@ -57,6 +59,21 @@ impl LineClock {
             last_done: done,
             last_at: now,
         }
+    }
+
+    /// Whether completions happened since the last line (the final line of a run).
+    pub fn progressed(&self, done: u64) -> bool {
+        done > self.last_done
+    }
+
+    /// At the end of a run: a last line is due if anything completed since the last one.
+    pub fn finish(&mut self, done: u64, now: Instant) -> bool {
+        let due = self.progressed(done);
+        if due {
+            self.last_done = done;
+            self.last_at = now;
+        }
+        due
     }
 
     /// Whether a line is due now; resets when it is.
@@ -148,5 +165,9 @@ mod tests {
         assert!(!c.due(60, true, t + Duration::from_secs(59)));
         assert!(c.due(60, true, t + Duration::from_secs(61)));
         assert!(!c.due(60, false, t + Duration::from_secs(200)));
+        assert!(!c.progressed(60));
+        assert!(c.progressed(61));
+        assert!(c.finish(61, t + Duration::from_secs(201)));
+        assert!(!c.finish(61, t + Duration::from_secs(202)));
     }
 }

@@ -43,6 +43,9 @@ pub enum QueueError {
     Version { found: u32, supported: u32 },
 }
 
+/// sled page-cache size.
+const CACHE_BYTES: u64 = 128 << 20;
+
 /// Version of the record layout above; bump on any incompatible change.
 pub const FORMAT_VERSION: u32 = 1;
 
@@ -182,6 +185,9 @@ impl Queue {
             match sled::Config::new()
                 .path(dir.join("queue"))
                 .flush_every_ms(Some(1000))
+                // sled's default page cache is 1 GiB; the queue is read mostly in order, and
+                // a bounded cache keeps RSS flat whatever the queue's length.
+                .cache_capacity(CACHE_BYTES)
                 .open()
             {
                 Ok(db) => break db,

@@ -10,7 +10,7 @@
 //! [`Scheduler::completed`], [`Scheduler::failed`] or [`Scheduler::release`]; streamed
 //! tokens are counted through a per-lease atomic, without taking the scheduler lock.
 
-use crate::budget::{eta_seconds, LengthModel};
+use crate::budget::LengthModel;
 use crate::config::BudgetPolicy;
 use crate::queue::{Queue, QueueError};
 use std::collections::{HashMap, VecDeque};
@@ -18,6 +18,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+
+/// Benchmarks only (`make bench-eta`): budgets gate on completed tokens alone, as a naive
+/// script does, to measure what the estimate of work in flight saves.
+pub const NAIVE_BUDGET_ENV: &str = "SPOOL_BENCH_NAIVE_BUDGET";
+/// Benchmarks only: serve datasets strictly one after the other (wait for each tail).
+pub const SERIAL_DATASETS_ENV: &str = "SPOOL_BENCH_SERIAL_DATASETS";
 
 /// What the scheduler needs to know of a dataset.
 #[derive(Debug, Clone)]
@@ -54,6 +60,12 @@ struct Lane {
     lengths: LengthModel,
     cancel: CancellationToken,
     budget_logged: bool,
+    /// Benchmarks only: the naive gate "dispatch until completed tokens ≥ budget".
+    naive_budget: bool,
+    /// Policy "cancel" fired: no more dispatching for this lane in this run.
+    closed: bool,
+    /// Policy "cancel": tokens admitted by the committer, not yet completed.
+    admitted: u64,
 }
 
 impl Lane {
@@ -66,23 +78,33 @@ impl Lane {
 
     /// Completed tokens plus what the requests in flight are expected to produce in all.
     fn committed_estimate(&self) -> f64 {
-        let streamed = self.inflight_streamed();
-        let inflight: f64 = streamed
-            .iter()
-            .map(|&s| self.lengths.expected_final(s, &streamed))
+        let inflight: f64 = self
+            .inflight
+            .values()
+            .map(|a| self.lengths.expected_final(a.load(Ordering::Relaxed)))
             .sum();
         self.completed_tokens as f64 + inflight
     }
 
+    /// Whether one more request may start: dispatching stops as soon as completed tokens
+    /// plus the expected final tokens of the work in flight reach the budget.
     fn budget_allows(&self) -> bool {
         match self.spec.budget {
             None => true,
+            Some(b) if self.naive_budget => self.completed_tokens < b,
             Some(b) => self.committed_estimate() < b as f64,
         }
     }
 
     fn budget_met(&self) -> bool {
-        self.spec.budget.is_some_and(|b| self.completed_tokens >= b)
+        self.closed || self.spec.budget.is_some_and(|b| self.completed_tokens >= b)
+    }
+
+    /// Policy "cancel": abort every request in flight and dispatch no more in this run.
+    fn close(&mut self) {
+        self.closed = true;
+        self.cancel.cancel();
+        self.cancel = CancellationToken::new();
     }
 
     fn refill(&mut self, queue: &Queue) -> Result<(), QueueError> {
@@ -103,12 +125,16 @@ impl Lane {
         !self.returned.is_empty() || !self.buffer.is_empty() || !self.exhausted
     }
 
+    fn can_dispatch(&self) -> bool {
+        !self.budget_met() && self.budget_allows() && self.has_rows()
+    }
+
     fn finished(&self) -> bool {
-        self.inflight.is_empty() && (!self.has_rows() || self.budget_met() || !self.budget_allows())
+        self.inflight.is_empty() && !self.can_dispatch()
     }
 }
 
-/// A snapshot of one lane for progress lines, status and metrics.
+/// A snapshot of one lane for progress lines, status, metrics and ETAs.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LaneView {
     pub name: String,
@@ -121,12 +147,22 @@ pub struct LaneView {
     pub expected_tokens_per_item: f64,
     pub dispatching: bool,
     pub finished: bool,
+    /// Tokens all lanes up to this one must still generate before this one's last requests
+    /// are the only work left (what the server's throughput has to get through first).
+    pub work_before_drain: f64,
+    /// Expected longest remaining completion (tokens) when this lane drains.
+    pub drain_tokens: f64,
+    /// Requests in flight over all lanes (the per-request speed is rate ÷ this).
+    pub total_inflight: usize,
 }
 
 /// The dispatch state of every dataset.
 pub struct Scheduler {
     lanes: Mutex<Vec<Lane>>,
     queue: Arc<Queue>,
+    last_fit: Mutex<Option<std::time::Instant>>,
+    /// Benchmarks only: lane k+1 waits until lane k is finished.
+    serial: bool,
     /// Woken whenever a lease ends (a slot or budget may have freed up).
     pub changed: Notify,
 }
@@ -162,12 +198,17 @@ impl Scheduler {
                     completed_tokens,
                     cancel: CancellationToken::new(),
                     budget_logged: false,
+                    naive_budget: std::env::var_os(NAIVE_BUDGET_ENV).is_some(),
+                    closed: false,
+                    admitted: 0,
                 }
             })
             .collect();
         Self {
             lanes: Mutex::new(lanes),
             queue,
+            last_fit: Mutex::new(None),
+            serial: std::env::var_os(SERIAL_DATASETS_ENV).is_some(),
             changed: Notify::new(),
         }
     }
@@ -186,11 +227,28 @@ impl Scheduler {
         }
     }
 
+    /// Refits the lanes' length models at most once a second (cheap enough to call often).
+    fn maybe_refit(&self, lanes: &mut [Lane]) {
+        let mut last = self.last_fit.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < std::time::Duration::from_secs(1)) {
+            return;
+        }
+        *last = Some(std::time::Instant::now());
+        for l in lanes.iter_mut() {
+            let streamed = l.inflight_streamed();
+            l.lengths.refit(&streamed);
+        }
+    }
+
     /// The next row to send: the first lane in order that has rows and budget room.
     pub fn next(&self) -> Result<Next, QueueError> {
         let mut lanes = self.lock();
+        self.maybe_refit(&mut lanes);
         let mut all_finished = true;
         for (i, lane) in lanes.iter_mut().enumerate() {
+            if self.serial && i > 0 && !all_finished {
+                break; // benchmarks: the previous lane's tail is still in flight
+            }
             if lane.budget_met() || !lane.budget_allows() {
                 if !lane.budget_logged && lane.inflight.is_empty() {
                     lane.budget_logged = true;
@@ -233,16 +291,58 @@ impl Scheduler {
         Ok(if all_finished { Next::Done } else { Next::Wait })
     }
 
+    /// Policy "cancel": whether a finished request may be committed without taking the
+    /// dataset past its budget. Admitted tokens count at once (the committer admits a batch
+    /// one by one); a refusal aborts the lane's requests in flight. Other policies admit all.
+    pub fn admit(&self, lease: &Lease, tokens: u32) -> bool {
+        let mut lanes = self.lock();
+        let lane = &mut lanes[lease.lane];
+        if lane.spec.policy != BudgetPolicy::Cancel {
+            return true;
+        }
+        match lane.spec.budget {
+            Some(b) if lane.completed_tokens + lane.admitted + u64::from(tokens) > b => {
+                lane.close();
+                false
+            }
+            _ => {
+                lane.admitted += u64::from(tokens);
+                true
+            }
+        }
+    }
+
+    /// Policy "cancel": aborts a lane's requests in flight as soon as what they have already
+    /// generated would take it past its budget. Called by the monitor.
+    pub fn enforce_cancel(&self) {
+        let mut lanes = self.lock();
+        for lane in lanes.iter_mut() {
+            if lane.spec.policy != BudgetPolicy::Cancel || lane.closed {
+                continue;
+            }
+            if let Some(b) = lane.spec.budget {
+                let streamed: u64 = lane.inflight_streamed().iter().map(|&s| u64::from(s)).sum();
+                if lane.completed_tokens >= b
+                    || (lane.completed_tokens + streamed > b && !lane.inflight.is_empty())
+                {
+                    tracing::info!(dataset = %lane.spec.name, completed_tokens = lane.completed_tokens,
+                        inflight_tokens = streamed, budget = b, "budget reached: cancelling requests in flight");
+                    lane.close();
+                }
+            }
+        }
+    }
+
     /// A lease ended with a durable result of `tokens` completion tokens.
     pub fn completed(&self, lease: &Lease, tokens: u32) {
         let mut lanes = self.lock();
         let lane = &mut lanes[lease.lane];
         lane.inflight.remove(&lease.row);
         lane.completed_tokens += u64::from(tokens);
-        lane.lengths.observe(tokens);
-        if lane.budget_met() && lane.spec.policy == BudgetPolicy::Cancel {
-            lane.cancel.cancel();
+        if lane.spec.policy == BudgetPolicy::Cancel {
+            lane.admitted = lane.admitted.saturating_sub(u64::from(tokens));
         }
+        lane.lengths.observe(tokens);
         drop(lanes);
         self.changed.notify_waiters();
     }
@@ -267,36 +367,61 @@ impl Scheduler {
         self.changed.notify_waiters();
     }
 
-    /// Snapshots for progress, metrics and `/status`.
+    /// Snapshots for progress, metrics, `/status` and ETAs.
     pub fn views(&self) -> Vec<LaneView> {
-        let lanes = self.lock();
+        let mut lanes = self.lock();
+        self.maybe_refit(&mut lanes);
+        let total_inflight: usize = lanes.iter().map(|l| l.inflight.len()).sum();
+        let mut work_so_far = 0.0;
         lanes
             .iter()
             .map(|l| {
                 let streamed = l.inflight_streamed();
-                let exp_new = l.lengths.expected_new(&streamed);
-                let inflight_rest: f64 = streamed
+                let exp_new = l.lengths.expected_new();
+                let finals: Vec<f64> = streamed
                     .iter()
-                    .map(|&s| l.lengths.expected_final(s, &streamed) - f64::from(s))
+                    .map(|&s| l.lengths.expected_final(s))
+                    .collect();
+                let inflight_rest: f64 = finals
+                    .iter()
+                    .zip(&streamed)
+                    .map(|(f, &s)| f - f64::from(s))
                     .sum();
-                let pending = self
-                    .queue
-                    .state(l.spec.ds)
-                    .map(|s| s.pending())
-                    .unwrap_or(0)
-                    .saturating_sub(l.inflight.len() as u64);
-                let by_prompts = pending as f64 * exp_new;
-                let remaining = match l.spec.budget {
-                    Some(b) => {
-                        let room = b as f64
-                            - l.completed_tokens as f64
-                            - streamed.iter().map(|&s| f64::from(s)).sum::<f64>();
-                        by_prompts
-                            .min(room.max(0.0) - inflight_rest.min(room.max(0.0)))
-                            .max(0.0)
-                            + inflight_rest
+                let dispatching = l.can_dispatch();
+                let future = if dispatching {
+                    let pending = self
+                        .queue
+                        .state(l.spec.ds)
+                        .map(|s| s.pending())
+                        .unwrap_or(0)
+                        .saturating_sub(l.inflight.len() as u64);
+                    let by_prompts = pending as f64 * exp_new;
+                    match l.spec.budget {
+                        Some(b) => {
+                            let room =
+                                b as f64 - l.completed_tokens as f64 - finals.iter().sum::<f64>();
+                            by_prompts.min(room.max(0.0))
+                        }
+                        None => by_prompts,
                     }
-                    None => by_prompts + inflight_rest,
+                } else {
+                    0.0
+                };
+                let remaining = inflight_rest + future;
+                // When a lane stops dispatching, its last requests drain: the longest of
+                // them decides when it is done. Before that, the server's throughput must
+                // get through the work of this lane and of the lanes before it.
+                let (work_before_drain, drain_tokens) = if dispatching {
+                    let c = total_inflight.max(1);
+                    let tail = c as f64 * l.lengths.expected_residual_in_steady_state();
+                    work_so_far += remaining;
+                    (
+                        (work_so_far - tail).max(0.0),
+                        l.lengths.expected_max_steady_residual(c),
+                    )
+                } else {
+                    work_so_far += remaining;
+                    (0.0, l.lengths.expected_max_remaining(&streamed))
                 };
                 LaneView {
                     name: l.spec.name.clone(),
@@ -306,17 +431,37 @@ impl Scheduler {
                     budget: l.spec.budget,
                     remaining_tokens_estimate: remaining,
                     expected_tokens_per_item: exp_new,
-                    dispatching: !l.budget_met() && l.budget_allows() && l.has_rows(),
+                    dispatching,
                     finished: l.finished(),
+                    work_before_drain,
+                    drain_tokens,
+                    total_inflight,
                 }
             })
             .collect()
     }
 }
 
-/// ETA of a lane's remaining work at `tokens_per_s`.
-pub fn lane_eta(v: &LaneView, tokens_per_s: f64) -> Option<f64> {
-    eta_seconds(v.remaining_tokens_estimate, tokens_per_s)
+/// Seconds until a lane is finished, given the server's current total token throughput
+/// (streamed tokens/s over all lanes): the work that must go through the server first, then
+/// the expected longest remaining completion at the per-request speed.
+pub fn lane_eta(v: &LaneView, total_tokens_per_s: f64) -> Option<f64> {
+    if v.finished {
+        return Some(0.0);
+    }
+    if total_tokens_per_s <= 1e-9 {
+        return None;
+    }
+    let per_request = total_tokens_per_s / v.total_inflight.max(1) as f64;
+    Some(v.work_before_drain / total_tokens_per_s + v.drain_tokens / per_request)
+}
+
+/// ETA of the whole run: that of the last lane.
+pub fn run_eta(views: &[LaneView], total_tokens_per_s: f64) -> Option<f64> {
+    views
+        .iter()
+        .map(|v| lane_eta(v, total_tokens_per_s))
+        .try_fold(0.0f64, |acc, e| e.map(|e| acc.max(e)))
 }
 
 #[cfg(test)]
@@ -393,6 +538,42 @@ mod tests {
         for _ in 0..5 {
             assert_eq!(lease(&s).ds, 1);
         }
+    }
+
+    /// Policy "cancel": once what is streaming would take a lane past its budget, every
+    /// request in flight is cancelled and the lane dispatches no more; the result that would
+    /// cross the budget is refused.
+    #[test]
+    fn cancel_aborts_the_work_in_flight() {
+        let (_d, q) = queue_with(&(0..50).collect::<Vec<_>>());
+        let mut sp = spec(0, Some(1000));
+        sp.policy = BudgetPolicy::Cancel;
+        let s = Scheduler::new(q, vec![sp, spec(1, None)]);
+        let l: Vec<_> = (0..5).map(|_| lease(&s)).collect();
+        assert!(l.iter().all(|x| x.ds == 0));
+        l[0].streamed.store(600, Ordering::Relaxed);
+        s.enforce_cancel();
+        assert!(
+            !l[0].cancel.is_cancelled(),
+            "600 streamed < 1000: nothing to cancel"
+        );
+        l[1].streamed.store(500, Ordering::Relaxed);
+        s.enforce_cancel();
+        assert!(
+            l.iter().all(|x| x.cancel.is_cancelled()),
+            "1100 streamed > 1000"
+        );
+        assert!(
+            !s.admit(&l[0], 600 + 500),
+            "a result crossing the budget is refused"
+        );
+        for x in &l {
+            s.release(x);
+        }
+        // Lane 0 is closed for this run: the next lease is lane 1's, with a live token.
+        let n = lease(&s);
+        assert_eq!(n.ds, 1);
+        assert!(!n.cancel.is_cancelled());
     }
 
     #[test]

@@ -65,7 +65,12 @@ impl StatusReport {
                 .into_iter()
                 .map(|(row, f)| (row + 1, f.reason))
                 .collect();
-            let budget_met = d.token_budget.is_some_and(|b| s.completion_tokens >= b);
+            // Met, or (policy "cancel", which never crosses it) closer to it than one
+            // average completion: nothing more will fit.
+            let avg = s.completion_tokens.checked_div(s.done).unwrap_or(u64::MAX);
+            let budget_met = d.token_budget.is_some_and(|b| {
+                s.completion_tokens >= b || (s.wasted_tokens > 0 && b - s.completion_tokens < avg)
+            });
             let state = if budget_met {
                 "budget_met"
             } else if s.pending() == 0 && s.failed > 0 {
@@ -111,9 +116,10 @@ impl StatusReport {
         self.datasets.iter().map(|d| d.failed).sum()
     }
 
-    /// The human table.
+    /// The human table: where the figures come from, one row per dataset, then the first
+    /// permanent failures. The rate and ETA columns appear only in a live report.
     pub fn render_table(&self) -> String {
-        let header = [
+        let mut header = vec![
             "dataset",
             "done",
             "pending",
@@ -123,17 +129,18 @@ impl StatusReport {
             "tokens/budget",
             "overshoot",
             "shards",
-            "tok/s",
-            "ETA",
-            "state",
         ];
+        if self.running {
+            header.extend(["tok/s", "req/s", "ETA"]);
+        }
+        header.push("state");
         let mut rows: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
         for d in &self.datasets {
             let tokens = match d.budget {
                 Some(b) => format!("{}/{}", human(d.completion_tokens), human(b)),
                 None => human(d.completion_tokens),
             };
-            rows.push(vec![
+            let mut row = vec![
                 d.name.clone(),
                 format!("{}/{}", d.done, d.items),
                 d.pending.to_string(),
@@ -147,17 +154,31 @@ impl StatusReport {
                     "-".into()
                 },
                 d.shards.to_string(),
-                d.tokens_per_s
-                    .map(|t| human(t as u64))
-                    .unwrap_or_else(|| "-".into()),
-                d.eta_s.map(format_duration).unwrap_or_else(|| "-".into()),
-                d.state.clone(),
-            ]);
+            ];
+            if self.running {
+                row.push(
+                    d.tokens_per_s
+                        .map(|t| human(t.round() as u64))
+                        .unwrap_or_else(|| "-".into()),
+                );
+                row.push(
+                    d.requests_per_s
+                        .map(|r| format!("{r:.1}"))
+                        .unwrap_or_else(|| "-".into()),
+                );
+                row.push(d.eta_s.map(format_duration).unwrap_or_else(|| "-".into()));
+            }
+            row.push(d.state.clone());
+            rows.push(row);
         }
         let widths: Vec<usize> = (0..header.len())
             .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
             .collect();
-        let mut out = String::new();
+        let mut out = String::from(if self.running {
+            "live from the running process\n"
+        } else {
+            "from the queue (no run active)\n"
+        });
         for r in &rows {
             let line: Vec<String> = r
                 .iter()
@@ -214,5 +235,52 @@ mod tests {
         assert_eq!(grouped(9_998_988), "9,998,988");
         assert_eq!(grouped(12), "12");
         assert_eq!(human(1_234_567), "1.2M");
+    }
+
+    fn report(running: bool) -> StatusReport {
+        StatusReport {
+            running,
+            datasets: vec![DatasetStatus {
+                name: "math".into(),
+                items: 80,
+                done: 28,
+                pending: 50,
+                inflight: 2,
+                failed: 2,
+                rejected: 1,
+                completion_tokens: 12_203,
+                budget: Some(12_000),
+                overshoot_tokens: 203,
+                shards: 1,
+                state: if running { "running" } else { "budget_met" }.into(),
+                tokens_per_s: running.then_some(1234.4),
+                requests_per_s: running.then_some(0.25),
+                eta_s: running.then_some(125.0),
+                failures: vec![(12, "HTTP 400: too long".into())],
+                ..Default::default()
+            }],
+        }
+    }
+
+    #[test]
+    fn table_from_the_queue_has_no_rate_columns() {
+        assert_eq!(
+            report(false).render_table(),
+            "from the queue (no run active)\n\
+             dataset   done  pending  inflight  failed  rejected  tokens/budget  overshoot  shards       state\n\
+             math     28/80       50         2       2         1    12.2k/12.0k        203       1  budget_met\n\
+             math: failed at line 12: HTTP 400: too long\n"
+        );
+    }
+
+    #[test]
+    fn live_table_shows_rates_and_eta() {
+        assert_eq!(
+            report(true).render_table(),
+            "live from the running process\n\
+             dataset   done  pending  inflight  failed  rejected  tokens/budget  overshoot  shards  tok/s  req/s    ETA    state\n\
+             math     28/80       50         2       2         1    12.2k/12.0k        203       1   1234    0.2  2m05s  running\n\
+             math: failed at line 12: HTTP 400: too long\n"
+        );
     }
 }

@@ -3,6 +3,13 @@
 //!
 //! Invariant: every lease ends in exactly one of: a `Finished` sent to the committer, or
 //! `Scheduler::release`. A connection refused burns no attempt.
+//!
+//! Faults (SPEC §4.4): transient errors are retried after [`backoff`] (exponential, jitter,
+//! never sooner than `Retry-After`); other 4xx fail the item with the server's message.
+//! A server that cannot be reached burns no attempt; while every server is down the
+//! worker waits for one to come back (the monitor probes them) and the log says so once
+//! per [`DOWN_LOG_INTERVAL_ENV`] (a minute). After the shutdown signal no new attempt is
+//! started: a worker between attempts gives its lease back at once.
 
 use crate::config::{Config, Sampling};
 use crate::metrics::DatasetMetrics;
@@ -38,14 +45,58 @@ pub(crate) struct Ctx {
     pub(crate) names: Vec<String>,
     pub(crate) dmetrics: Vec<DatasetMetrics>,
     pub(crate) sampling: Vec<Sampling>,
+    /// Cancelled on shutdown (signal or fatal error): no new attempt starts; a worker
+    /// waiting between attempts gives its lease back.
+    pub(crate) stop: CancellationToken,
     /// Cancelled after the shutdown grace: workers give their leases back at once.
     pub(crate) hard_stop: CancellationToken,
     pub(crate) commits: mpsc::UnboundedSender<Finished>,
     pub(crate) nonce: AtomicU64,
 }
 
-/// Exponential backoff with jitter (half to full), never shorter than `Retry-After`.
-fn backoff(attempt: u32, retry_after: Option<Duration>) -> Duration {
+/// Env var: how often (ms) the "no inference server reachable" line is repeated while
+/// every server is down; default 60 000 (SPEC §4.4: once a minute). Tests shorten it.
+pub const DOWN_LOG_INTERVAL_ENV: &str = "SPOOL_DOWN_LOG_INTERVAL_MS";
+
+fn down_log_interval() -> Duration {
+    static INTERVAL: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *INTERVAL.get_or_init(|| {
+        std::env::var(DOWN_LOG_INTERVAL_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_millis)
+            .unwrap_or(Duration::from_secs(60))
+    })
+}
+
+/// Logs "every server down" at most once per [`DOWN_LOG_INTERVAL_ENV`], whoever notices
+/// (the dispatcher or a worker).
+pub(crate) fn log_all_down(servers: &Servers) {
+    {
+        let mut last = servers
+            .last_down_log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < down_log_interval()) {
+            return;
+        }
+        // Due: let `Servers::log_all_down` (the line's one definition) write it.
+        *last = None;
+    }
+    servers.log_all_down();
+}
+
+/// Resolves once some server is back in rotation (the monitor's probe or another
+/// worker's success puts it back).
+async fn until_a_server_is_up(servers: &Servers) {
+    while !servers.any_up() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Exponential backoff with jitter (half to full), never shorter than `Retry-After`:
+/// 0.5 s doubling per attempt, capped at 60 s before jitter.
+pub(crate) fn backoff(attempt: u32, retry_after: Option<Duration>) -> Duration {
     let base = 0.5f64 * 2f64.powi(attempt.saturating_sub(1).min(10) as i32);
     let capped = base.min(60.0);
     let jittered = capped * (0.5 + rand::random::<f64>() * 0.5);
@@ -110,8 +161,10 @@ pub(crate) async fn work(ctx: &Ctx, lease: Lease) {
         let res = match res {
             Some(r) => r,
             None => {
-                // Budget cancel or hard stop: abort upstream, give the item back.
-                ctx.upstream.abort(&server.url, &rid).await;
+                // Budget cancel or hard stop: abort upstream, give the item back. The abort
+                // is best effort and must not hold up a shutdown past its grace.
+                let (up, url, rid) = (ctx.upstream.clone(), server.url.clone(), rid.clone());
+                tokio::spawn(async move { up.abort(&url, &rid).await });
                 let wasted = lease.streamed.load(Ordering::Relaxed);
                 if lease.cancel.is_cancelled() && wasted > 0 {
                     let _ = ctx.queue.add_wasted(lease.ds, u64::from(wasted));
@@ -145,17 +198,35 @@ pub(crate) async fn work(ctx: &Ctx, lease: Lease) {
             attempts -= 1;
             ctx.servers.error(si);
             unreachable_waits += 1;
-            if !ctx.servers.any_up() {
-                ctx.servers.log_all_down();
+            tracing::debug!(dataset = %name, row = lease.row, error = %err, "server unreachable; no attempt counted");
+            let all_down = !ctx.servers.any_up();
+            if all_down {
+                log_all_down(&ctx.servers);
             }
+            // Try again after the backoff (a server that answers requests but not its
+            // health probe is still found), or as soon as a probe finds one back.
             let wait = backoff(unreachable_waits.min(6), None);
-            if !sleep_or_stop(ctx, &lease, wait).await {
+            let back = async {
+                if all_down {
+                    until_a_server_is_up(&ctx.servers).await
+                } else {
+                    std::future::pending().await
+                }
+            };
+            let go_on = tokio::select! {
+                go = sleep_or_stop(ctx, &lease, wait) => go,
+                _ = back => !ctx.stop.is_cancelled(),
+            };
+            if !go_on {
                 ctx.sched.release(&lease);
                 return;
             }
             continue;
         }
-        if err.is_retriable() {
+        // A 429 says the server is alive and busy: its Retry-After paces this item, and it
+        // does not count towards taking the server out of rotation.
+        let throttled = matches!(err, UpstreamError::Status { code: 429, .. });
+        if err.is_retriable() && !throttled {
             ctx.servers.error(si);
         }
         if err.is_retriable() && attempts < max_attempts {
@@ -192,11 +263,16 @@ fn describe(e: &UpstreamError, attempts: u32) -> String {
     }
 }
 
-/// Sleeps unless the lease must be given back first; false = give it back.
+/// Sleeps before another attempt unless the lease must be given back first (budget
+/// cancel, shutdown: no new attempt starts after the signal); false = give it back.
 async fn sleep_or_stop(ctx: &Ctx, lease: &Lease, d: Duration) -> bool {
+    if ctx.stop.is_cancelled() {
+        return false;
+    }
     tokio::select! {
-        _ = tokio::time::sleep(d) => true,
+        _ = tokio::time::sleep(d) => !ctx.stop.is_cancelled(),
         _ = lease.cancel.cancelled() => false,
+        _ = ctx.stop.cancelled() => false,
         _ = ctx.hard_stop.cancelled() => false,
     }
 }
@@ -255,4 +331,42 @@ fn to_row(
         },
         source,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_is_capped() {
+        for attempt in 1..=12u32 {
+            let full = (0.5 * 2f64.powi(attempt as i32 - 1)).min(60.0);
+            let mut seen = Vec::new();
+            for _ in 0..200 {
+                let d = backoff(attempt, None).as_secs_f64();
+                assert!(
+                    d >= full * 0.5 - 1e-9 && d <= full + 1e-9,
+                    "attempt {attempt}: {d} outside [{}, {full}]",
+                    full * 0.5
+                );
+                seen.push(d);
+            }
+            // Jitter: 200 draws are not all the same.
+            let (lo, hi) = seen
+                .iter()
+                .fold((f64::MAX, 0f64), |(l, h), d| (l.min(*d), h.max(*d)));
+            assert!(hi - lo > full * 0.1, "attempt {attempt}: no jitter");
+        }
+    }
+
+    #[test]
+    fn backoff_never_undercuts_retry_after() {
+        for attempt in 1..=8 {
+            let ra = Duration::from_secs(7);
+            assert!(backoff(attempt, Some(ra)) >= ra);
+        }
+        // A short Retry-After does not shorten the backoff either.
+        assert!(backoff(6, Some(Duration::from_millis(1))) >= Duration::from_secs(8));
+    }
 }

@@ -66,6 +66,40 @@ impl UpstreamError {
         matches!(self, UpstreamError::Connect { .. })
     }
 
+    /// The same error with every occurrence of `secret` replaced by `***` (a server may
+    /// echo the request's headers in its error body; the key must not reach a log line,
+    /// the queue or `status`).
+    pub fn redacted(self, secret: &str) -> UpstreamError {
+        if secret.is_empty() {
+            return self;
+        }
+        let r = |s: String| {
+            if s.contains(secret) {
+                s.replace(secret, "***")
+            } else {
+                s
+            }
+        };
+        match self {
+            UpstreamError::Connect { url, detail } => UpstreamError::Connect {
+                url: r(url),
+                detail: r(detail),
+            },
+            UpstreamError::Status {
+                code,
+                message,
+                retry_after,
+            } => UpstreamError::Status {
+                code,
+                message: r(message),
+                retry_after,
+            },
+            UpstreamError::StreamCut(s) => UpstreamError::StreamCut(r(s)),
+            UpstreamError::Malformed(s) => UpstreamError::Malformed(r(s)),
+            e @ (UpstreamError::Timeout | UpstreamError::TooLarge(_)) => e,
+        }
+    }
+
     /// Short label for metrics and logs.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -130,6 +164,8 @@ pub struct Upstream {
     api_key: Option<String>,
     stream: bool,
     max_response_bytes: u64,
+    /// `Some(context)`: clamp `max_tokens` to what fits (see [`Upstream::with_max_tokens_clamp`]).
+    clamp_context: Option<u32>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -175,6 +211,7 @@ impl Upstream {
             api_key: o.api_key,
             stream: o.stream,
             max_response_bytes: o.max_response_bytes,
+            clamp_context: None,
         })
     }
 
@@ -190,7 +227,27 @@ impl Upstream {
         req: &GenerateRequest<'_>,
         sink: TokenSink<'_>,
     ) -> Result<Generation, UpstreamError> {
+        self.generate_inner(base, req, sink)
+            .await
+            .map_err(|e| self.redact(e))
+    }
+
+    async fn generate_inner(
+        &self,
+        base: &str,
+        req: &GenerateRequest<'_>,
+        sink: TokenSink<'_>,
+    ) -> Result<Generation, UpstreamError> {
         let started = Instant::now();
+        let clamped = self.clamped_sampling(req);
+        let clamped_req;
+        let req = match &clamped {
+            Some(sampling) => {
+                clamped_req = GenerateRequest { sampling, ..*req };
+                &clamped_req
+            }
+            None => req,
+        };
         let (path, body) = match self.api {
             Api::Sglang => ("/generate", sglang::body(req, self.stream)),
             Api::Completions => (
@@ -220,6 +277,12 @@ impl Upstream {
                 }
             }
         } else {
+            if resp
+                .content_length()
+                .is_some_and(|n| n > self.max_response_bytes)
+            {
+                return Err(UpstreamError::TooLarge(self.max_response_bytes));
+            }
             let bytes = read_capped(resp, self.max_response_bytes).await?;
             let g = match self.api {
                 Api::Sglang => sglang::parse_full(&bytes)?,
@@ -268,14 +331,98 @@ impl Upstream {
     }
 }
 
+// --- Context limits (issue 6): clamping max_tokens to what the context leaves. ---------
+
+/// `max_tokens` reduced to what a context of `context` tokens leaves after a prompt of
+/// `prompt_tokens` (at least 1: prompts that leave no room are rejected at intake).
+pub fn max_tokens_that_fit(max_tokens: u32, context: u32, prompt_tokens: usize) -> u32 {
+    let prompt = u32::try_from(prompt_tokens).unwrap_or(u32::MAX);
+    max_tokens.min(context.saturating_sub(prompt)).max(1)
+}
+
+impl Upstream {
+    /// With `Some(context)`, every request whose prompt ids are known asks for at most
+    /// [`max_tokens_that_fit`] tokens (`server.clamp_max_tokens`); `None` sends
+    /// `max_tokens` as configured.
+    pub fn with_max_tokens_clamp(mut self, context: Option<u32>) -> Self {
+        self.clamp_context = context;
+        self
+    }
+
+    /// Reads a small JSON document (`/v1/models`, `/get_model_info`, …) with the API key,
+    /// within `timeout`; `None` when the server has no such endpoint or answers garbage.
+    pub async fn get_json(
+        &self,
+        base: &str,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, UpstreamError> {
+        let url = format!("{}{}", base.trim_end_matches('/'), path);
+        let mut rb = self.client.get(&url).timeout(timeout);
+        if let Some(k) = &self.api_key {
+            rb = rb.bearer_auth(k);
+        }
+        let resp = rb.send().await.map_err(|e| map_reqwest(&url, e))?;
+        let resp = check_status(resp).await.map_err(|e| self.redact(e))?;
+        let bytes = read_capped(resp, 1 << 20).await?;
+        serde_json::from_slice(&bytes).map_err(|e| UpstreamError::Malformed(format!("{path}: {e}")))
+    }
+
+    /// Posts `body` to `path` and returns the raw response body (the start-up self-check
+    /// reads the stream's events itself), within `timeout`.
+    pub async fn post_raw(
+        &self,
+        base: &str,
+        path: &str,
+        rid: &str,
+        body: &serde_json::Value,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, UpstreamError> {
+        let url = format!("{}{}", base.trim_end_matches('/'), path);
+        let resp = self
+            .post(&url, body)
+            .header("x-request-id", rid)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| map_reqwest(&url, e))?;
+        let resp = check_status(resp).await.map_err(|e| self.redact(e))?;
+        read_capped(resp, 1 << 20).await
+    }
+
+    /// The error without the API key (a server may echo it back in an error body).
+    fn redact(&self, e: UpstreamError) -> UpstreamError {
+        match &self.api_key {
+            Some(k) => e.redacted(k),
+            None => e,
+        }
+    }
+
+    fn clamped_sampling(&self, req: &GenerateRequest<'_>) -> Option<Sampling> {
+        let context = self.clamp_context?;
+        let n = req.prompt_ids?.len();
+        let fit = max_tokens_that_fit(req.sampling.max_tokens, context, n);
+        (fit < req.sampling.max_tokens).then(|| Sampling {
+            max_tokens: fit,
+            ..req.sampling.clone()
+        })
+    }
+}
+
+// -----------------------------------------------------------------------------------------
+
+/// Classifies a transport error. A connection that could not be made — refused, or a
+/// connect *timeout* (a host that is down drops the SYN) — is `Connect`, which burns no
+/// attempt; checking `is_timeout` first once turned a dead server into permanently failed
+/// items (regression test: `connect_timeout_is_unreachable_not_a_timeout`).
 fn map_reqwest(url: &str, e: reqwest::Error) -> UpstreamError {
-    if e.is_timeout() {
-        UpstreamError::Timeout
-    } else if e.is_connect() {
+    if e.is_connect() {
         UpstreamError::Connect {
             url: url.to_string(),
             detail: root_cause(&e),
         }
+    } else if e.is_timeout() {
+        UpstreamError::Timeout
     } else if e.is_body() || e.is_decode() {
         UpstreamError::StreamCut(root_cause(&e))
     } else {
@@ -308,7 +455,7 @@ async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, Upst
         .and_then(|v| v.trim().parse::<f64>().ok())
         .filter(|s| s.is_finite() && *s >= 0.0)
         .map(Duration::from_secs_f64);
-    let body = read_capped(resp, 64 << 10).await.unwrap_or_default();
+    let body = read_prefix(resp, 64 << 10).await;
     Err(UpstreamError::Status {
         code: status.as_u16(),
         message: error_message(&body),
@@ -348,6 +495,19 @@ async fn read_capped(mut resp: reqwest::Response, cap: u64) -> Result<Vec<u8>, U
         out.extend_from_slice(&chunk);
     }
     Ok(out)
+}
+
+/// Up to `cap` bytes of a body, whatever follows (an error body is only for its message).
+async fn read_prefix(mut resp: reqwest::Response, cap: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        let room = cap.saturating_sub(out.len());
+        out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if out.len() >= cap {
+            break;
+        }
+    }
+    out
 }
 
 fn sampling_fields(s: &Sampling, obj: &mut serde_json::Map<String, serde_json::Value>) {
@@ -425,6 +585,63 @@ mod tests {
         assert!(!s(400).is_retriable() && !s(404).is_retriable());
         assert!(UpstreamError::Timeout.is_retriable());
         assert!(!UpstreamError::TooLarge(1).is_retriable());
+    }
+
+    #[test]
+    fn max_tokens_clamped_to_the_context_left() {
+        assert_eq!(max_tokens_that_fit(200, 64, 10), 54);
+        assert_eq!(max_tokens_that_fit(20, 64, 10), 20);
+        assert_eq!(max_tokens_that_fit(200, 64, 63), 1);
+        assert_eq!(max_tokens_that_fit(200, 64, 100), 1);
+    }
+
+    #[test]
+    fn debug_and_errors_never_show_the_api_key() {
+        let key = "sk-test-SECRET-1234567890";
+        let up = Upstream::new(UpstreamOptions {
+            api: Api::Chat,
+            model: "m".into(),
+            api_key: Some(key.into()),
+            stream: true,
+            request_timeout: Duration::from_secs(1),
+            max_response_bytes: 1 << 20,
+            pool_size: 1,
+        })
+        .unwrap();
+        assert!(!format!("{up:?}").contains(key));
+        let echoed = UpstreamError::Status {
+            code: 401,
+            message: format!("bad header: Authorization: Bearer {key}"),
+            retry_after: None,
+        };
+        let shown = echoed.redacted(key).to_string();
+        assert!(
+            !shown.contains(key) && shown.contains("Bearer ***"),
+            "{shown}"
+        );
+    }
+
+    /// Regression: a connect *timeout* (a host that is down drops the SYN) was classified
+    /// as a request timeout, so a dead server burned attempts until items failed for good.
+    #[tokio::test]
+    async fn connect_timeout_is_unreachable_not_a_timeout() {
+        use std::os::fd::AsRawFd;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        // A backlog of 0 holds one pending connection; later SYNs are dropped, as by a
+        // host that is down.
+        assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
+        let addr = listener.local_addr().unwrap();
+        let _filler = std::net::TcpStream::connect(addr).unwrap();
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(Duration::from_millis(200))
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let url = format!("http://{addr}/generate");
+        let err = client.get(&url).send().await.unwrap_err();
+        let e = map_reqwest(&url, err);
+        assert!(e.is_unreachable(), "{e:?}");
     }
 
     #[test]

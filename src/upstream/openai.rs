@@ -125,6 +125,7 @@ pub(super) async fn read_stream(
             chunks += 1;
         }
         text.push_str(&piece);
+        r.check_retained(text.len() + ids.len() * 4)?;
         if let Some(f) = c.get("finish_reason").and_then(|f| f.as_str()) {
             finish = Some(f.to_string());
         }

@@ -191,6 +191,7 @@ pub(super) async fn read_stream(
             return Err(super::stream_error(err));
         }
         let new = st.push(&v)?;
+        r.check_retained(st.text.len() + st.ids.len() * 4)?;
         if new > 0 {
             r.mark_first_token();
             sink(new);

@@ -3,10 +3,18 @@
 
 mod support;
 
+mod bad_input;
+mod budget;
 mod crash;
 mod demo;
 mod e2e;
+mod export;
+mod faults;
+mod inputs;
 mod mock_server;
+mod observability;
+mod security;
 mod shard_read;
+mod signals;
 mod template_golden;
 mod verify;

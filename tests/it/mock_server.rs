@@ -221,8 +221,9 @@ async fn generate_non_streaming_shape_and_determinism() {
 #[tokio::test]
 async fn generate_streaming_cumulative_and_incremental_agree() {
     let slow = MockConfig {
-        // ~10 events per request: several tokens per event, several events per stream.
-        time_scale: 20.0,
+        // 400 tokens at 800 tok/s: half a second of streaming, so even a reader slowed by a
+        // loaded machine sees several events (the mock coalesces for slow readers).
+        time_scale: 4.0,
         per_request_tps: 200.0,
         ..MockConfig::for_tests()
     };
@@ -232,7 +233,7 @@ async fn generate_streaming_cumulative_and_incremental_agree() {
         ..slow
     })
     .await;
-    let req = json!({"text": "stream me please", "sampling_params": {"max_new_tokens": 400}, "stream": true});
+    let req = json!({"text": "stream me please", "sampling_params": {"max_new_tokens": 400, "ignore_eos": true}, "stream": true});
 
     let cev = sse_json(&post_text(&cum, "/generate", req.clone()).await);
     assert!(cev.len() >= 2, "expected several events, got {}", cev.len());

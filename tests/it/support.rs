@@ -130,6 +130,8 @@ model = "mock-model"
 stream = {stream}
 request_timeout_s = 20
 max_attempts = 4
+# Request counts in tests are exact: no start-up self-check request (tested on its own).
+self_check = false
 
 [run]
 concurrency = 16
