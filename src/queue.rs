@@ -300,13 +300,7 @@ impl Queue {
         rejected: u64,
     ) -> Result<(), QueueError> {
         let mut states = self.lock_states();
-        let mut s = states
-            .get(&ds)
-            .cloned()
-            .ok_or_else(|| QueueError::Corrupt {
-                key: format!("m{ds}"),
-                detail: "unknown dataset".into(),
-            })?;
+        let mut s = known(&states, ds)?;
         let mut batch = sled::Batch::default();
         for (row, item) in items {
             batch.insert(&key(b'i', ds, *row), encode(item));
@@ -379,13 +373,7 @@ impl Queue {
             let s = match changed.get_mut(&ds) {
                 Some(s) => s,
                 None => {
-                    let cur = states
-                        .get(&ds)
-                        .cloned()
-                        .ok_or_else(|| QueueError::Corrupt {
-                            key: format!("m{ds}"),
-                            detail: "unknown dataset".into(),
-                        })?;
+                    let cur = known(&states, ds)?;
                     changed.entry(ds).or_insert(cur)
                 }
             };
@@ -431,13 +419,7 @@ impl Queue {
     /// and that the next shard gets `shard + 1`. Durable when this returns.
     pub fn mark_sharded(&self, ds: u16, shard: u64, rows: &[u64]) -> Result<(), QueueError> {
         let mut states = self.lock_states();
-        let mut s = states
-            .get(&ds)
-            .cloned()
-            .ok_or_else(|| QueueError::Corrupt {
-                key: format!("m{ds}"),
-                detail: "unknown dataset".into(),
-            })?;
+        let mut s = known(&states, ds)?;
         let mut batch = sled::Batch::default();
         for row in rows {
             batch.remove(&key(b'r', ds, *row));
@@ -511,6 +493,14 @@ impl Queue {
         self.db.flush()?;
         Ok(())
     }
+}
+
+/// A dataset's counters, which must exist once the dataset was opened.
+fn known(states: &HashMap<u16, DatasetState>, ds: u16) -> Result<DatasetState, QueueError> {
+    states.get(&ds).cloned().ok_or_else(|| QueueError::Corrupt {
+        key: format!("m{ds}"),
+        detail: "unknown dataset".into(),
+    })
 }
 
 fn row_of_bytes(v: &[u8]) -> u64 {
