@@ -3,9 +3,8 @@
 //! naming what is wrong, and write nothing; a second `spool run` on the same data dir
 //! refuses without harming the first.
 
-use crate::faults::{
-    assert_verify_clean, edit_config, mock_log, spool, status_json, HandServer, Proc, Reply,
-};
+use crate::faults::{HandServer, Reply};
+use crate::process::{assert_verify_clean, edit_config, mock_log, spool, status_json, Proc};
 use crate::support::*;
 use serde_json::Value;
 use std::io::Write;

@@ -1,6 +1,7 @@
 //! Budgets, the cancel policy, slots across the dataset boundary, and routing around a dead
 //! server (issue 4's behaviour, pinned).
 
+use crate::process::edit_config;
 use crate::support::*;
 use std::path::Path;
 use std::process::Command;
@@ -12,12 +13,6 @@ fn slow_mock() -> spool::mock::MockConfig {
         per_request_tps: 0.5,
         ..spool::mock::MockConfig::for_tests()
     }
-}
-
-fn set(cfg: &Path, from: &str, to: &str) {
-    let text = std::fs::read_to_string(cfg).unwrap();
-    assert!(text.contains(from), "{from} not in config");
-    std::fs::write(cfg, text.replacen(from, to, 1)).unwrap();
 }
 
 /// With `budget_policy = "cancel"` a dataset never ends past its budget: the result that
@@ -44,7 +39,7 @@ async fn cancel_never_exceeds_the_budget_and_returns_items_to_pending() {
         }],
         "",
     );
-    set(
+    edit_config(
         &cfg,
         "shutdown_grace_s = 5",
         "shutdown_grace_s = 5\nbudget_policy = \"cancel\"",
@@ -72,7 +67,7 @@ async fn cancel_never_exceeds_the_budget_and_returns_items_to_pending() {
     );
 
     // The cancelled items are pending, not lost: a larger budget completes everything once.
-    set(
+    edit_config(
         &cfg,
         &format!("token_budget = {budget}"),
         "token_budget = 1000000",
@@ -151,7 +146,7 @@ async fn a_dead_server_is_routed_around() {
         }],
         "",
     );
-    set(
+    edit_config(
         &cfg,
         &format!("urls = [\"{}\"]", mock.url),
         &format!("urls = [\"{dead}\", \"{}\"]", mock.url),

@@ -9,7 +9,7 @@
 //! seconds have passed. Each round prints a `chaos:` summary line (the figures in
 //! RELIABILITY.md).
 
-use crate::faults::{assert_verify_clean, mock_log, LogLine, Proc};
+use crate::process::{assert_verify_clean, mock_log, LogLine, Proc};
 use crate::support::*;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, HashMap, HashSet};

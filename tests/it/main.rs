@@ -1,6 +1,7 @@
 //! The one integration-test binary: every test runs the real library or the real `spool`
 //! binary against the bundled mock server on loopback.
 
+mod process;
 mod support;
 
 mod bad_input;

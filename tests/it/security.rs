@@ -3,7 +3,8 @@
 //! stored error messages — even when a server echoes it back); a run writes nothing
 //! outside `data_dir` and `output_dir`.
 
-use crate::faults::{edit_config, spool, HandServer, Proc, Reply};
+use crate::faults::{HandServer, Reply};
+use crate::process::{edit_config, spool, Proc};
 use crate::support::*;
 use spool::mock::MockConfig;
 use std::path::{Path, PathBuf};

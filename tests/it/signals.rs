@@ -2,7 +2,7 @@
 //! `shutdown_grace_s`, the open shard is sealed, exit 130, and the next run resumes
 //! exactly; a second signal exits at once and resume is still exact.
 
-use crate::faults::{assert_verify_clean, edit_config, mock_log, status_json, Proc};
+use crate::process::{assert_verify_clean, edit_config, mock_log, status_json, Proc};
 use crate::support::*;
 use spool::mock::{MockConfig, Outcome};
 use std::collections::HashSet;
