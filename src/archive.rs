@@ -15,7 +15,7 @@
 //! Invariant: every done item is in exactly one of `r` (no shard yet) or `s` (exactly one
 //! shard file); a `part-*.parquet` file is complete and its rows are never written again.
 
-use crate::queue::{Queue, QueueError};
+use crate::queue::{Queue, QueueError, Repair, ShardedRow};
 use crate::shard::{self, SealedShard, ShardError, ShardLimits, ShardRow, ShardWriter};
 use crate::upstream::CountSource;
 use std::collections::HashMap;
@@ -36,6 +36,62 @@ pub enum ArchiveError {
     },
     #[error("shard {path} holds row {row} (id `{id}`), which the queue does not have waiting for a shard; refusing to guess (run `spool verify`)")]
     Inconsistent { path: PathBuf, row: u64, id: String },
+}
+
+/// Repairs every dataset of a queue left torn by a failed write (see [`Queue::repair`]),
+/// from the shard files in `output_dir/<dataset>/`, then clears the marker. A shard that
+/// cannot be read stops the repair: guessing could generate a row twice.
+pub fn repair_queue(
+    queue: &Queue,
+    output_dir: &Path,
+) -> Result<Vec<(String, Repair)>, ArchiveError> {
+    let mut out = Vec::new();
+    for state in queue.states() {
+        let dir = output_dir.join(&state.name);
+        let mut in_shards: HashMap<u64, ShardedRow> = HashMap::new();
+        let mut shards: Vec<(u64, PathBuf)> = list(&dir)?
+            .into_iter()
+            .filter_map(|(name, path)| shard::parse_shard_index(&name).map(|i| (i, path)))
+            .collect();
+        // Lowest index first: of two copies of a row (which `spool verify` reports), the
+        // first shard's is the one recorded.
+        shards.sort();
+        for (index, path) in shards {
+            for c in shard::read_counts(&path)? {
+                in_shards.entry(c.row).or_insert(ShardedRow {
+                    shard: index,
+                    prompt_tokens: c.prompt_tokens,
+                    completion_tokens: c.completion_tokens,
+                });
+            }
+        }
+        out.push((state.name.clone(), queue.repair(state.index, &in_shards)?));
+    }
+    queue.finish_repair()?;
+    Ok(out)
+}
+
+/// A dataset folder's entries as (file name, path); none when the folder does not exist.
+fn list(dir: &Path) -> Result<Vec<(String, PathBuf)>, ArchiveError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(ArchiveError::List {
+                path: dir.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let mut out = Vec::new();
+    for e in entries {
+        let e = e.map_err(|source| ArchiveError::List {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        out.push((e.file_name().to_string_lossy().into_owned(), e.path()));
+    }
+    Ok(out)
 }
 
 /// What recovery found in a dataset's folder.
@@ -102,25 +158,15 @@ impl Archive {
     pub fn recover(&self, ds: u16) -> Result<Recovery, ArchiveError> {
         let dir = self.dir(ds);
         let mut rec = Recovery::default();
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(rec),
-            Err(source) => return Err(ArchiveError::List { path: dir, source }),
-        };
         let next = self.queue.state(ds).map(|s| s.next_shard).unwrap_or(0);
         let mut unrecorded = Vec::new();
-        for e in entries {
-            let e = e.map_err(|source| ArchiveError::List {
-                path: dir.clone(),
-                source,
-            })?;
-            let name = e.file_name().to_string_lossy().into_owned();
+        for (name, path) in list(&dir)? {
             if shard::is_temp_file(&name) {
-                let _ = std::fs::remove_file(e.path());
+                let _ = std::fs::remove_file(&path);
                 rec.temp_files_removed += 1;
             } else if let Some(i) = shard::parse_shard_index(&name) {
                 if i >= next {
-                    unrecorded.push((i, e.path()));
+                    unrecorded.push((i, path));
                 }
             }
         }

@@ -12,7 +12,7 @@
 //! (their items stay pending) → the committer drains → the archive seals open shards →
 //! the queue is flushed.
 
-use crate::archive::{Archive, ArchiveDataset};
+use crate::archive::{self, Archive, ArchiveDataset};
 use crate::config::Config;
 use crate::http::Observed;
 use crate::intake::intake;
@@ -123,6 +123,27 @@ pub async fn run(
             )
         })
         .collect();
+    if queue.needs_repair() {
+        tracing::warn!(
+            "the last run stopped on a failed queue write; repairing the queue from its records and the shard files"
+        );
+        let repaired = archive::repair_queue(&queue, &cfg.output_dir).with_context(|| {
+            format!(
+                "cannot repair the queue in {} (left by a failed write, marker `{}`); \
+                 `spool verify` lists what is inconsistent",
+                cfg.data_dir.display(),
+                crate::queue::REPAIR_MARKER
+            )
+        })?;
+        for (name, r) in repaired {
+            tracing::warn!(dataset = %name, changed = r.changed(), back_to_pending = r.back_to_pending,
+                marked_sharded = r.marked_sharded, extra_states_removed = r.extra_states_removed,
+                unscanned_removed = r.unscanned_removed, sharded_without_file = r.sharded_without_file,
+                done_before = r.before.done, done_after = r.after.done,
+                completion_tokens_before = r.before.completion_tokens,
+                completion_tokens_after = r.after.completion_tokens, "queue repaired");
+        }
+    }
     let mut archive = Archive::new(queue.clone(), &cfg.output_dir, limits, arch_datasets);
     for &ds in &ds_of {
         let rec = archive

@@ -21,11 +21,19 @@
 //! (a late answer to a cancelled request cannot complete an item twice); in-flight state is
 //! not stored (a lease is in memory), so after a crash every unfinished item is simply
 //! pending; one process at a time (an exclusive lock file).
+//!
+//! sled applies a batch key by key and stops at the first error, so a *failed* write (a full
+//! disk) can leave half a batch in memory and on disk. Invariant: after any failed write the
+//! queue is poisoned — it writes nothing more — and leaves a `needs-repair` marker; the next
+//! open sees the marker and the run rebuilds every dataset's records and counters
+//! ([`Queue::repair`]) before anything else touches them.
 
 use crate::shard::ShardRow;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Queue-level failures: all are fatal for the run (exit 1) except `Locked` (exit 2).
@@ -41,7 +49,17 @@ pub enum QueueError {
     Corrupt { key: String, detail: String },
     #[error("queue format {found} is newer than this spool understands ({supported})")]
     Version { found: u32, supported: u32 },
+    #[error("an earlier queue write failed, so nothing more is written to the queue (the next run repairs it)")]
+    Poisoned,
 }
+
+/// Left in the queue folder by a failed write; its presence makes the next run repair.
+pub const REPAIR_MARKER: &str = "needs-repair";
+
+/// Test-only fault (like the shard writer's): the Nth commit that completes an item writes
+/// only the keys that sort before its result (the counters and the pending removal), then
+/// fails — what sled leaves when a disk fills in the middle of a batch.
+const FAULT_TORN_COMMIT: &str = "SPOOL_FAULT_QUEUE_TORN_COMMIT";
 
 /// sled page-cache size.
 const CACHE_BYTES: u64 = 128 << 20;
@@ -111,6 +129,59 @@ pub struct Queue {
     states: Mutex<HashMap<u16, DatasetState>>,
     path: PathBuf,
     _lock: std::fs::File,
+    poisoned: AtomicBool,
+    needs_repair: AtomicBool,
+    /// Commits left before the injected torn commit (0: none armed).
+    torn_commit_in: AtomicU64,
+}
+
+/// A done row as its shard file holds it, for [`Queue::repair`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardedRow {
+    pub shard: u64,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+/// A dataset's records counted by state ([`Queue::audit`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Audit {
+    pub items: u64,
+    pub pending: u64,
+    pub unsharded: u64,
+    pub sharded: u64,
+    pub failed: u64,
+    /// Rows with an item but no state: lost by a torn write.
+    pub stateless: Vec<u64>,
+}
+
+/// What [`Queue::repair`] changed in one dataset.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Repair {
+    /// Rows in no state (a torn commit dropped their result): generated again.
+    pub back_to_pending: u64,
+    /// Rows found in a shard file that the queue had not recorded as sharded.
+    pub marked_sharded: u64,
+    /// Rows recorded in two states at once; the most advanced one is kept.
+    pub extra_states_removed: u64,
+    /// Rows past the scan position (a torn enqueue): removed, intake reads them again.
+    pub unscanned_removed: u64,
+    /// Rows recorded as sharded that no shard file holds (`spool verify` names them).
+    pub sharded_without_file: u64,
+    pub before: DatasetState,
+    pub after: DatasetState,
+}
+
+impl Repair {
+    /// Whether the repair found anything wrong.
+    pub fn changed(&self) -> bool {
+        self.before != self.after
+            || self.back_to_pending
+                + self.marked_sharded
+                + self.extra_states_removed
+                + self.unscanned_removed
+                > 0
+    }
 }
 
 fn key(prefix: u8, ds: u16, row: u64) -> [u8; 11] {
@@ -204,9 +275,13 @@ impl Queue {
             }
         };
         let tree = db.open_tree("q")?;
+        let marker = dir.join(REPAIR_MARKER);
         match tree.get(b"v")? {
             None => {
-                tree.insert(b"v", &FORMAT_VERSION.to_be_bytes())?;
+                if let Err(e) = tree.insert(b"v", &FORMAT_VERSION.to_be_bytes()) {
+                    mark_needs_repair(&marker);
+                    return Err(e.into());
+                }
             }
             Some(v) => {
                 let found =
@@ -228,13 +303,88 @@ impl Queue {
             let s: DatasetState = decode(&k, &v)?;
             states.insert(s.index, s);
         }
+        let torn_commit_in = std::env::var(FAULT_TORN_COMMIT)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         Ok(Queue {
             db,
             tree,
             states: Mutex::new(states),
             path: dir.to_path_buf(),
             _lock: lock,
+            poisoned: AtomicBool::new(false),
+            needs_repair: AtomicBool::new(marker.exists()),
+            torn_commit_in: AtomicU64::new(torn_commit_in),
         })
+    }
+
+    /// Whether a failed write of an earlier run may have left half a batch behind: the run
+    /// must [`repair`](Queue::repair) every dataset before using the queue.
+    pub fn needs_repair(&self) -> bool {
+        self.needs_repair.load(Ordering::SeqCst)
+    }
+
+    /// Refuses every write once one has failed: sled may hold half a batch in memory, and
+    /// building on it would make the tear durable.
+    fn writable(&self) -> Result<(), QueueError> {
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(QueueError::Poisoned);
+        }
+        Ok(())
+    }
+
+    /// Passes a write's result through, poisoning the queue (and leaving the repair marker)
+    /// when it failed.
+    fn written<T>(&self, r: Result<T, sled::Error>) -> Result<T, QueueError> {
+        r.map_err(|e| {
+            if !self.poisoned.swap(true, Ordering::SeqCst) {
+                mark_needs_repair(&self.path.join(REPAIR_MARKER));
+            }
+            QueueError::Storage(e)
+        })
+    }
+
+    /// Applies a batch; the one door for batches, so a failure always poisons.
+    fn apply(&self, writes: Writes) -> Result<(), QueueError> {
+        self.writable()?;
+        let mut batch = sled::Batch::default();
+        for (k, v) in writes.0 {
+            match v {
+                Some(v) => batch.insert(k, v),
+                None => batch.remove(k),
+            }
+        }
+        let r = self.tree.apply_batch(batch);
+        self.written(r)
+    }
+
+    /// The injected torn commit: writes, durably, the keys that sort before the result
+    /// (sled applies a batch in key order), then fails like a full disk.
+    fn torn(&self, writes: Writes) -> QueueError {
+        for (k, v) in writes.0.into_iter().filter(|(k, _)| k[0] < b'r') {
+            let r = match v {
+                Some(v) => self.tree.insert(k, v).map(|_| ()),
+                None => self.tree.remove(k).map(|_| ()),
+            };
+            if let Err(e) = self.written(r) {
+                return e;
+            }
+        }
+        if let Err(e) = self.written(self.db.flush()) {
+            return e;
+        }
+        let injected = std::io::Error::other(format!("injected torn write ({FAULT_TORN_COMMIT})"));
+        self.written::<()>(Err(sled::Error::Io(injected)))
+            .expect_err("an Err stays an Err")
+    }
+
+    /// The injected torn commit (see [`FAULT_TORN_COMMIT`]): true when this one tears.
+    fn tears_now(&self) -> bool {
+        self.torn_commit_in
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .map(|prev| prev == 1)
+            .unwrap_or(false)
     }
 
     /// Where the queue lives.
@@ -260,7 +410,9 @@ impl Queue {
             name: name.to_string(),
             ..Default::default()
         };
-        self.tree.insert(meta_key(name), encode(&s))?;
+        self.writable()?;
+        let r = self.tree.insert(meta_key(name), encode(&s));
+        self.written(r)?;
         states.insert(index, s.clone());
         Ok(s)
     }
@@ -301,17 +453,17 @@ impl Queue {
     ) -> Result<(), QueueError> {
         let mut states = self.lock_states();
         let mut s = known(&states, ds)?;
-        let mut batch = sled::Batch::default();
+        let mut batch = Writes::default();
         for (row, item) in items {
-            batch.insert(&key(b'i', ds, *row), encode(item));
-            batch.insert(&key(b'p', ds, *row), &[]);
-            batch.insert(id_key(ds, &item.id), &row.to_be_bytes());
+            batch.insert(key(b'i', ds, *row), encode(item));
+            batch.insert(key(b'p', ds, *row), []);
+            batch.insert(id_key(ds, &item.id), row.to_be_bytes());
         }
         s.items += items.len() as u64;
         s.rejected += rejected;
         s.scanned_lines = s.scanned_lines.max(scanned_lines);
         batch.insert(meta_key(&s.name), encode(&s));
-        self.tree.apply_batch(batch)?;
+        self.apply(batch)?;
         states.insert(ds, s);
         Ok(())
     }
@@ -357,7 +509,7 @@ impl Queue {
     pub fn commit(&self, outcomes: &[Outcome]) -> Result<Vec<bool>, QueueError> {
         let mut states = self.lock_states();
         let mut changed: HashMap<u16, DatasetState> = HashMap::new();
-        let mut batch = sled::Batch::default();
+        let mut batch = Writes::default();
         let mut applied = Vec::with_capacity(outcomes.len());
         let mut seen = std::collections::HashSet::new();
         for o in outcomes {
@@ -377,17 +529,17 @@ impl Queue {
                     changed.entry(ds).or_insert(cur)
                 }
             };
-            batch.remove(&pk);
+            batch.remove(pk);
             match o {
                 Outcome::Done { result, .. } => {
                     s.done += 1;
                     s.completion_tokens += u64::from(result.completion_tokens);
                     s.prompt_tokens += u64::from(result.prompt_tokens);
-                    batch.insert(&key(b'r', ds, row), encode(result.as_ref()));
+                    batch.insert(key(b'r', ds, row), encode(result.as_ref()));
                 }
                 Outcome::Failed { failure, .. } => {
                     s.failed += 1;
-                    batch.insert(&key(b'f', ds, row), encode(failure));
+                    batch.insert(key(b'f', ds, row), encode(failure));
                 }
             }
             applied.push(true);
@@ -395,7 +547,10 @@ impl Queue {
         for s in changed.values() {
             batch.insert(meta_key(&s.name), encode(s));
         }
-        self.tree.apply_batch(batch)?;
+        if applied.contains(&true) && self.tears_now() {
+            return Err(self.torn(batch));
+        }
+        self.apply(batch)?;
         states.extend(changed);
         Ok(applied)
     }
@@ -420,15 +575,15 @@ impl Queue {
     pub fn mark_sharded(&self, ds: u16, shard: u64, rows: &[u64]) -> Result<(), QueueError> {
         let mut states = self.lock_states();
         let mut s = known(&states, ds)?;
-        let mut batch = sled::Batch::default();
+        let mut batch = Writes::default();
         for row in rows {
-            batch.remove(&key(b'r', ds, *row));
-            batch.insert(&key(b's', ds, *row), &shard.to_be_bytes());
+            batch.remove(key(b'r', ds, *row));
+            batch.insert(key(b's', ds, *row), shard.to_be_bytes());
         }
         s.sharded += rows.len() as u64;
         s.next_shard = s.next_shard.max(shard + 1);
         batch.insert(meta_key(&s.name), encode(&s));
-        self.tree.apply_batch(batch)?;
+        self.apply(batch)?;
         states.insert(ds, s);
         drop(states);
         self.flush()
@@ -461,17 +616,17 @@ impl Queue {
             Some(s) => s.clone(),
             None => return Ok(0),
         };
-        let mut batch = sled::Batch::default();
+        let mut batch = Writes::default();
         let mut n = 0u64;
         for kv in self.tree.scan_prefix(prefix(b'f', ds)) {
             let (k, _) = kv?;
             batch.remove(k.clone());
-            batch.insert(&key(b'p', ds, row_of(&k)), &[]);
+            batch.insert(key(b'p', ds, row_of(&k)), []);
             n += 1;
         }
         s.failed -= n.min(s.failed);
         batch.insert(meta_key(&s.name), encode(&s));
-        self.tree.apply_batch(batch)?;
+        self.apply(batch)?;
         states.insert(ds, s);
         drop(states);
         self.flush()?;
@@ -483,15 +638,219 @@ impl Queue {
         let mut states = self.lock_states();
         if let Some(s) = states.get_mut(&ds) {
             s.wasted_tokens += tokens;
-            self.tree.insert(meta_key(&s.name), encode(&*s))?;
+            self.writable()?;
+            let r = self.tree.insert(meta_key(&s.name), encode(&*s));
+            self.written(r)?;
         }
+        Ok(())
+    }
+
+    /// Rebuilds a dataset's records and counters after a torn write, trusting, in order: the
+    /// shard files (`in_shards`: every row they hold), then the most advanced state recorded
+    /// (`s` > `r` > `f` > `p`); a row in no state lost its result and is pending again. Rows
+    /// past the scan position are dropped (intake reads them again). One batch, flushed.
+    pub fn repair(
+        &self,
+        ds: u16,
+        in_shards: &HashMap<u64, ShardedRow>,
+    ) -> Result<Repair, QueueError> {
+        const P: u8 = 1;
+        const R: u8 = 2;
+        const S: u8 = 4;
+        const F: u8 = 8;
+        let mut states = self.lock_states();
+        let before = known(&states, ds)?;
+        let mut rep = Repair {
+            before: before.clone(),
+            ..Default::default()
+        };
+        let mut batch = Writes::default();
+        // Every item with the state bits recorded for it.
+        let mut rows: BTreeMap<u64, u8> = BTreeMap::new();
+        for kv in self.tree.scan_prefix(prefix(b'i', ds)) {
+            let (k, v) = kv?;
+            let row = row_of(&k);
+            if row >= before.scanned_lines {
+                let item: Item = decode(&k, &v)?;
+                batch.remove(&k);
+                batch.remove(id_key(ds, &item.id));
+                rep.unscanned_removed += 1;
+            } else {
+                rows.insert(row, 0);
+            }
+        }
+        let mut result_tokens: HashMap<u64, (u32, u32)> = HashMap::new();
+        let mut shard_of: HashMap<u64, u64> = HashMap::new();
+        for (p, bit) in [(b'p', P), (b'r', R), (b's', S), (b'f', F)] {
+            for kv in self.tree.scan_prefix(prefix(p, ds)) {
+                let (k, v) = kv?;
+                let row = row_of(&k);
+                match rows.get_mut(&row) {
+                    Some(bits) => *bits |= bit,
+                    // A state without its item: only a torn enqueue past the scan position.
+                    None => batch.remove(&k),
+                }
+                if p == b'r' {
+                    let r: ShardRow = decode(&k, &v)?;
+                    result_tokens.insert(row, (r.prompt_tokens, r.completion_tokens));
+                } else if p == b's' {
+                    shard_of.insert(row, row_of_bytes(&v));
+                }
+            }
+        }
+        let mut after = DatasetState {
+            items: rows.len() as u64,
+            done: 0,
+            failed: 0,
+            sharded: 0,
+            completion_tokens: 0,
+            prompt_tokens: 0,
+            ..before.clone()
+        };
+        for (&row, &bits) in &rows {
+            let keep = if let Some(f) = in_shards.get(&row) {
+                if bits & S == 0 || shard_of.get(&row) != Some(&f.shard) {
+                    batch.insert(key(b's', ds, row), f.shard.to_be_bytes());
+                    rep.marked_sharded += 1;
+                }
+                after.prompt_tokens += u64::from(f.prompt_tokens);
+                after.completion_tokens += u64::from(f.completion_tokens);
+                after.next_shard = after.next_shard.max(f.shard + 1);
+                S
+            } else if bits & S != 0 {
+                rep.sharded_without_file += 1;
+                S
+            } else if bits & R != 0 {
+                let (p, c) = result_tokens.get(&row).copied().unwrap_or_default();
+                after.prompt_tokens += u64::from(p);
+                after.completion_tokens += u64::from(c);
+                R
+            } else if bits & F != 0 {
+                F
+            } else {
+                if bits & P == 0 {
+                    batch.insert(key(b'p', ds, row), []);
+                    rep.back_to_pending += 1;
+                }
+                P
+            };
+            for (p, bit) in [(b'p', P), (b'r', R), (b's', S), (b'f', F)] {
+                if bit != keep && bits & bit != 0 {
+                    batch.remove(key(p, ds, row));
+                    rep.extra_states_removed += 1;
+                }
+            }
+            match keep {
+                S => {
+                    after.done += 1;
+                    after.sharded += 1;
+                }
+                R => after.done += 1,
+                F => after.failed += 1,
+                _ => {}
+            }
+        }
+        if rep.sharded_without_file > 0 {
+            // Their token counts are gone with their file: keep what the counters said.
+            after.prompt_tokens = after.prompt_tokens.max(before.prompt_tokens);
+            after.completion_tokens = after.completion_tokens.max(before.completion_tokens);
+        }
+        batch.insert(meta_key(&after.name), encode(&after));
+        self.apply(batch)?;
+        states.insert(ds, after.clone());
+        drop(states);
+        self.flush()?;
+        rep.after = after;
+        Ok(rep)
+    }
+
+    /// Counts a dataset's records by state, for `spool verify` to hold the counters against;
+    /// also the rows in no state at all (a torn write lost them).
+    pub fn audit(&self, ds: u16) -> Result<Audit, QueueError> {
+        let mut stated = std::collections::HashSet::new();
+        let mut a = Audit::default();
+        for (p, n) in [
+            (b'p', &mut a.pending),
+            (b'r', &mut a.unsharded),
+            (b's', &mut a.sharded),
+            (b'f', &mut a.failed),
+        ] {
+            for kv in self.tree.scan_prefix(prefix(p, ds)) {
+                let (k, _) = kv?;
+                stated.insert(row_of(&k));
+                *n += 1;
+            }
+        }
+        for kv in self.tree.scan_prefix(prefix(b'i', ds)) {
+            let (k, _) = kv?;
+            a.items += 1;
+            if !stated.contains(&row_of(&k)) {
+                a.stateless.push(row_of(&k));
+            }
+        }
+        Ok(a)
+    }
+
+    /// Ends a repair of every dataset: the marker goes, durably.
+    pub fn finish_repair(&self) -> Result<(), QueueError> {
+        self.flush()?;
+        let marker = self.path.join(REPAIR_MARKER);
+        let gone =
+            std::fs::remove_file(&marker).and_then(|_| std::fs::File::open(&self.path)?.sync_all());
+        match gone {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(QueueError::Open {
+                    path: marker,
+                    detail: format!("cannot remove the repair marker: {e}"),
+                })
+            }
+        }
+        self.needs_repair.store(false, Ordering::SeqCst);
         Ok(())
     }
 
     /// Makes everything written so far durable (fsync).
     pub fn flush(&self) -> Result<(), QueueError> {
-        self.db.flush()?;
+        self.writable()?;
+        let r = self.db.flush();
+        self.written(r)?;
         Ok(())
+    }
+}
+
+/// One batch's writes in key order — the order sled applies them in, which the injected
+/// torn commit reproduces.
+#[derive(Default)]
+struct Writes(BTreeMap<Vec<u8>, Option<Vec<u8>>>);
+
+impl Writes {
+    fn insert(&mut self, k: impl AsRef<[u8]>, v: impl AsRef<[u8]>) {
+        self.0
+            .insert(k.as_ref().to_vec(), Some(v.as_ref().to_vec()));
+    }
+
+    fn remove(&mut self, k: impl AsRef<[u8]>) {
+        self.0.insert(k.as_ref().to_vec(), None);
+    }
+}
+
+/// Leaves the repair marker, durably where the disk allows (an empty file needs no data
+/// block). If even that fails, says how to recover by hand.
+fn mark_needs_repair(marker: &Path) {
+    let made = std::fs::File::create(marker)
+        .and_then(|f| f.sync_all())
+        .and_then(|_| {
+            let dir = marker.parent().unwrap_or(Path::new("."));
+            std::fs::File::open(dir)?.sync_all()
+        });
+    match made {
+        Ok(()) => {
+            tracing::error!(marker = %marker.display(), "a queue write failed; the next run repairs the queue")
+        }
+        Err(e) => tracing::error!(marker = %marker.display(), error = %e,
+            "a queue write failed and the repair marker could not be written; create it (an empty file) before the next run"),
     }
 }
 
@@ -544,6 +903,156 @@ mod tests {
             ttft_ms: None,
             completed_at_ms: 0,
         })
+    }
+
+    fn done(row: u64, tokens: u32) -> Outcome {
+        Outcome::Done {
+            ds: 0,
+            result: result("a", row, tokens),
+        }
+    }
+
+    /// A queue with six items: rows 0 and 1 in shard 0, row 2 done and waiting for a shard.
+    fn six_items(dir: &Path) -> Queue {
+        let q = Queue::open(dir).unwrap();
+        q.open_dataset("a").unwrap();
+        let items: Vec<_> = (0..6).map(|r| (r, item(&format!("id{r}")))).collect();
+        q.enqueue(0, &items, 6, 0).unwrap();
+        q.commit(&[done(0, 10), done(1, 20), done(2, 30)]).unwrap();
+        q.mark_sharded(0, 0, &[0, 1]).unwrap();
+        q
+    }
+
+    fn shard0() -> HashMap<u64, ShardedRow> {
+        [(0, 10), (1, 20)]
+            .into_iter()
+            .map(|(row, c)| {
+                let r = ShardedRow {
+                    shard: 0,
+                    prompt_tokens: 1,
+                    completion_tokens: c,
+                };
+                (row, r)
+            })
+            .collect()
+    }
+
+    /// Regression (found by the full-queue-disk test): a commit torn by a failed write left
+    /// an item in no state — its pending key gone, its result never written, the counters
+    /// one ahead — and the next run, trusting the counters, finished without it. Now the
+    /// failed write poisons the queue and leaves the marker, and the repair brings the item
+    /// back to pending with counters recounted from the records.
+    #[test]
+    fn a_torn_commit_poisons_the_queue_and_the_repair_brings_the_item_back() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let q = six_items(dir.path());
+            q.torn_commit_in.store(1, Ordering::SeqCst);
+            assert!(matches!(
+                q.commit(&[done(3, 40)]),
+                Err(QueueError::Storage(_))
+            ));
+            assert!(matches!(
+                q.commit(&[done(4, 50)]),
+                Err(QueueError::Poisoned)
+            ));
+            assert!(matches!(q.flush(), Err(QueueError::Poisoned)));
+            assert!(dir.path().join(REPAIR_MARKER).exists());
+        }
+        let q = Queue::open(dir.path()).unwrap();
+        assert!(q.needs_repair());
+        let torn = q.state(0).unwrap();
+        assert_eq!(
+            (torn.done, torn.completion_tokens),
+            (4, 100),
+            "the tear counted row 3"
+        );
+        assert_eq!(q.audit(0).unwrap().stateless, vec![3]);
+
+        let rep = q.repair(0, &shard0()).unwrap();
+        assert_eq!(rep.back_to_pending, 1);
+        assert!(rep.changed());
+        let s = q.state(0).unwrap();
+        assert_eq!(
+            (
+                s.items,
+                s.done,
+                s.sharded,
+                s.completion_tokens,
+                s.next_shard
+            ),
+            (6, 3, 2, 60, 1)
+        );
+        assert_eq!(q.pending_rows(0, None, 10).unwrap(), vec![3, 4, 5]);
+        q.finish_repair().unwrap();
+        assert!(!q.needs_repair() && !dir.path().join(REPAIR_MARKER).exists());
+        let a = q.audit(0).unwrap();
+        assert!(a.stateless.is_empty());
+        assert_eq!((a.items, a.pending, a.unsharded, a.sharded), (6, 3, 1, 2));
+        // A repair of a sound dataset changes nothing.
+        assert!(!q.repair(0, &shard0()).unwrap().changed());
+    }
+
+    /// Rows a shard file holds are recorded as in that shard whatever the queue said (a torn
+    /// `mark_sharded` drops `r` keys before it writes `s` keys), and `next_shard` moves past it;
+    /// a row recorded twice keeps its most advanced state; rows past the scan position (a
+    /// torn enqueue) are dropped so intake reads them again.
+    #[test]
+    fn the_repair_trusts_shard_files_then_the_most_advanced_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = six_items(dir.path());
+        // Row 2 went into shard 1, but only `r` removal and the counters were written.
+        q.tree.remove(key(b'r', 0, 2)).unwrap();
+        // Row 4 is pending and failed at once; row 7 is past the scan position.
+        q.tree
+            .insert(
+                key(b'f', 0, 4),
+                encode(&Failure {
+                    reason: "x".into(),
+                    attempts: 1,
+                }),
+            )
+            .unwrap();
+        q.tree
+            .insert(key(b'i', 0, 7), encode(&item("id7")))
+            .unwrap();
+        q.tree
+            .insert(id_key(0, "id7"), &7u64.to_be_bytes())
+            .unwrap();
+        q.tree.insert(key(b'p', 0, 7), &[]).unwrap();
+        let mut files = shard0();
+        files.insert(
+            2,
+            ShardedRow {
+                shard: 1,
+                prompt_tokens: 1,
+                completion_tokens: 30,
+            },
+        );
+        let rep = q.repair(0, &files).unwrap();
+        assert_eq!(
+            (
+                rep.marked_sharded,
+                rep.extra_states_removed,
+                rep.unscanned_removed
+            ),
+            (1, 1, 1)
+        );
+        let s = q.state(0).unwrap();
+        assert_eq!(
+            (
+                s.items,
+                s.done,
+                s.sharded,
+                s.failed,
+                s.completion_tokens,
+                s.next_shard
+            ),
+            (6, 3, 3, 1, 60, 2)
+        );
+        assert_eq!(q.sharded_rows(0).unwrap(), vec![(0, 0), (1, 0), (2, 1)]);
+        assert_eq!(q.pending_rows(0, None, 10).unwrap(), vec![3, 5]);
+        assert_eq!(q.row_of_id(0, "id7").unwrap(), None);
     }
 
     #[test]

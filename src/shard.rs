@@ -282,6 +282,8 @@ pub fn schema() -> SchemaRef {
 // Column positions in `schema()`.
 const COL_ID: usize = 0;
 const COL_ROW: usize = 2;
+const COL_PROMPT_TOKENS: usize = 8;
+const COL_COMPLETION_TOKENS: usize = 9;
 
 /// The final file name of shard `index` (`part-000007.parquet`): sorts by index up to a
 /// million shards and matches the `*.parquet` glob readers use.
@@ -906,6 +908,44 @@ pub fn read_keys(path: &Path) -> Result<Vec<(String, u64)>, ShardError> {
         );
     }
     Ok(keys)
+}
+
+/// One shard row's key and token counts, without its text or ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RowCounts {
+    pub row: u64,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+/// The rows of a shard with their token counts (three projected columns): queue repair
+/// rebuilds its counters from them without decoding completions.
+pub fn read_counts(path: &Path) -> Result<Vec<RowCounts>, ShardError> {
+    let builder = open_reader(path)?;
+    check_schema(path, builder.schema())?;
+    let mask = ProjectionMask::roots(
+        builder.parquet_schema(),
+        [COL_ROW, COL_PROMPT_TOKENS, COL_COMPLETION_TOKENS],
+    );
+    let reader = builder
+        .with_projection(mask)
+        .build()
+        .map_err(|e| ShardError::parquet(path, e))?;
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| ShardError::arrow(path, e))?;
+        let rows = column::<UInt64Array>(path, &batch, 0)?;
+        let prompt = column::<UInt32Array>(path, &batch, 1)?;
+        let completion = column::<UInt32Array>(path, &batch, 2)?;
+        for i in 0..batch.num_rows() {
+            out.push(RowCounts {
+                row: rows.value(i),
+                prompt_tokens: prompt.value(i),
+                completion_tokens: completion.value(i),
+            });
+        }
+    }
+    Ok(out)
 }
 
 fn caller_metadata(meta: &ParquetMetaData) -> Vec<(String, String)> {

@@ -146,6 +146,15 @@ pub enum Problem {
         completion_tokens: u32,
         ids_len: usize,
     },
+    /// An enqueued item in no state at all (neither pending, done nor failed): a torn write
+    /// lost it.
+    Stateless {
+        dataset: String,
+        row: u64,
+        id: String,
+    },
+    /// The queue holds what a failed write left (its `needs-repair` marker).
+    NeedsRepair { path: PathBuf },
     /// A durable counter of the queue differs from what the scan counted.
     CounterMismatch {
         dataset: String,
@@ -169,10 +178,13 @@ impl Problem {
             | Problem::NotInQueue { path, .. }
             | Problem::WrongDataset { path, .. }
             | Problem::IdMismatch { path, .. }
-            | Problem::TokenCountMismatch { path, .. } => Some(path),
+            | Problem::TokenCountMismatch { path, .. }
+            | Problem::NeedsRepair { path } => Some(path),
             Problem::DoneButInNoShard { recorded, .. } => Some(recorded),
             Problem::WrongShard { found, .. } => Some(found),
-            Problem::Duplicate { .. } | Problem::CounterMismatch { .. } => None,
+            Problem::Duplicate { .. }
+            | Problem::CounterMismatch { .. }
+            | Problem::Stateless { .. } => None,
         }
     }
 }
@@ -339,6 +351,18 @@ impl fmt::Display for Problem {
                 "{dataset}: queue counter `{what}` is {counter} but the queue records and shards \
                  hold {counted}"
             ),
+            Problem::Stateless { dataset, row, id } => write!(
+                f,
+                "{dataset}: row {row} (id `{id}`) is enqueued but neither pending, done nor \
+                 failed (a failed write lost it; `spool run` repairs the queue when it left its \
+                 marker)"
+            ),
+            Problem::NeedsRepair { path } => write!(
+                f,
+                "{}: a queue write failed in the last run and may have left half a batch; the \
+                 next `spool run` repairs the queue before anything else",
+                path.display()
+            ),
         }
     }
 }
@@ -418,6 +442,11 @@ fn verify_output(
         }
     }
     let mut report = VerifyReport::default();
+    if queue.needs_repair() {
+        report.problems.push(Problem::NeedsRepair {
+            path: queue.path().join(crate::queue::REPAIR_MARKER),
+        });
+    }
     for name in &names {
         let state = states.iter().find(|s| &s.name == name);
         let d = verify_dataset(queue, output_dir, name, state, &mut report.problems)?;
@@ -661,6 +690,10 @@ fn verify_dataset(
         };
         check("sharded", s.sharded, sharded);
         check("done", s.done, sharded + waiting.len() as u64);
+        let audit = queue.audit(s.index)?;
+        check("items", s.items, audit.items);
+        check("failed", s.failed, audit.failed);
+        let stateless = audit.stateless;
         // Tokens of rows no shard holds cannot be counted: the rows are reported already.
         if missing_by_shard.is_empty() {
             check("completion_tokens", s.completion_tokens, counted_tokens);
@@ -669,6 +702,13 @@ fn verify_dataset(
             if max >= s.next_shard {
                 check("next_shard", s.next_shard, max + 1);
             }
+        }
+        for row in stateless {
+            problems.push(Problem::Stateless {
+                dataset: name.to_string(),
+                row,
+                id: item_id(queue, Some(s.index), row)?,
+            });
         }
     }
     Ok(rep)

@@ -948,9 +948,6 @@ async fn a_read_only_output_stops_the_run_and_the_next_run_resumes_exactly() {
 /// three under load; three concurrent runs catch it most of the time). Needs mounting;
 /// says so and checks nothing where that is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open bug: after ENOSPC on the queue's own disk, a restart can find a queue whose \
-            `done` counter is one above its records (seen 2026-12-01: done 400, records 399); \
-            under investigation, see RELIABILITY.md. Run with --ignored."]
 async fn a_full_queue_disk_stops_the_run_and_the_next_run_resumes_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("mock.log");
@@ -1002,17 +999,58 @@ async fn a_full_queue_disk_stops_the_run_and_the_next_run_resumes_exactly() {
     }
     assert!(mock_log(&log).len() < 3 * n, "dispatch went on");
     for (d, fs, cfg) in &cases {
+        // The failed write poisoned the queue and left the marker of a repair.
+        assert!(d.join("q/data/needs-repair").exists());
         fs.remount("size=256m");
         let out = spool(cfg, &["run", "-q"], &[]);
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        assert!(stderr.contains("queue repaired"), "{stderr}");
         assert_verify_clean(cfg);
         assert_exactly_once(&shard_rows(&d.join("out"), "a"), &ids("p", n));
     }
+}
+
+/// Regression (root cause of the full-queue-disk failures, made deterministic): sled applies
+/// a batch key by key and stops at the first failed write, so a full disk could leave an
+/// item's pending key removed and the counters advanced while its result was never written;
+/// the next run trusted the counters and finished without the item (lost) or with `done` one
+/// ahead. The injected torn commit writes exactly that half batch. The run must stop with the
+/// error, `verify` must name the lost row and the pending repair, and the next run must
+/// repair the queue and generate the item again: every prompt exactly once, verify clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_queue_write_is_repaired_by_the_next_run() {
+    let mock = Mock::start(fast_mock()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let n = 60;
+    let cfg = one_dataset_config(dir.path(), &mock.url, "completions", true, n);
+    let first = spool(
+        &cfg,
+        &["run", "-q"],
+        &[("SPOOL_FAULT_QUEUE_TORN_COMMIT", "5")],
+    );
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert_eq!(first.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("injected torn write"), "{stderr}");
+    assert!(dir.path().join("data").join("needs-repair").exists());
+
+    let v = spool(&cfg, &["verify", "-q"], &[]);
+    let report = String::from_utf8_lossy(&v.stdout);
+    assert_eq!(v.status.code(), Some(1), "{report}");
+    assert!(report.contains("needs-repair"), "{report}");
+    assert!(
+        report.contains("is enqueued but neither pending, done nor failed"),
+        "the lost row is named: {report}"
+    );
+
+    let second = spool(&cfg, &["run"], &[]);
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("queue repaired"), "{stderr}");
+    assert!(stderr.contains("back_to_pending=1"), "{stderr}");
+    assert!(!dir.path().join("data").join("needs-repair").exists());
+    assert_verify_clean(&cfg);
+    assert_exactly_once(&shard_rows(&dir.path().join("out"), "a"), &ids("p", n));
 }
 
 /// Regression: a 429 counted as a server error, so three in a row took a healthy but
