@@ -442,6 +442,17 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
+/// `Retry-After` as RFC 9110 allows it: delay-seconds (fractions tolerated) or an
+/// HTTP-date, which counts from `now` (a date already past means "now").
+fn parse_retry_after(v: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let v = v.trim();
+    if let Ok(s) = v.parse::<f64>() {
+        return (s.is_finite() && s >= 0.0).then(|| Duration::from_secs_f64(s));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
 /// Turns a non-2xx response into an error carrying the server's message and Retry-After.
 async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, UpstreamError> {
     let status = resp.status();
@@ -452,9 +463,7 @@ async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, Upst
         .headers()
         .get(reqwest::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(Duration::from_secs_f64);
+        .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()));
     let body = read_prefix(resp, 64 << 10).await;
     Err(UpstreamError::Status {
         code: status.as_u16(),
@@ -572,6 +581,28 @@ fn as_ids(v: Option<&serde_json::Value>) -> Option<Vec<u32>> {
 
 #[cfg(test)]
 mod tests {
+
+    /// Retry-After as delay-seconds or as an HTTP-date (RFC 9110 §10.2.3), both honoured;
+    /// a past date means retry now; garbage is ignored.
+    #[test]
+    fn retry_after_takes_seconds_and_http_dates() {
+        let now = httpdate::parse_http_date("Tue, 01 Dec 2026 10:00:00 GMT").unwrap();
+        assert_eq!(parse_retry_after(" 7 ", now), Some(Duration::from_secs(7)));
+        assert_eq!(
+            parse_retry_after("0.5", now),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(
+            parse_retry_after("Tue, 01 Dec 2026 10:00:42 GMT", now),
+            Some(Duration::from_secs(42))
+        );
+        assert_eq!(
+            parse_retry_after("Tue, 01 Dec 2026 09:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("-3", now), None);
+        assert_eq!(parse_retry_after("soon", now), None);
+    }
     use super::*;
 
     #[test]
