@@ -9,6 +9,12 @@ use spool::status::StatusReport;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// mimalloc, not glibc malloc: per-chunk and per-record allocations dominate the client's
+/// CPU profile otherwise (BENCHMARKS.md).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "spool",
