@@ -14,7 +14,12 @@ For each size N (default 100000 and 1000000):
      rates over its render+tokenize loop; peak RSS of the whole process.
 The token totals of both must be equal: same template, same ids.
 
+With --ablate, spool also runs without the NFC bypass (SPOOL_BENCH_NO_NFC_BYPASS=1) and,
+given --spool-glibc (a `--no-default-features` build), with glibc malloc and no bypass:
+what each optimisation bought, on the same input.
+
 usage: bench.py [--sizes 100000,1000000] [--skip-python] [--spool target/release/spool]
+                [--ablate] [--spool-glibc PATH]
 """
 import argparse
 import json
@@ -83,11 +88,11 @@ token_budget = 0
     return cfg
 
 
-def bench_spool(spool, prompts):
+def bench_spool(spool, prompts, env=None):
     d = tempfile.mkdtemp(prefix="spool-bench-", dir=DATA)
     try:
         cfg = spool_config(d, prompts)
-        res = peak_rss_mib([spool, "run", "-c", cfg])
+        res = peak_rss_mib(["env", *(env or []), spool, "run", "-c", cfg])
         line = next((l for l in res["err"].splitlines() if " enqueued" in l), None)
         if line is None:
             sys.exit("no `enqueued` line in spool's log:\n" + res["err"][-3000:])
@@ -118,6 +123,8 @@ def main():
     ap.add_argument("--sizes", default="100000,1000000")
     ap.add_argument("--skip-python", action="store_true")
     ap.add_argument("--spool", default=os.path.join(ROOT, "target", "release", "spool"))
+    ap.add_argument("--ablate", action="store_true")
+    ap.add_argument("--spool-glibc")
     a = ap.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, python {platform.python_version()}")
     try:
@@ -132,6 +139,16 @@ def main():
         s = bench_spool(a.spool, prompts)
         rows.append(("spool", n, mib, s))
         print(json.dumps({"impl": "spool", "n": n, **s}), flush=True)
+        if a.ablate:
+            variants = [("spool, no NFC bypass", a.spool)]
+            if a.spool_glibc:
+                variants.append(("spool, glibc malloc, no NFC bypass", a.spool_glibc))
+            for label, binary in variants:
+                v = bench_spool(binary, prompts, ["SPOOL_BENCH_NO_NFC_BYPASS=1"])
+                rows.append((label, n, mib, v))
+                print(json.dumps({"impl": label, "n": n, **v}), flush=True)
+                if v["tokens"] != s["tokens"]:
+                    print(f"MISMATCH: {label} {v['tokens']} tokens, spool {s['tokens']}", flush=True)
         if not a.skip_python:
             p = bench_python(prompts)
             rows.append(("python", n, mib, p))
