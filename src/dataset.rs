@@ -519,6 +519,9 @@ fn list_json(items: &dyn Array) -> Result<Value, String> {
         .map(Value::Array)
 }
 
+/// Past this length a line buffer grows to the line cap at once (see `read_line_capped`).
+const GROW_EXACT_BYTES: usize = 1 << 20;
+
 /// Reads one line into `buf`, keeping at most `cap` bytes; returns (bytes consumed,
 /// whether the line was longer than `cap`). The rest of a long line is skipped unread.
 fn read_line_capped(
@@ -544,8 +547,15 @@ fn read_line_capped(
         if !too_long {
             if buf.len() + take > cap + 1 {
                 too_long = true;
-                buf.clear();
+                // Give the memory back now: the rest of the file is mostly short lines.
+                *buf = Vec::new();
             } else {
+                if buf.len() + take > buf.capacity() && buf.len() + take > GROW_EXACT_BYTES {
+                    // One allocation of the whole cap, not a chain of doublings: an
+                    // allocator that copies on realloc would otherwise hold about twice
+                    // the line while it grows. Only the pages written count in RSS.
+                    buf.reserve_exact(cap + 1 - buf.len());
+                }
                 buf.extend_from_slice(&avail[..take]);
             }
         }
