@@ -27,8 +27,10 @@ lint:
 soak:
 	SPOOL_SOAK_S=$${SPOOL_SOAK_S:-1800} cargo test --test it crash::soak -- --ignored --nocapture
 
+## Lists the benchmarks: each `make bench-*` prints its table; figures and method in BENCHMARKS.md.
 bench:
-	@echo "No benchmarks yet: the bench-* targets come with issues 4, 6 and 7 (see BENCHMARKS.md)."
+	@echo "Benchmarks (by hand, not in make test; results in BENCHMARKS.md):"
+	@grep -E '^bench-[a-z-]+:' Makefile | cut -d: -f1 | sed 's/^/  make /'
 
 ## Issue 4: budget overshoot (finish / cancel / naive), ETA error over the run against the naive
 ## "remaining requests / req/s", and server utilisation across the dataset boundary, in a
