@@ -18,7 +18,8 @@ import argparse, json, os, pathlib, re, shutil, signal, subprocess, sys, tempfil
 import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-BIN = ROOT / "target" / "release" / "spool"
+# SPOOL_BENCH_BIN: another build (e.g. the binary before a change, for before/after rows).
+BIN = pathlib.Path(os.environ.get("SPOOL_BENCH_BIN", ROOT / "target" / "release" / "spool")).resolve()
 TICK = os.sysconf("SC_CLK_TCK")
 
 
