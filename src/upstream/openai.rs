@@ -250,3 +250,37 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod typed_tests {
+    use super::*;
+
+    /// The typed reading accepts what the `Value` reading did: escaped text (owned),
+    /// `null` text or usage, chat deltas without content, unknown fields.
+    #[test]
+    fn stream_chunks_of_every_shape_parse() {
+        let c = r#"{"id":"x","choices":[{"index":0,"text":" a\"b\n","token_ids":[7],"finish_reason":null,"extra":1}],"usage":null}"#;
+        let mut b: Body<'_> = serde_json::from_str(c).unwrap();
+        let mut ch = b.choices.swap_remove(0);
+        assert_eq!(ch.take_text(false, true).as_deref(), Some(" a\"b\n"));
+        assert_eq!(ch.token_ids, Some(vec![7]));
+        assert!(ch.finish_reason.is_none() && b.usage.is_none());
+        let nul = r#"{"choices":[{"text":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":5000000000}}"#;
+        let mut b: Body<'_> = serde_json::from_str(nul).unwrap();
+        assert_eq!(b.choices[0].take_text(false, true).as_deref(), Some(""));
+        let u = b.usage.unwrap();
+        assert_eq!(
+            (u.prompt_tokens, u.completion_tokens),
+            (Some(3), Some(u32::MAX))
+        );
+        let chat = r#"{"choices":[{"delta":{"role":"assistant"}}]}"#;
+        let mut b: Body<'_> = serde_json::from_str(chat).unwrap();
+        assert_eq!(b.choices[0].take_text(true, true), None);
+        let only_usage = r#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#;
+        let b: Body<'_> = serde_json::from_str(only_usage).unwrap();
+        assert!(b.choices.is_empty() && b.usage.is_some());
+        let err = r#"{"error":{"message":"boom","code":500}}"#;
+        let b: Body<'_> = serde_json::from_str(err).unwrap();
+        assert!(b.error.is_some());
+    }
+}
