@@ -1,5 +1,5 @@
 # spool: the two commands that do everything are `make demo` and `make test`.
-.PHONY: demo test lint build soak bench bench-eta bench-tokenize clean dashboard-png
+.PHONY: demo test lint build soak bench bench-eta bench-tokenize clean dashboard-png bench-overhead bench-stream bench-throughput
 
 build:
 	cargo build
@@ -55,3 +55,23 @@ clean:
 ## dashboard's own queries (needs Debian's `prometheus` and `python3-matplotlib`; not in `make test`).
 dashboard-png:
 	bash scripts/dashboard_png.sh
+
+## Issue 7, scenario 1: client overhead against an instant mock (~100-token completions):
+## completions/s and client CPU s per 1000 completions at concurrency 64, 256, 1024, for
+## spool and for bench/client/baseline.py (asyncio + aiohttp; needs `pip install aiohttp`).
+## BENCH_OVERHEAD_ARGS="--prompts 10000 --concurrency 256" for less.
+bench-overhead:
+	cargo build --release
+	python3 bench/client/bench.py overhead $(BENCH_OVERHEAD_ARGS)
+
+## Issue 7, scenario 2: 2 000 long streaming requests in flight at 10 000 tok/s aggregate:
+## client CPU % of one core, RSS, CPU µs per token. BENCH_STREAM_ARGS="--seconds 30".
+bench-stream:
+	cargo build --release
+	python3 bench/client/bench.py stream $(BENCH_STREAM_ARGS)
+
+## Issue 7, scenario 4: achieved tok/s ÷ the mock's capacity over a 5-minute window
+## (850 tok/s × time scale 10, 150 in flight). BENCH_THROUGHPUT_ARGS="--seconds 60" for less.
+bench-throughput:
+	cargo build --release
+	python3 bench/client/bench.py throughput $(BENCH_THROUGHPUT_ARGS)

@@ -584,7 +584,7 @@ fn archive_loop(
         let rows = queue.unsharded(ds)?;
         if !rows.is_empty() {
             tracing::info!(dataset = %names[&ds], rows = rows.len(), "results from the last run waiting for a shard");
-            let sealed = archive.add(ds, None, &rows)?;
+            let sealed = archive.add(ds, None, rows)?;
             record(&sealed, ds);
         }
     }
@@ -592,7 +592,7 @@ fn archive_loop(
     while let Some((ds, rows)) = rx.blocking_recv() {
         let source = rows.first().map(|r| r.1);
         let rows: Vec<ShardRow> = rows.into_iter().map(|r| r.0).collect();
-        let sealed = archive.add(ds, source, &rows)?;
+        let sealed = archive.add(ds, source, rows)?;
         record(&sealed, ds);
     }
     for (ds, s) in archive.seal_all()? {
