@@ -138,6 +138,12 @@ impl LengthModel {
         }
     }
 
+    /// Sets the fit directly (tests of the arithmetic built on it).
+    #[cfg(test)]
+    pub(crate) fn set_fit_for_tests(&mut self, mu: f64, sigma: f64) {
+        self.fit = Some(LogNormal { mu, sigma });
+    }
+
     /// Expected final length of a request that has produced `streamed` tokens so far.
     pub fn expected_final(&self, streamed: u32) -> f64 {
         let cap = f64::from(self.max_tokens);
