@@ -93,12 +93,13 @@ impl SpeedLearner {
         let Some((capacity, full)) = self.capacity() else {
             return;
         };
-        // Capped intervals: a batch clearly smaller than the full one, whose throughput fell
-        // short of capacity, and whose requests went faster than a full batch's share (a
-        // hiccup of the server at a full batch reveals nothing about the ceiling).
+        // Capped intervals: a batch that stayed clearly smaller than the full one (not the
+        // start of a run, where it fills up), whose throughput fell short of capacity, and
+        // whose requests went faster than a full batch's share (a hiccup of the server at a
+        // full batch reveals nothing about the ceiling).
         let mut capped: Vec<f64> = self
             .intervals()
-            .filter(|iv| iv.n >= 0.5 && iv.n < FULL_SHARE * full)
+            .filter(|iv| iv.n_min >= 1.0 && iv.n_max < FULL_SHARE * full)
             .filter(|iv| iv.tps < CAPPED_SHARE * capacity)
             .map(|iv| iv.tps / iv.n)
             .filter(|&r| r > capacity / full)
@@ -121,6 +122,8 @@ impl SpeedLearner {
                     tokens: b.1.saturating_sub(a.1) as f64,
                     tps: b.1.saturating_sub(a.1) as f64 / dt,
                     n: (a.2 + b.2) as f64 / 2.0,
+                    n_min: a.2.min(b.2) as f64,
+                    n_max: a.2.max(b.2) as f64,
                 })
             })
     }
@@ -149,11 +152,15 @@ impl SpeedLearner {
     }
 }
 
+/// Between two samples: seconds, tokens, tokens/s, requests in flight (mean of both ends,
+/// and the smaller and larger end).
 struct Interval {
     dt: f64,
     tokens: f64,
     tps: f64,
     n: f64,
+    n_min: f64,
+    n_max: f64,
 }
 
 /// One dataset's remaining work, as [`finish_times`] sees it.
@@ -239,7 +246,8 @@ pub fn finish_times(lanes: &[LaneWork], curve: &SpeedCurve, concurrency: usize) 
         .collect();
 
     let mut last_start = 0usize;
-    for j in 0..MAX_STEPS + window + 1 {
+    // A bound for safety only: h was chosen so that the work takes about MAX_STEPS steps.
+    for j in 0..2 * MAX_STEPS + window + 1 {
         let from = j.saturating_sub(window);
         let mut base = 0.0;
         for s in &sims {
@@ -494,9 +502,12 @@ mod tests {
     fn the_learner_measures_capacity_and_the_ceiling() {
         let t0 = Instant::now();
         let mut l = SpeedLearner::default();
-        let mut tokens = 0u64;
+        // The run starts: nothing in flight, then a full batch that is still warming up
+        // (which must not pass for a small batch that reveals a ceiling).
+        l.sample(t0, 0, 0);
+        let mut tokens = 800u64;
         // 30 s of a full batch of 150 at 1000 tok/s.
-        for s in 0..30u64 {
+        for s in 1..30u64 {
             l.sample(t0 + Duration::from_secs(s), tokens, 150);
             tokens += 1000;
         }
