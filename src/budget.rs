@@ -145,6 +145,17 @@ impl LengthModel {
         self.fit = Some(LogNormal { mu, sigma });
     }
 
+    /// For estimates only (the ETA), never for the budget gate: this model, or, while it has
+    /// no fit of its own, one with `other`'s fit (the same server and model; far closer to
+    /// the truth than the conservative `max_tokens` a fresh dataset's gate starts from).
+    pub fn or_borrowed_fit(&self, other: &LengthModel) -> LengthModel {
+        let mut m = self.clone();
+        if m.fit.is_none() {
+            m.fit = other.fit;
+        }
+        m
+    }
+
     /// Expected final length of a request that has produced `streamed` tokens so far.
     pub fn expected_final(&self, streamed: u32) -> f64 {
         let cap = f64::from(self.max_tokens);

@@ -148,6 +148,11 @@ pub struct LaneView {
     pub expected_tokens_per_item: f64,
     pub dispatching: bool,
     pub finished: bool,
+    /// Prompts not yet started that the lane may still dispatch (0 once its rows are out or
+    /// its budget is met), whether or not the budget gate is open right now.
+    pub pending_to_start: f64,
+    /// Budget minus completed tokens (`None`: no budget).
+    pub budget_left: Option<f64>,
     /// What the lane still has to do, for the ETA's simulation of the batch
     /// ([`crate::drain::finish_times`], run by the monitor, not on every snapshot).
     #[serde(skip)]
@@ -405,6 +410,15 @@ impl Scheduler {
                 } else {
                     0.0
                 };
+                let pending_to_start = if !l.budget_met() && l.has_rows() {
+                    self.queue
+                        .state(l.spec.ds)
+                        .map(|s| s.pending())
+                        .unwrap_or(0)
+                        .saturating_sub(l.inflight.len() as u64) as f64
+                } else {
+                    0.0
+                };
                 let future = match l.spec.budget {
                     Some(b) if dispatching => {
                         let room =
@@ -423,6 +437,8 @@ impl Scheduler {
                     expected_tokens_per_item: exp_new,
                     dispatching,
                     finished: l.finished(),
+                    pending_to_start,
+                    budget_left: l.spec.budget.map(|b| b as f64 - l.completed_tokens as f64),
                     work: LaneWork {
                         streamed,
                         to_start,
@@ -444,7 +460,49 @@ pub fn lane_etas(
     concurrency: usize,
 ) -> Vec<Option<f64>> {
     let times = curve.map(|c| {
-        let work: Vec<LaneWork> = views.iter().map(|v| v.work.clone()).collect();
+        let work: Vec<LaneWork> = views
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let own = &v.work.lengths;
+                if own.fitted().is_some() {
+                    return v.work.clone();
+                }
+                // A dataset with no completions yet: its gate assumes `max_tokens` per request
+                // (safe for the budget), but it will soon learn its lengths and start more,
+                // shorter requests. Estimate with the nearest fitted dataset's lengths,
+                // earlier ones first, and re-derive how many requests it will start.
+                let Some(donor) = views[..i]
+                    .iter()
+                    .rev()
+                    .chain(&views[i + 1..])
+                    .map(|d| &d.work.lengths)
+                    .find(|m| m.fitted().is_some())
+                else {
+                    return v.work.clone();
+                };
+                let lengths = own.or_borrowed_fit(donor);
+                let to_start = match v.budget_left {
+                    Some(left) => {
+                        let finals: f64 = v
+                            .work
+                            .streamed
+                            .iter()
+                            .map(|&s| lengths.expected_final(s))
+                            .sum();
+                        let room = (left - finals).max(0.0);
+                        v.pending_to_start
+                            .min((room / lengths.expected_new().max(1.0)).ceil())
+                    }
+                    None => v.pending_to_start,
+                };
+                LaneWork {
+                    streamed: v.work.streamed.clone(),
+                    to_start,
+                    lengths,
+                }
+            })
+            .collect();
         finish_times(&work, c, concurrency)
     });
     views
@@ -575,6 +633,30 @@ mod tests {
         let n = lease(&s);
         assert_eq!(n.ds, 1);
         assert!(!n.cancel.is_cancelled());
+    }
+
+    /// A dataset that has no completions yet is estimated with the lengths an earlier one
+    /// has learned, not with `max_tokens` for every request (which, for a budgeted dataset,
+    /// also meant too few, too long requests and a batch that emptied too early).
+    #[test]
+    fn a_fresh_dataset_borrows_the_learned_lengths_for_its_eta() {
+        let (_d, q) = queue_with(&(0..50).collect::<Vec<_>>());
+        let s = Scheduler::new(q, vec![spec(0, None), spec(1, None)]);
+        s.seed_lengths(0, (0..40u32).map(|i| 15 + i % 20));
+        let views = s.views();
+        assert!(views[0].work.lengths.fitted().is_some());
+        assert!(views[1].work.lengths.fitted().is_none());
+        let curve = SpeedCurve {
+            capacity_tps: 1000.0,
+            per_request_cap_tps: None,
+        };
+        let etas = lane_etas(&views, Some(&curve), 10);
+        // 100 prompts of about 25 tokens at 1000 tok/s: about 2.5 s plus a short tail; with
+        // max_tokens (100) for the second dataset's 50 it would be over 6 s.
+        let second = etas[1].unwrap();
+        assert!(second > 2.0 && second < 4.0, "{second}");
+        assert!(etas[0].unwrap() < second);
+        assert_eq!(run_eta(&etas), Some(second));
     }
 
     #[test]
