@@ -78,6 +78,22 @@ def get_status(addr):
         return None
 
 
+def shard_last_completed(dir_):
+    """Latest `completed_at` (Unix seconds) over a dataset's shards, or None without pyarrow."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        return None
+    last = None
+    for f in sorted(dir_.glob("part-*.parquet")):
+        col = pq.read_table(f, columns=["completed_at"]).column("completed_at")
+        for v in col.to_pylist():
+            ts = v.timestamp() if v is not None else None
+            if ts is not None and (last is None or ts > last):
+                last = ts
+    return last
+
+
 def run_variant(bin_, variant, scale, seed, n1, n2, budget1, budget2):
     d = pathlib.Path(tempfile.mkdtemp(prefix=f"spool-bench-eta-{variant}-"))
     write_inputs(d, n1, n2)
@@ -90,6 +106,7 @@ def run_variant(bin_, variant, scale, seed, n1, n2, budget1, budget2):
     if variant == "serial":
         env["SPOOL_BENCH_SERIAL_DATASETS"] = "1"
     t0 = time.monotonic()
+    t0_wall = time.time()
     run = subprocess.Popen([bin_, "run", "-q", "-c", str(d / "spool.toml")], env=env,
                            stdout=subprocess.DEVNULL, stderr=open(d / "run.log", "w"))
     addr = None
@@ -97,7 +114,7 @@ def run_variant(bin_, variant, scale, seed, n1, n2, budget1, budget2):
     first_done_at = None
     cpu0 = None
     while run.poll() is None:
-        time.sleep(1.0)
+        time.sleep(0.5)
         if addr is None:
             try:
                 addr = (d / "data" / "metrics.addr").read_text().strip()
@@ -108,10 +125,17 @@ def run_variant(bin_, variant, scale, seed, n1, n2, budget1, budget2):
             continue
         t = time.monotonic() - t0
         f = st["datasets"][0]
-        samples.append((t, f["done"], f["items"], f.get("eta_s"), f["completion_tokens"], f["inflight"], f["state"]))
+        g = st["datasets"][1] if len(st["datasets"]) > 1 else {}
+        samples.append((t, f["done"], f["items"], f.get("eta_s"), f["completion_tokens"], f["inflight"], f["state"],
+                        g.get("inflight"), g.get("state"), f.get("tokens_per_s"), g.get("tokens_per_s")))
         if first_done_at is None and f["inflight"] == 0 and f["state"] in ("budget_met", "done") and f["done"] > 0:
             first_done_at = t
     wall = time.monotonic() - t0
+    # The exact end of the first dataset: its last completion's timestamp in the shards
+    # (the /status polls only bound it to within a poll interval).
+    last_completed = shard_last_completed(d / "out" / "first")
+    if last_completed is not None and first_done_at is not None:
+        first_done_at = last_completed - t0_wall
     final = json.loads(subprocess.run([bin_, "status", "--json", "-c", str(d / "spool.toml")],
                                       capture_output=True, text=True).stdout)
     mock.send_signal(signal.SIGINT)
@@ -122,17 +146,35 @@ def run_variant(bin_, variant, scale, seed, n1, n2, budget1, budget2):
             "first_done_at": first_done_at, "generated": gen, "dir": str(d)}
 
 
+FRACTIONS = (0.01, 0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95)
+
+
+def trace(res, from_frac=0.5):
+    """Predicted vs actual remaining over the end of the first dataset (`--trace`)."""
+    end = res["first_done_at"] or res["wall"]
+    print("t(s) done inflight1 state1 inflight2 state2 tok/s(1+2) eta_spool actual err%", file=sys.stderr)
+    for x in res["samples"]:
+        t, done, items, eta, tokens, inflight, state, in2, st2, r1, r2 = x
+        if t < from_frac * end or t > end + 1:
+            continue
+        actual = end - t
+        err = "" if eta is None or actual <= 0 else f"{100 * (eta - actual) / actual:+.1f}"
+        rate = (r1 or 0) + (r2 or 0)
+        print(f"{t:6.1f} {done:6d} {inflight:4d} {state:10s} {in2} {st2} {rate:8.0f} "
+              f"{'-' if eta is None else f'{eta:6.1f}'} {actual:6.1f} {err}", file=sys.stderr)
+
+
 def eta_errors(res):
     """|predicted - actual| / actual at fractions of the first dataset's run."""
     s = res["samples"]
     end = res["first_done_at"] or res["wall"]
     out = {}
-    for frac in (0.01, 0.05, 0.10, 0.25, 0.50, 0.90):
+    for frac in FRACTIONS:
         target = frac * end
         cand = [x for x in s if x[0] >= target]
         if not cand:
             continue
-        t, done, items, eta, tokens, inflight, state = cand[0]
+        t, done, items, eta, tokens, inflight, state = cand[0][:7]
         actual = end - t
         if actual <= 0:
             continue
@@ -153,6 +195,8 @@ def main():
     ap.add_argument("--second-budget", type=int, default=1_000_000)
     ap.add_argument("--variants", default="finish,cancel,naive,serial")
     ap.add_argument("--bin", default=str(ROOT / "target/release/spool"))
+    ap.add_argument("--trace", action="store_true",
+                    help="print predicted vs actual remaining over the second half of the run")
     a = ap.parse_args()
     results = {}
     for v in a.variants.split(","):
@@ -164,6 +208,8 @@ def main():
     print(f"\nScaled-time simulation: time scale {a.scale:g}, 150 in flight, lognormal(mean 3500, sigma 1) capped at 10240,")
     print(f"{cap:.0f} tok/s capacity ({850} tok/s real), first dataset {a.prompts} prompts / budget {a.budget:,}, "
           f"second {a.second_prompts} prompts / budget {a.second_budget:,}.\n")
+    if "finish" in results and a.trace:
+        trace(results["finish"])
     if "finish" in results:
         e = eta_errors(results["finish"])
         print("ETA error |predicted - actual| / actual, first dataset (policy finish):\n")
@@ -189,7 +235,7 @@ def main():
         if v in results:
             r = results[v]
             print(f"| {'spool (next dataset fills free slots)' if v == 'finish' else 'wait for each tail'} | {r['wall']:.0f} | {r['generated']:,} | {100 * r['generated'] / (cap * r['wall']):.1f} % |")
-    json.dump({k: {kk: vv for kk, vv in r.items() if kk != "samples"} for k, r in results.items()},
+    json.dump(results,
               open(pathlib.Path(tempfile.gettempdir()) / "spool-bench-eta.json", "w"), indent=1, default=str)
 
 

@@ -1,5 +1,6 @@
-//! Token budgets and ETAs: how many tokens the work in flight will still produce, and when a
-//! dataset will be finished.
+//! Token budgets and the length arithmetic behind ETAs: how many tokens the work in flight
+//! will still produce, and how long a request that has streamed so far will still run
+//! ([`LengthModel::survival`]; [`crate::drain`] turns that into when a dataset is finished).
 //!
 //! [`LengthModel`] fits a log-normal completion-length distribution by maximum likelihood to
 //! the completions seen so far *and* to the requests in flight, treated as right-censored
@@ -138,6 +139,23 @@ impl LengthModel {
         }
     }
 
+    /// Sets the fit directly (tests of the arithmetic built on it).
+    #[cfg(test)]
+    pub(crate) fn set_fit_for_tests(&mut self, mu: f64, sigma: f64) {
+        self.fit = Some(LogNormal { mu, sigma });
+    }
+
+    /// For estimates only (the ETA), never for the budget gate: this model, or, while it has
+    /// no fit of its own, one with `other`'s fit (the same server and model; far closer to
+    /// the truth than the conservative `max_tokens` a fresh dataset's gate starts from).
+    pub fn or_borrowed_fit(&self, other: &LengthModel) -> LengthModel {
+        let mut m = self.clone();
+        if m.fit.is_none() {
+            m.fit = other.fit;
+        }
+        m
+    }
+
     /// Expected final length of a request that has produced `streamed` tokens so far.
     pub fn expected_final(&self, streamed: u32) -> f64 {
         let cap = f64::from(self.max_tokens);
@@ -168,7 +186,8 @@ impl LengthModel {
 
     /// Expected longest remaining length (in tokens) among requests that have streamed
     /// `streamed`: E[max_i (L_i − s_i) | L_i > s_i]. What decides when a draining dataset
-    /// is done.
+    /// is done at a constant per-request speed (the ETA's simulation, [`crate::drain`], also
+    /// lets the speed rise as the batch shrinks).
     pub fn expected_max_remaining(&self, streamed: &[u32]) -> f64 {
         if streamed.is_empty() {
             return 0.0;
@@ -202,61 +221,6 @@ impl LengthModel {
             total += (1.0 - all_done) * dt;
         }
         total
-    }
-
-    /// Expected residual length of a request in flight in a steady stream of requests
-    /// (the length-biased residual life: E[L²] / 2E[L]).
-    pub fn expected_residual_in_steady_state(&self) -> f64 {
-        let cap = f64::from(self.max_tokens);
-        let Some(d) = self.fit else {
-            return cap / 2.0;
-        };
-        // E[min(L,cap)²] / (2 E[min(L,cap)]), by integration of the survival function:
-        // E[X] = ∫ S, E[X²] = ∫ 2x S(x) dx.
-        let steps = 512;
-        let dx = cap / steps as f64;
-        let (mut m1, mut m2) = (0.0, 0.0);
-        for k in 0..steps {
-            let x = (k as f64 + 0.5) * dx;
-            let s = d.survival(x);
-            m1 += s * dx;
-            m2 += 2.0 * x * s * dx;
-        }
-        if m1 <= 0.0 {
-            0.0
-        } else {
-            m2 / (2.0 * m1)
-        }
-    }
-
-    /// E[max of `n` steady-state residuals], for the tail a dataset will leave once it
-    /// stops dispatching with `n` requests in flight.
-    pub fn expected_max_steady_residual(&self, n: usize) -> f64 {
-        let cap = f64::from(self.max_tokens);
-        if n == 0 {
-            return 0.0;
-        }
-        let Some(d) = self.fit else {
-            return cap;
-        };
-        let steps = 256;
-        let dx = cap / steps as f64;
-        // R(t) = ∫_t^cap S(x) dx / ∫_0^cap S(x) dx.
-        let s: Vec<f64> = (0..steps)
-            .map(|k| d.survival((k as f64 + 0.5) * dx))
-            .collect();
-        let total: f64 = s.iter().sum::<f64>() * dx;
-        if total <= 0.0 {
-            return 0.0;
-        }
-        let mut tail = total;
-        let mut e = 0.0;
-        for sk in &s {
-            let r = (tail / total).clamp(0.0, 1.0);
-            e += (1.0 - (1.0 - r).powi(n as i32)) * dx;
-            tail -= sk * dx;
-        }
-        e
     }
 }
 
@@ -483,7 +447,6 @@ mod tests {
         let one = m.expected_max_remaining(&[0]);
         let many = m.expected_max_remaining(&[0; 100]);
         assert!(many > one && many <= 10_240.0, "{one} {many}");
-        assert!(m.expected_max_steady_residual(150) > m.expected_residual_in_steady_state());
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod bars;
 pub mod budget;
 pub mod config;
 pub mod dataset;
+pub mod drain;
 pub mod error;
 pub mod export;
 pub mod http;

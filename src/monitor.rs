@@ -3,18 +3,21 @@
 //! rotation.
 //!
 //! Rates are per dataset over streamed tokens (work in flight included); ETAs use the
-//! server's total throughput (the sum over datasets), since datasets share it
-//! ([`crate::scheduler::lane_eta`], [`crate::scheduler::run_eta`]).
+//! server's speed learned from the totals over datasets, since datasets share it
+//! ([`crate::drain::SpeedLearner`], [`crate::scheduler::lane_etas`],
+//! [`crate::scheduler::run_eta`]). `/status` reports an ETA counted down from the tick that
+//! computed it, so a poll between ticks is not up to a second late.
 //!
 //! At the end of a run the monitor waits (bounded) until every lease has ended, so the last
 //! gauges, the last progress line of each dataset and the final bars show final numbers.
 
 use crate::bars::{self, DatasetBar, RunLine};
 use crate::config::Config;
+use crate::drain::SpeedLearner;
 use crate::metrics::Metrics;
 use crate::progress::{format_line, LineClock, LineFields, Rate};
 use crate::queue::Queue;
-use crate::scheduler::{lane_eta, run_eta, Scheduler};
+use crate::scheduler::{lane_etas, run_eta, Scheduler};
 use crate::status::StatusReport;
 use crate::worker::Ctx;
 use std::collections::HashMap;
@@ -23,8 +26,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// Per dataset: (tokens/s, requests/s, ETA seconds), refreshed by the monitor each second.
-pub(crate) type LiveRates = Mutex<HashMap<String, (f64, f64, Option<f64>)>>;
+/// Per dataset: (tokens/s, requests/s, ETA seconds, when the ETA was computed), refreshed
+/// by the monitor each second.
+pub(crate) type LiveRates = Mutex<HashMap<String, (f64, f64, Option<f64>, Instant)>>;
 
 /// How long the end of a run waits for the last leases to end before the final figures.
 const FINAL_WAIT: Duration = Duration::from_secs(3);
@@ -46,10 +50,10 @@ pub(crate) fn live_status(
                 d.state = "running".into();
             }
         }
-        if let Some((tok, req, eta)) = live.get(&d.name) {
+        if let Some((tok, req, eta, at)) = live.get(&d.name) {
             d.tokens_per_s = Some(*tok);
             d.requests_per_s = Some(*req);
-            d.eta_s = *eta;
+            d.eta_s = eta.map(|e| (e - at.elapsed().as_secs_f64()).max(0.0));
         }
     }
     r
@@ -64,6 +68,8 @@ struct Monitor {
     start_done: Vec<Option<u64>>,
     /// Datasets that have a bar.
     shown: Vec<bool>,
+    /// The server's speed as a function of requests in flight, for the ETAs.
+    speed: SpeedLearner,
 }
 
 impl Monitor {
@@ -74,6 +80,7 @@ impl Monitor {
             clocks: (0..n).map(|_| LineClock::new(every, 0, now)).collect(),
             start_done: vec![None; n],
             shown: vec![false; n],
+            speed: SpeedLearner::default(),
         }
     }
 
@@ -92,6 +99,11 @@ impl Monitor {
             per_ds.push(self.rates[i].rates().unwrap_or((0.0, 0.0)));
         }
         let total_tok_s: f64 = per_ds.iter().map(|r| r.0).sum();
+        let streamed: u64 = ctx.dmetrics.iter().map(|d| d.streamed_tokens.get()).sum();
+        let inflight: usize = views.iter().map(|v| v.inflight).sum();
+        self.speed.sample(now, streamed, inflight);
+        let curve = self.speed.curve();
+        let etas = lane_etas(&views, curve.as_ref(), ctx.cfg.run.concurrency);
 
         let mut live_map = HashMap::new();
         let mut bar_rows = Vec::new();
@@ -100,7 +112,7 @@ impl Monitor {
             total: 0,
             tokens: 0,
             tok_per_s: total_tok_s,
-            eta_s: run_eta(&views, total_tok_s),
+            eta_s: run_eta(&etas),
             servers_up: 0,
             servers: ctx.servers.list.len(),
             elapsed_s: now.duration_since(self.start).as_secs_f64(),
@@ -115,7 +127,7 @@ impl Monitor {
                 self.clocks[i] = LineClock::new(ctx.cfg.run.progress_every, s.done, now);
             }
             let (tok_s, req_s) = per_ds[i];
-            let eta = lane_eta(v, total_tok_s);
+            let eta = etas.get(i).copied().flatten();
             let name = v.name.as_str();
             let pending = s.pending().saturating_sub(v.inflight as u64);
             for (state, n) in [
@@ -136,7 +148,7 @@ impl Monitor {
                     .set(b.saturating_sub(s.completion_tokens) as i64);
             }
             metrics.set_eta(name, eta);
-            live_map.insert(v.name.clone(), (tok_s, req_s, eta));
+            live_map.insert(v.name.clone(), (tok_s, req_s, eta, now));
             run.done += s.done;
             run.total += s.items;
             run.tokens += s.completion_tokens;

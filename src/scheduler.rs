@@ -12,6 +12,7 @@
 
 use crate::budget::LengthModel;
 use crate::config::BudgetPolicy;
+use crate::drain::{finish_times, LaneWork, SpeedCurve};
 use crate::queue::{Queue, QueueError};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -147,13 +148,15 @@ pub struct LaneView {
     pub expected_tokens_per_item: f64,
     pub dispatching: bool,
     pub finished: bool,
-    /// Tokens all lanes up to this one must still generate before this one's last requests
-    /// are the only work left (what the server's throughput has to get through first).
-    pub work_before_drain: f64,
-    /// Expected longest remaining completion (tokens) when this lane drains.
-    pub drain_tokens: f64,
-    /// Requests in flight over all lanes (the per-request speed is rate ÷ this).
-    pub total_inflight: usize,
+    /// Prompts not yet started that the lane may still dispatch (0 once its rows are out or
+    /// its budget is met), whether or not the budget gate is open right now.
+    pub pending_to_start: f64,
+    /// Budget minus completed tokens (`None`: no budget).
+    pub budget_left: Option<f64>,
+    /// What the lane still has to do, for the ETA's simulation of the batch
+    /// ([`crate::drain::finish_times`], run by the monitor, not on every snapshot).
+    #[serde(skip)]
+    pub work: LaneWork,
 }
 
 /// The dispatch state of every dataset.
@@ -371,8 +374,6 @@ impl Scheduler {
     pub fn views(&self) -> Vec<LaneView> {
         let mut lanes = self.lock();
         self.maybe_refit(&mut lanes);
-        let total_inflight: usize = lanes.iter().map(|l| l.inflight.len()).sum();
-        let mut work_so_far = 0.0;
         lanes
             .iter()
             .map(|l| {
@@ -388,40 +389,43 @@ impl Scheduler {
                     .map(|(f, &s)| f - f64::from(s))
                     .sum();
                 let dispatching = l.can_dispatch();
-                let future = if dispatching {
-                    let pending = self
-                        .queue
-                        .state(l.spec.ds)
-                        .map(|s| s.pending())
-                        .unwrap_or(0)
-                        .saturating_sub(l.inflight.len() as u64);
-                    let by_prompts = pending as f64 * exp_new;
+                // Requests the lane is still expected to start: its pending prompts, or as
+                // many as the budget gate will let through (it dispatches while completed
+                // plus expected final tokens stay under the budget, so one more than fits).
+                let to_start = if dispatching {
+                    let pending =
+                        self.queue
+                            .state(l.spec.ds)
+                            .map(|s| s.pending())
+                            .unwrap_or(0)
+                            .saturating_sub(l.inflight.len() as u64) as f64;
                     match l.spec.budget {
                         Some(b) => {
                             let room =
                                 b as f64 - l.completed_tokens as f64 - finals.iter().sum::<f64>();
-                            by_prompts.min(room.max(0.0))
+                            pending.min((room.max(0.0) / exp_new.max(1.0)).ceil())
                         }
-                        None => by_prompts,
+                        None => pending,
                     }
                 } else {
                     0.0
                 };
-                let remaining = inflight_rest + future;
-                // When a lane stops dispatching, its last requests drain: the longest of
-                // them decides when it is done. Before that, the server's throughput must
-                // get through the work of this lane and of the lanes before it.
-                let (work_before_drain, drain_tokens) = if dispatching {
-                    let c = total_inflight.max(1);
-                    let tail = c as f64 * l.lengths.expected_residual_in_steady_state();
-                    work_so_far += remaining;
-                    (
-                        (work_so_far - tail).max(0.0),
-                        l.lengths.expected_max_steady_residual(c),
-                    )
+                let pending_to_start = if !l.budget_met() && l.has_rows() {
+                    self.queue
+                        .state(l.spec.ds)
+                        .map(|s| s.pending())
+                        .unwrap_or(0)
+                        .saturating_sub(l.inflight.len() as u64) as f64
                 } else {
-                    work_so_far += remaining;
-                    (0.0, l.lengths.expected_max_remaining(&streamed))
+                    0.0
+                };
+                let future = match l.spec.budget {
+                    Some(b) if dispatching => {
+                        let room =
+                            b as f64 - l.completed_tokens as f64 - finals.iter().sum::<f64>();
+                        (to_start * exp_new).min(room.max(0.0))
+                    }
+                    _ => to_start * exp_new,
                 };
                 LaneView {
                     name: l.spec.name.clone(),
@@ -429,39 +433,94 @@ impl Scheduler {
                     inflight_streamed_tokens: streamed.iter().map(|&s| u64::from(s)).sum(),
                     completed_tokens: l.completed_tokens,
                     budget: l.spec.budget,
-                    remaining_tokens_estimate: remaining,
+                    remaining_tokens_estimate: inflight_rest + future,
                     expected_tokens_per_item: exp_new,
                     dispatching,
                     finished: l.finished(),
-                    work_before_drain,
-                    drain_tokens,
-                    total_inflight,
+                    pending_to_start,
+                    budget_left: l.spec.budget.map(|b| b as f64 - l.completed_tokens as f64),
+                    work: LaneWork {
+                        streamed,
+                        to_start,
+                        lengths: l.lengths.clone(),
+                    },
                 }
             })
             .collect()
     }
 }
 
-/// Seconds until a lane is finished, given the server's current total token throughput
-/// (streamed tokens/s over all lanes): the work that must go through the server first, then
-/// the expected longest remaining completion at the per-request speed.
-pub fn lane_eta(v: &LaneView, total_tokens_per_s: f64) -> Option<f64> {
-    if v.finished {
-        return Some(0.0);
-    }
-    if total_tokens_per_s <= 1e-9 {
-        return None;
-    }
-    let per_request = total_tokens_per_s / v.total_inflight.max(1) as f64;
-    Some(v.work_before_drain / total_tokens_per_s + v.drain_tokens / per_request)
-}
-
-/// ETA of the whole run: that of the last lane.
-pub fn run_eta(views: &[LaneView], total_tokens_per_s: f64) -> Option<f64> {
+/// Seconds until each lane is finished (its last request completes), from the server's
+/// learned [`SpeedCurve`] and the run's `concurrency`: a simulation of the batch as it drains
+/// ([`crate::drain`]), because the last requests of a run go faster than today's per-request
+/// speed. `None` for every unfinished lane until the curve is known (no throughput yet).
+pub fn lane_etas(
+    views: &[LaneView],
+    curve: Option<&SpeedCurve>,
+    concurrency: usize,
+) -> Vec<Option<f64>> {
+    let times = curve.map(|c| {
+        let work: Vec<LaneWork> = views
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let own = &v.work.lengths;
+                if own.fitted().is_some() {
+                    return v.work.clone();
+                }
+                // A dataset with no completions yet: its gate assumes `max_tokens` per request
+                // (safe for the budget), but it will soon learn its lengths and start more,
+                // shorter requests. Estimate with the nearest fitted dataset's lengths,
+                // earlier ones first, and re-derive how many requests it will start.
+                let Some(donor) = views[..i]
+                    .iter()
+                    .rev()
+                    .chain(&views[i + 1..])
+                    .map(|d| &d.work.lengths)
+                    .find(|m| m.fitted().is_some())
+                else {
+                    return v.work.clone();
+                };
+                let lengths = own.or_borrowed_fit(donor);
+                let to_start = match v.budget_left {
+                    Some(left) => {
+                        let finals: f64 = v
+                            .work
+                            .streamed
+                            .iter()
+                            .map(|&s| lengths.expected_final(s))
+                            .sum();
+                        let room = (left - finals).max(0.0);
+                        v.pending_to_start
+                            .min((room / lengths.expected_new().max(1.0)).ceil())
+                    }
+                    None => v.pending_to_start,
+                };
+                LaneWork {
+                    streamed: v.work.streamed.clone(),
+                    to_start,
+                    lengths,
+                }
+            })
+            .collect();
+        finish_times(&work, c, concurrency)
+    });
     views
         .iter()
-        .map(|v| lane_eta(v, total_tokens_per_s))
-        .try_fold(0.0f64, |acc, e| e.map(|e| acc.max(e)))
+        .enumerate()
+        .map(|(i, v)| {
+            if v.finished {
+                Some(0.0)
+            } else {
+                times.as_ref().and_then(|t| t.get(i).copied())
+            }
+        })
+        .collect()
+}
+
+/// ETA of the whole run: that of the last lane (`None` if any lane's is unknown).
+pub fn run_eta(etas: &[Option<f64>]) -> Option<f64> {
+    etas.iter().try_fold(0.0f64, |acc, e| e.map(|e| acc.max(e)))
 }
 
 #[cfg(test)]
@@ -574,6 +633,30 @@ mod tests {
         let n = lease(&s);
         assert_eq!(n.ds, 1);
         assert!(!n.cancel.is_cancelled());
+    }
+
+    /// A dataset that has no completions yet is estimated with the lengths an earlier one
+    /// has learned, not with `max_tokens` for every request (which, for a budgeted dataset,
+    /// also meant too few, too long requests and a batch that emptied too early).
+    #[test]
+    fn a_fresh_dataset_borrows_the_learned_lengths_for_its_eta() {
+        let (_d, q) = queue_with(&(0..50).collect::<Vec<_>>());
+        let s = Scheduler::new(q, vec![spec(0, None), spec(1, None)]);
+        s.seed_lengths(0, (0..40u32).map(|i| 15 + i % 20));
+        let views = s.views();
+        assert!(views[0].work.lengths.fitted().is_some());
+        assert!(views[1].work.lengths.fitted().is_none());
+        let curve = SpeedCurve {
+            capacity_tps: 1000.0,
+            per_request_cap_tps: None,
+        };
+        let etas = lane_etas(&views, Some(&curve), 10);
+        // 100 prompts of about 25 tokens at 1000 tok/s: about 2.5 s plus a short tail; with
+        // max_tokens (100) for the second dataset's 50 it would be over 6 s.
+        let second = etas[1].unwrap();
+        assert!(second > 2.0 && second < 4.0, "{second}");
+        assert!(etas[0].unwrap() < second);
+        assert_eq!(run_eta(&etas), Some(second));
     }
 
     #[test]

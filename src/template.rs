@@ -1092,8 +1092,10 @@ impl Tokenizer {
                 if std::env::var_os(NO_NFC_BYPASS_ENV).is_none() =>
             {
                 let mut bare = inner.clone();
-                bare.with_normalizer(None::<tokenizers::NormalizerWrapper>);
-                Some(Arc::new(bare))
+                // Should removing the normaliser fail, there is simply no bypass.
+                bare.with_normalizer(None::<tokenizers::NormalizerWrapper>)
+                    .is_ok()
+                    .then(|| Arc::new(bare))
             }
             _ => None,
         };
