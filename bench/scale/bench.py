@@ -178,9 +178,11 @@ def restart(spool, d, prompts, drain_s):
         first_start = time.monotonic() - t0
         time.sleep(drain_s)
         s1.stop()
-        kill_ms = time.time() * 1000
         p.kill()
         p.wait()
+        # After the wait: the old process dispatched until it died, so only requests sent
+        # after its death are the new process's.
+        kill_ms = time.time() * 1000
         err2 = open(os.path.join(d, "run2.log"), "w")
         p2 = subprocess.Popen([spool, "run", "-c", cfg], stdout=subprocess.DEVNULL, stderr=err2)
         s2 = Sampler(p2.pid)
