@@ -542,6 +542,8 @@ impl Queue {
         let r = self.tree.apply_batch(batch);
         self.written(r)?;
         states.insert(ds, s);
+        drop(states);
+        reclaim(3 * items.len());
         Ok(())
     }
 
@@ -939,6 +941,17 @@ fn mark_needs_repair(marker: &Path) {
         }
         Err(e) => tracing::error!(marker = %marker.display(), error = %e,
             "a queue write failed and the repair marker could not be written; create it (an empty file) before the next run"),
+    }
+}
+
+/// Drives sled's garbage collection after a big batch. sled frees the node versions a write
+/// replaces through crossbeam's epoch GC, which reclaims only a few bags of garbage per
+/// `pin`; a writer that applies big batches without reading in between pins too rarely, so
+/// garbage outgrew reclamation and RSS grew by ~2 KB per enqueued item (2.6 GiB at 1 M).
+/// Flushing this thread's bag and collecting about once per 64 writes keeps it flat.
+fn reclaim(writes: usize) {
+    for _ in 0..writes.div_ceil(64) {
+        crossbeam_epoch::pin().flush();
     }
 }
 
