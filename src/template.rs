@@ -1092,7 +1092,8 @@ impl Tokenizer {
                 if std::env::var_os(NO_NFC_BYPASS_ENV).is_none() =>
             {
                 let mut bare = inner.clone();
-                bare.with_normalizer(None::<tokenizers::NormalizerWrapper>);
+                bare.with_normalizer(None::<tokenizers::NormalizerWrapper>)
+                    .map_err(|e| load_error(&origin, e))?;
                 Some(Arc::new(bare))
             }
             _ => None,
