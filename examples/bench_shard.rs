@@ -24,7 +24,7 @@ fn word(id: u32) -> String {
     let mut h = id.wrapping_mul(2_654_435_761);
     let len = 2 + (h % 8) as usize;
     let mut s = String::with_capacity(len + 1);
-    if h % 5 != 0 {
+    if !h.is_multiple_of(5) {
         s.push(' ');
     }
     for _ in 0..len {
