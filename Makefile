@@ -1,5 +1,5 @@
 # spool: the two commands that do everything are `make demo` and `make test`.
-.PHONY: demo test lint build soak bench bench-eta bench-tokenize clean dashboard-png bench-overhead bench-stream bench-throughput
+.PHONY: demo test lint build soak bench bench-eta bench-tokenize clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard
 
 build:
 	cargo build
@@ -75,3 +75,17 @@ bench-stream:
 bench-throughput:
 	cargo build --release
 	python3 bench/client/bench.py throughput $(BENCH_THROUGHPUT_ARGS)
+
+## Issue 7, scenario 3: a 10 M-prompt dataset (prompt strings, no tokenizer): enqueue rate, sled
+## bytes per item, restart time (SIGKILL -> first request dispatched) and RSS while enqueueing
+## and draining, against a fast mock server. Generates target/bench-data/scale-prompts-N.jsonl
+## once (4.5 GB for 10 M). BENCH_SCALE_ARGS="--prompts 1000000" for a smaller run.
+bench-scale:
+	cargo build --release
+	python3 bench/scale/bench.py $(BENCH_SCALE_ARGS)
+
+## Issue 7, scenario 5: the crate's ShardWriter writing long completions with token-id lists
+## to zstd Parquet at levels 1, 3 and 9: rows/s, MB/s and compression ratio.
+## BENCH_SHARD_ARGS="ROWS LEVELS" (default "2000 1,3,9").
+bench-shard:
+	cargo run --release --example bench_shard -- $(BENCH_SHARD_ARGS)

@@ -16,6 +16,7 @@
 //! groups), so it is stable when lines (rows) are appended; the same content gives the
 //! same [`Row::hash`] and the same derived id in every run, whatever the file format.
 
+use crate::queue::ScanMark;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
     Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type,
@@ -29,8 +30,10 @@ use parquet::arrow::arrow_reader::{
 use parquet::arrow::ProjectionMask;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
+use std::hash::Hasher as _;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
+use twox_hash::XxHash64;
 
 /// Longest line accepted; longer lines are rejected without being held in memory.
 pub const MAX_LINE_BYTES: usize = 32 << 20;
@@ -172,8 +175,28 @@ enum Source {
     Lines {
         reader: Box<dyn BufRead + Send>,
         buf: Vec<u8>,
+        /// Where the reader stands (bytes consumed, their running xxHash64).
+        pos: LinePos,
     },
     Parquet(Box<ParquetSource>),
+}
+
+/// Bytes consumed from a line-based file and their running fingerprint.
+struct LinePos {
+    bytes: u64,
+    hasher: XxHash64,
+    /// The last byte consumed was a newline (or nothing was consumed): a mark may be taken.
+    at_line_end: bool,
+}
+
+impl LinePos {
+    fn new() -> Self {
+        Self {
+            bytes: 0,
+            hasher: XxHash64::with_seed(0),
+            at_line_end: true,
+        }
+    }
 }
 
 /// Streams entries from a dataset file.
@@ -202,11 +225,13 @@ impl DatasetReader {
             Source::Lines {
                 reader: Box::new(BufReader::with_capacity(1 << 16, dec)),
                 buf: Vec::new(),
+                pos: LinePos::new(),
             }
         } else if name.ends_with(".jsonl") || name.ends_with(".json") || name.ends_with(".ndjson") {
             Source::Lines {
                 reader: Box::new(BufReader::with_capacity(1 << 16, file)),
                 buf: Vec::new(),
+                pos: LinePos::new(),
             }
         } else {
             return Err(DatasetError::Format {
@@ -224,6 +249,63 @@ impl DatasetReader {
     /// Lines (Parquet: rows) read so far.
     pub fn lines_read(&self) -> u64 {
         self.line
+    }
+
+    /// Where the reader stands in a line-based file, as a [`ScanMark`]: the lines read so
+    /// far, their bytes and fingerprint. `None` for Parquet, or when the last line read has
+    /// no newline yet (text appended to it later would change that line).
+    pub fn mark(&self) -> Option<ScanMark> {
+        match &self.source {
+            Source::Lines { pos, .. } if pos.at_line_end => Some(ScanMark {
+                lines: self.line,
+                bytes: pos.bytes,
+                xxh64: pos.hasher.finish(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// At the start of a line-based file: reads the first `m.bytes` bytes, hashing them, and
+    /// if their xxHash64 is `m.xxh64` stays after them (the next row is line `m.lines`) and
+    /// returns `true`. Otherwise (a changed file, a shorter one, Parquet, or not at the
+    /// start) starts again from the beginning and returns `false`, so the caller checks
+    /// every row as without a mark.
+    pub fn skip_prefix(&mut self, m: &ScanMark) -> Result<bool, DatasetError> {
+        let Source::Lines { reader, pos, .. } = &mut self.source else {
+            return Ok(false);
+        };
+        if pos.bytes != 0 || self.line != 0 {
+            return Ok(false);
+        }
+        let mut left = m.bytes;
+        while left > 0 {
+            let avail = match reader.fill_buf() {
+                Ok(a) => a,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(source) => {
+                    return Err(DatasetError::Read {
+                        path: self.path.clone(),
+                        line: 1,
+                        source,
+                    })
+                }
+            };
+            if avail.is_empty() {
+                break;
+            }
+            let take = avail.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+            pos.hasher.write(&avail[..take]);
+            pos.at_line_end = avail[take - 1] == b'\n';
+            reader.consume(take);
+            pos.bytes += take as u64;
+            left -= take as u64;
+        }
+        if left == 0 && pos.at_line_end && pos.hasher.finish() == m.xxh64 {
+            self.line = m.lines;
+            return Ok(true);
+        }
+        *self = DatasetReader::open(&self.path, &self.parser.dataset)?;
+        Ok(false)
     }
 
     /// The parser for this file's raw rows.
@@ -246,9 +328,9 @@ impl DatasetReader {
                 }
                 Ok(next)
             }
-            Source::Lines { reader, buf } => loop {
+            Source::Lines { reader, buf, pos } => loop {
                 buf.clear();
-                let (n, too_long) = read_line_capped(reader.as_mut(), buf, MAX_LINE_BYTES)
+                let (n, too_long) = read_line_capped(reader.as_mut(), buf, MAX_LINE_BYTES, pos)
                     .map_err(|source| DatasetError::Read {
                         path: self.path.clone(),
                         line: self.line + 1,
@@ -528,6 +610,7 @@ fn read_line_capped(
     r: &mut dyn BufRead,
     buf: &mut Vec<u8>,
     cap: usize,
+    pos: &mut LinePos,
 ) -> std::io::Result<(usize, bool)> {
     let mut consumed = 0;
     let mut too_long = false;
@@ -540,10 +623,13 @@ fn read_line_capped(
         if avail.is_empty() {
             return Ok((consumed, too_long));
         }
-        let (take, found) = match avail.iter().position(|&b| b == b'\n') {
+        let (take, found) = match memchr::memchr(b'\n', avail) {
             Some(i) => (i + 1, true),
             None => (avail.len(), false),
         };
+        pos.hasher.write(&avail[..take]);
+        pos.bytes += take as u64;
+        pos.at_line_end = found;
         if !too_long {
             if buf.len() + take > cap + 1 {
                 too_long = true;

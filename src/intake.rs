@@ -21,7 +21,7 @@ use crate::config::DatasetConfig;
 use crate::dataset::{
     DatasetError, DatasetReader, Entry, Input, Parser, Raw, RawEntry, Rejection, Row,
 };
-use crate::queue::{Item, Queue, QueueError};
+use crate::queue::{EncodedItem, Item, Queue, QueueError, ScanMark};
 use crate::template::{BuiltPrompt, PromptBuilder};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -37,6 +37,54 @@ const BATCH: usize = 1024;
 const CHUNK_ROWS: usize = 256;
 /// ... or fewer, once the chunk holds this many bytes of raw lines.
 const CHUNK_BYTES: usize = 4 << 20;
+
+/// A blocked Bloom filter of ids (16 MiB: ~0.3 % false positives at 10 M ids; more ids
+/// only raise that rate, never give a wrong answer): `may_contain` false proves absence.
+struct IdFilter {
+    /// 512-bit blocks, allocated zeroed on first insert.
+    blocks: Vec<[u64; 8]>,
+}
+
+impl IdFilter {
+    const BLOCKS: usize = 1 << 18;
+    const PROBES: u32 = 6;
+
+    fn new() -> Self {
+        Self { blocks: Vec::new() }
+    }
+
+    /// The block and the bit positions (within 512) of an id.
+    fn probes(id: &[u8]) -> (usize, impl Iterator<Item = usize>) {
+        let h = twox_hash::XxHash64::oneshot(0x5eed, id);
+        let block = (h as usize) & (Self::BLOCKS - 1);
+        // Independent bits for the probes: the high half, remixed.
+        let bits = (h >> 32).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (
+            block,
+            (0..Self::PROBES).map(move |i| ((bits >> (i * 9)) & 511) as usize),
+        )
+    }
+
+    fn insert(&mut self, id: &[u8]) {
+        if self.blocks.is_empty() {
+            self.blocks = vec![[0u64; 8]; Self::BLOCKS];
+        }
+        let (b, bits) = Self::probes(id);
+        let block = &mut self.blocks[b];
+        for bit in bits {
+            block[bit >> 6] |= 1 << (bit & 63);
+        }
+    }
+
+    fn may_contain(&self, id: &[u8]) -> bool {
+        if self.blocks.is_empty() {
+            return false;
+        }
+        let (b, mut bits) = Self::probes(id);
+        let block = &self.blocks[b];
+        bits.all(|bit| block[bit >> 6] & (1 << (bit & 63)) != 0)
+    }
+}
 
 /// Why intake stopped.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +128,8 @@ pub struct IntakeReport {
     pub prompt_tokens: u64,
     /// Wall time of the pass.
     pub seconds: f64,
+    /// Lines skipped unparsed: an unchanged prefix, by its fingerprint ([`ScanMark`]).
+    pub skipped_lines: u64,
 }
 
 /// How intake builds prompts.
@@ -144,9 +194,40 @@ enum Prepared {
     Rejected(Rejection),
     /// A good row; `built` is `None` for rows taken in by an earlier run (only checked).
     Row {
-        row: Row,
-        built: Option<Result<BuiltPrompt, String>>,
+        row: u64,
+        id: String,
+        hash: [u8; 16],
+        built: Option<Result<Ready, String>>,
     },
+}
+
+/// A new row built and encoded for the queue on a worker thread, so the sequential stage
+/// only checks ids and batches.
+struct Ready {
+    /// Prompt tokens (`None` without a tokenizer).
+    tokens: Option<u64>,
+    item: EncodedItem,
+}
+
+impl Ready {
+    fn new(row: &Row, built: BuiltPrompt) -> Self {
+        let messages = match &row.input {
+            Input::Messages(m) => Some(m.to_string()),
+            Input::Prompt(_) => None,
+        };
+        let tokens = built.token_ids.as_ref().map(|ids| ids.len() as u64);
+        let item = Item {
+            id: row.id.clone(),
+            hash: row.hash,
+            prompt: built.text,
+            messages,
+            prompt_ids: built.token_ids,
+        };
+        Self {
+            tokens,
+            item: EncodedItem::new(row.row, &item),
+        }
+    }
 }
 
 /// Parses and builds one chunk (the parallel stage).
@@ -192,8 +273,14 @@ fn prepare(
                                 "internal error while rendering or tokenizing: {what}"
                             ))
                         })
+                        .map(|b| Ready::new(&row, b))
                     });
-                    Prepared::Row { row, built }
+                    Prepared::Row {
+                        row: row.row,
+                        id: row.id,
+                        hash: row.hash,
+                        built,
+                    }
                 }
             }
         })
@@ -208,10 +295,15 @@ fn raw_bytes(r: &RawEntry) -> usize {
     }
 }
 
+/// A chunk of raw rows, numbered, with the reader's [`ScanMark`] after its last row.
+type RawChunk = (u64, Vec<RawEntry>, Option<ScanMark>);
+/// A chunk after the parallel stage.
+type PreparedChunk = (u64, Vec<Prepared>, Option<ScanMark>);
+
 /// The reader stage: raw rows in chunks, numbered, until the end, an error or `stop`.
 fn read_chunks(
     mut reader: DatasetReader,
-    out: SyncSender<(u64, Vec<RawEntry>)>,
+    out: SyncSender<RawChunk>,
     stop: &AtomicBool,
 ) -> Result<(), DatasetError> {
     let mut seq = 0u64;
@@ -226,6 +318,7 @@ fn read_chunks(
                     .send((
                         seq,
                         std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK_ROWS)),
+                        reader.mark(),
                     ))
                     .is_err()
             {
@@ -236,15 +329,15 @@ fn read_chunks(
         }
     }
     if !chunk.is_empty() {
-        let _ = out.send((seq, chunk));
+        let _ = out.send((seq, chunk, reader.mark()));
     }
     Ok(())
 }
 
 /// The worker stage: chunks in, prepared chunks out, in whatever order they finish.
 fn work_chunks(
-    jobs: &Mutex<Receiver<(u64, Vec<RawEntry>)>>,
-    out: SyncSender<(u64, Vec<Prepared>)>,
+    jobs: &Mutex<Receiver<RawChunk>>,
+    out: SyncSender<PreparedChunk>,
     parser: &Parser,
     builder: &PromptBuilder,
     server_templates: bool,
@@ -253,9 +346,9 @@ fn work_chunks(
     loop {
         // The lock is held only to take the next chunk.
         let job = jobs.lock().unwrap_or_else(|p| p.into_inner()).recv();
-        let Ok((seq, chunk)) = job else { return };
+        let Ok((seq, chunk, mark)) = job else { return };
         let done = prepare(parser, builder, server_templates, scanned, chunk);
-        if out.send((seq, done)).is_err() {
+        if out.send((seq, done, mark)).is_err() {
             return;
         }
     }
@@ -274,8 +367,23 @@ pub fn intake(
         key: d.name.clone(),
         detail: "dataset not opened".into(),
     })?;
-    let reader = DatasetReader::open(&d.path, &d.name)?;
+    let mut reader = DatasetReader::open(&d.path, &d.name)?;
     let parser = reader.parser();
+    // Restart fast path: an unchanged prefix (same bytes, by fingerprint) holds only rows
+    // already taken in, so it is hashed, not parsed and checked row by row.
+    let mut skipped = None;
+    if let Some(m) = state.scan_mark.filter(|m| m.lines <= state.scanned_lines) {
+        let t = Instant::now();
+        if reader.skip_prefix(&m)? {
+            tracing::info!(dataset = %d.name, lines = m.lines, bytes = m.bytes,
+                seconds = format!("{:.2}", t.elapsed().as_secs_f64()),
+                "input prefix unchanged (fingerprint): its rows are not checked again");
+            skipped = Some(m);
+        } else {
+            tracing::info!(dataset = %d.name, lines = m.lines,
+                "input prefix changed or shorter than its fingerprint: checking every row");
+        }
+    }
     let threads = match opts.threads {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
@@ -290,21 +398,27 @@ pub fn intake(
             path: output_dir.join(&d.name).join("_rejected.jsonl"),
             file: None,
         },
-        report: IntakeReport::default(),
+        report: IntakeReport {
+            skipped_lines: skipped.map_or(0, |m| m.lines),
+            ..Default::default()
+        },
         items: state.items,
-        batch: Vec::new(),
+        batch: Vec::with_capacity(BATCH),
+        ids: IdFilter::new(),
+        ids_seeded: state.items == 0,
         batch_rejected: 0,
         batch_ids: std::collections::HashMap::new(),
         cap: d.max_prompts.unwrap_or(u64::MAX),
-        last_line: 0,
+        last_line: skipped.map_or(0, |m| m.lines),
+        mark: skipped,
         started: Instant::now(),
         last_log: Instant::now(),
     };
     let stop = AtomicBool::new(false);
     let scanned = state.scanned_lines;
     let (read_res, collect_res) = std::thread::scope(|s| {
-        let (job_tx, job_rx) = sync_channel::<(u64, Vec<RawEntry>)>(threads * 2);
-        let (done_tx, done_rx) = sync_channel::<(u64, Vec<Prepared>)>(threads * 2);
+        let (job_tx, job_rx) = sync_channel::<RawChunk>(threads * 2);
+        let (done_tx, done_rx) = sync_channel::<PreparedChunk>(threads * 2);
         let stop = &stop;
         let reader = s.spawn(move || read_chunks(reader, job_tx, stop));
         let jobs = Arc::new(Mutex::new(job_rx));
@@ -347,11 +461,17 @@ struct Collector<'a> {
     rejects: RejectLog,
     report: IntakeReport,
     items: u64,
-    batch: Vec<(u64, Item)>,
+    batch: Vec<EncodedItem>,
+    /// Every id enqueued for the dataset (a Bloom filter, seeded from the queue on first
+    /// use when the dataset already had items).
+    ids: IdFilter,
+    ids_seeded: bool,
     batch_rejected: u64,
     batch_ids: std::collections::HashMap<String, u64>,
     cap: u64,
     last_line: u64,
+    /// The mark after the last chunk wholly processed: recorded with the next queue batch.
+    mark: Option<ScanMark>,
     started: Instant,
     last_log: Instant,
 }
@@ -359,17 +479,21 @@ struct Collector<'a> {
 impl Collector<'_> {
     /// Takes prepared chunks, puts them in order and processes them; `Ok(true)` when it
     /// stopped at `max_prompts` before the end of the file.
-    fn collect(&mut self, done: Receiver<(u64, Vec<Prepared>)>) -> Result<bool, IntakeError> {
-        let mut waiting: BTreeMap<u64, Vec<Prepared>> = BTreeMap::new();
+    fn collect(&mut self, done: Receiver<PreparedChunk>) -> Result<bool, IntakeError> {
+        let mut waiting: BTreeMap<u64, (Vec<Prepared>, Option<ScanMark>)> = BTreeMap::new();
         let mut next = 0u64;
-        for (seq, rows) in done {
-            waiting.insert(seq, rows);
-            while let Some(rows) = waiting.remove(&next) {
+        for (seq, rows, mark) in done {
+            waiting.insert(seq, (rows, mark));
+            while let Some((rows, mark)) = waiting.remove(&next) {
                 next += 1;
                 for p in rows {
                     if !self.take(p)? {
                         return Ok(true);
                     }
+                }
+                // Every line up to the mark is now taken in (in `batch` or the queue).
+                if mark.is_some() {
+                    self.mark = mark;
                 }
                 if self.last_log.elapsed() >= Duration::from_secs(10) {
                     self.last_log = Instant::now();
@@ -380,6 +504,26 @@ impl Collector<'_> {
             }
         }
         Ok(false)
+    }
+
+    /// The row of an earlier row with this id, if any. The filter answers most new ids
+    /// without reading the queue (a random read per row, which dominated large intakes).
+    fn duplicate_of(&mut self, id: &str) -> Result<Option<u64>, IntakeError> {
+        if !self.ids_seeded {
+            let t = Instant::now();
+            let ids = &mut self.ids;
+            self.queue.for_each_id(self.ds, |id| ids.insert(id))?;
+            self.ids_seeded = true;
+            tracing::debug!(dataset = %self.d.name, items = self.items,
+                seconds = t.elapsed().as_secs_f64(), "duplicate filter seeded from the queue");
+        }
+        if !self.ids.may_contain(id.as_bytes()) {
+            return Ok(None);
+        }
+        match self.batch_ids.get(id) {
+            Some(&row) => Ok(Some(row)),
+            None => Ok(self.queue.row_of_id(self.ds, id)?),
+        }
     }
 
     fn reject(&mut self, r: Rejection) -> Result<(), IntakeError> {
@@ -393,7 +537,7 @@ impl Collector<'_> {
     fn take(&mut self, p: Prepared) -> Result<bool, IntakeError> {
         let (line, already) = match &p {
             Prepared::Rejected(r) => (r.line, r.line <= self.scanned),
-            Prepared::Row { row, .. } => (row.row + 1, row.row < self.scanned),
+            Prepared::Row { row, .. } => (row + 1, *row < self.scanned),
         };
         self.last_line = line;
         match p {
@@ -402,10 +546,15 @@ impl Collector<'_> {
                     self.reject(r)?;
                 }
             }
-            Prepared::Row { row: r, built } => {
+            Prepared::Row {
+                row,
+                id,
+                hash,
+                built,
+            } => {
                 if already {
-                    if let Some(old) = self.queue.item(self.ds, r.row)? {
-                        if old.hash != r.hash {
+                    if let Some(old) = self.queue.item(self.ds, row)? {
+                        if old.hash != hash {
                             return Err(IntakeError::Changed {
                                 path: self.d.path.clone(),
                                 line,
@@ -420,26 +569,23 @@ impl Collector<'_> {
                     self.last_line = line - 1;
                     return Ok(false);
                 }
-                let dup = match self.batch_ids.get(&r.id) {
-                    Some(&row) => Some(row),
-                    None => self.queue.row_of_id(self.ds, &r.id)?,
-                };
+                let dup = self.duplicate_of(&id)?;
                 let rejection = |reason| Rejection {
                     file: self.d.path.display().to_string(),
                     line,
-                    row: r.row,
+                    row,
                     reason,
                 };
                 if let Some(first) = dup {
                     let rej = rejection(format!(
                         "duplicate id `{}` (first at line {})",
-                        r.id,
+                        id,
                         first + 1
                     ));
                     self.reject(rej)?;
                     return self.maybe_flush(line).map(|_| true);
                 }
-                let built = match built {
+                let ready = match built {
                     Some(Ok(b)) => b,
                     Some(Err(reason)) => {
                         let rej = rejection(reason);
@@ -448,8 +594,7 @@ impl Collector<'_> {
                     }
                     None => unreachable!("rows after the scan position are always built"),
                 };
-                if let (Some(ctx), Some(ids)) = (self.opts.context_length, &built.token_ids) {
-                    let n = ids.len() as u64;
+                if let (Some(ctx), Some(n)) = (self.opts.context_length, ready.tokens) {
                     if n + 1 > u64::from(ctx) {
                         let rej = rejection(format!(
                             "prompt is {n} tokens and the server's context length is {ctx}: no room for generation"
@@ -462,22 +607,10 @@ impl Collector<'_> {
                         self.report.short_of_room += 1;
                     }
                 }
-                let messages = match &r.input {
-                    Input::Messages(m) => Some(m.to_string()),
-                    Input::Prompt(_) => None,
-                };
-                self.report.prompt_tokens += built.token_ids.as_ref().map_or(0, |i| i.len() as u64);
-                self.batch_ids.insert(r.id.clone(), r.row);
-                self.batch.push((
-                    r.row,
-                    Item {
-                        id: r.id,
-                        hash: r.hash,
-                        prompt: built.text,
-                        messages,
-                        prompt_ids: built.token_ids,
-                    },
-                ));
+                self.report.prompt_tokens += ready.tokens.unwrap_or(0);
+                self.ids.insert(id.as_bytes());
+                self.batch_ids.insert(id, row);
+                self.batch.push(ready.item);
                 self.items += 1;
                 self.report.added += 1;
             }
@@ -489,8 +622,13 @@ impl Collector<'_> {
     fn maybe_flush(&mut self, line: u64) -> Result<(), IntakeError> {
         if self.batch.len() >= BATCH || self.batch_rejected as usize >= BATCH {
             self.rejects.sync()?;
-            self.queue
-                .enqueue(self.ds, &self.batch, line, self.batch_rejected)?;
+            self.queue.enqueue_encoded(
+                self.ds,
+                &self.batch,
+                line,
+                self.batch_rejected,
+                self.mark,
+            )?;
             self.batch.clear();
             self.batch_ids.clear();
             self.batch_rejected = 0;
@@ -507,11 +645,12 @@ impl Collector<'_> {
             });
         }
         self.rejects.sync()?;
-        self.queue.enqueue(
+        self.queue.enqueue_encoded(
             self.ds,
             &self.batch,
             self.last_line.max(self.scanned),
             self.batch_rejected,
+            self.mark,
         )?;
         self.queue.flush()?;
         self.report.lines = self.last_line;
@@ -554,5 +693,156 @@ pub fn log_context_report(
             tracing::warn!(dataset = %name, prompts = rep.short_of_room, max_tokens = opts.max_tokens, context_length = ctx,
                 "prompts leave less than max_tokens of the context: a server may refuse them (vLLM does); set server.clamp_max_tokens = true to clamp");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(path: &Path) -> DatasetConfig {
+        DatasetConfig {
+            name: "d".into(),
+            path: path.to_path_buf(),
+            token_budget: None,
+            max_prompts: None,
+            sampling: Default::default(),
+        }
+    }
+
+    fn run(q: &Queue, path: &Path, out: &Path) -> Result<IntakeReport, IntakeError> {
+        let ds = q.open_dataset("d")?.index;
+        let opts = IntakeOptions {
+            threads: 2,
+            ..Default::default()
+        };
+        intake(
+            q,
+            ds,
+            &cfg(path),
+            &PromptBuilder::new(None, None),
+            out,
+            &opts,
+        )
+    }
+
+    fn lines(range: std::ops::Range<usize>) -> String {
+        range
+            .map(|i| format!("{{\"prompt\": \"prompt number {i}\"}}\n"))
+            .collect()
+    }
+
+    /// A restart hashes the already-enqueued prefix instead of parsing it; rows appended
+    /// since are added; a changed prefix fails the fingerprint and the full row-by-row check
+    /// finds the changed row (the run refuses, as without the fast path).
+    #[test]
+    fn a_restart_skips_the_unchanged_prefix_and_checks_a_changed_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, out) = (dir.path().join("p.jsonl"), dir.path().join("out"));
+        // A blank line and a bad row inside the prefix: both are counted as lines.
+        let first = format!("{}\n{{bad\n{}", lines(0..600), lines(600..3000));
+        std::fs::write(&file, &first).unwrap();
+        let q = Queue::open(&dir.path().join("q")).unwrap();
+        let rep = run(&q, &file, &out).unwrap();
+        assert_eq!((rep.added, rep.rejected, rep.skipped_lines), (3000, 1, 0));
+        let s = q.state(0).unwrap();
+        let m = s.scan_mark.expect("a mark after a complete pass");
+        assert_eq!((m.lines, m.bytes), (3002, first.len() as u64));
+        assert_eq!(s.scanned_lines, 3002);
+
+        // Unchanged and appended: the prefix is skipped, the new rows are added.
+        let appended = format!("{first}{}", lines(3000..3010));
+        std::fs::write(&file, &appended).unwrap();
+        let rep = run(&q, &file, &out).unwrap();
+        assert_eq!((rep.added, rep.rejected, rep.skipped_lines), (10, 0, 3002));
+        let s = q.state(0).unwrap();
+        assert_eq!((s.items, s.rejected, s.scanned_lines), (3010, 1, 3012));
+        assert_eq!(s.scan_mark.map(|m| m.lines), Some(3012));
+        assert_eq!(
+            q.item(0, 3011).unwrap().map(|i| i.prompt),
+            Some("prompt number 3009".into())
+        );
+        // Nothing new: nothing added, still skipped.
+        let rep = run(&q, &file, &out).unwrap();
+        assert_eq!((rep.added, rep.skipped_lines), (0, 3012));
+
+        // One row changed inside the prefix: the fingerprint differs, every row is checked
+        // and the changed one is refused.
+        let changed = appended.replacen("prompt number 7\"", "prompt number 8\"", 1);
+        assert_ne!(changed, appended);
+        std::fs::write(&file, &changed).unwrap();
+        match run(&q, &file, &out) {
+            Err(IntakeError::Changed { line, .. }) => assert_eq!(line, 8),
+            other => panic!("expected a refusal of line 8, got {other:?}"),
+        }
+        // A truncated file is still noticed.
+        std::fs::write(&file, lines(0..100)).unwrap();
+        assert!(matches!(
+            run(&q, &file, &out),
+            Err(IntakeError::Shrunk { .. })
+        ));
+    }
+
+    /// Duplicate ids are found through the filter within a pass, across batches, and
+    /// against rows enqueued by an earlier run (the filter is seeded from the queue).
+    #[test]
+    fn duplicates_are_found_within_a_pass_and_across_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, out) = (dir.path().join("p.jsonl"), dir.path().join("out"));
+        // Row 2000 repeats row 3 (another batch); row 2001 repeats row 2000's neighbour 1999.
+        let mut body = lines(0..2000);
+        body.push_str(&lines(3..4));
+        body.push_str(&lines(1999..2000));
+        std::fs::write(&file, &body).unwrap();
+        let q = Queue::open(&dir.path().join("q")).unwrap();
+        let rep = run(&q, &file, &out).unwrap();
+        assert_eq!((rep.added, rep.rejected), (2000, 2));
+        // Appended later: a repeat of row 10 and a new row.
+        body.push_str(&lines(10..11));
+        body.push_str(&lines(5000..5001));
+        std::fs::write(&file, &body).unwrap();
+        let rep = run(&q, &file, &out).unwrap();
+        assert_eq!((rep.added, rep.rejected), (1, 1));
+        let rejected = std::fs::read_to_string(out.join("d/_rejected.jsonl")).unwrap();
+        let reasons: Vec<&str> = rejected.lines().collect();
+        assert_eq!(reasons.len(), 3);
+        assert!(reasons[0].contains("first at line 4"), "{}", reasons[0]);
+        assert!(reasons[1].contains("first at line 2000"), "{}", reasons[1]);
+        assert!(reasons[2].contains("first at line 11"), "{}", reasons[2]);
+    }
+
+    #[test]
+    fn the_id_filter_never_forgets_an_id() {
+        let mut f = IdFilter::new();
+        assert!(!f.may_contain(b"x"));
+        let ids: Vec<String> = (0..100_000).map(|i| format!("id{i}")).collect();
+        for id in &ids {
+            f.insert(id.as_bytes());
+        }
+        assert!(ids.iter().all(|id| f.may_contain(id.as_bytes())));
+        let false_pos = (0..100_000)
+            .filter(|i| f.may_contain(format!("other{i}").as_bytes()))
+            .count();
+        assert!(false_pos < 100, "{false_pos} false positives in 100k");
+    }
+
+    /// A last line without its newline is not covered by the mark: text appended to that
+    /// line would change the row, so it is checked again next time.
+    #[test]
+    fn a_last_line_without_newline_stays_outside_the_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, out) = (dir.path().join("p.jsonl"), dir.path().join("out"));
+        let body = lines(0..300);
+        std::fs::write(&file, format!("{body}{{\"prompt\": \"last\"}}")).unwrap();
+        let q = Queue::open(&dir.path().join("q")).unwrap();
+        assert_eq!(run(&q, &file, &out).unwrap().added, 301);
+        let m = q.state(0).unwrap().scan_mark.expect("mark");
+        assert!(m.lines <= 300, "{m:?}");
+        // The last line grew (no newline in between): the row changed, and it is refused.
+        std::fs::write(&file, format!("{body}{{\"prompt\": \"last one\"}}\n")).unwrap();
+        assert!(matches!(
+            run(&q, &file, &out),
+            Err(IntakeError::Changed { line: 301, .. })
+        ));
     }
 }

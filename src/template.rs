@@ -1092,10 +1092,9 @@ impl Tokenizer {
                 if std::env::var_os(NO_NFC_BYPASS_ENV).is_none() =>
             {
                 let mut bare = inner.clone();
-                // Should removing the normaliser fail, there is simply no bypass.
                 bare.with_normalizer(None::<tokenizers::NormalizerWrapper>)
-                    .is_ok()
-                    .then(|| Arc::new(bare))
+                    .map_err(|e| load_error(&origin, e))?;
+                Some(Arc::new(bare))
             }
             _ => None,
         };
