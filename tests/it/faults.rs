@@ -1016,8 +1016,9 @@ async fn a_full_queue_disk_stops_the_run_and_the_next_run_resumes_exactly() {
 /// item's pending key removed and the counters advanced while its result was never written;
 /// the next run trusted the counters and finished without the item (lost) or with `done` one
 /// ahead. The injected torn commit writes exactly that half batch. The run must stop with the
-/// error, `verify` must name the lost row and the pending repair, and the next run must
-/// repair the queue and generate the item again: every prompt exactly once, verify clean.
+/// error, `verify` must name the lost rows and the pending repair, and the next run must
+/// repair the queue, putting back exactly the rows verify named, and generate them again:
+/// every prompt exactly once, verify clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_torn_queue_write_is_repaired_by_the_next_run() {
     let mock = Mock::start(fast_mock()).await;
@@ -1038,16 +1039,22 @@ async fn a_torn_queue_write_is_repaired_by_the_next_run() {
     let report = String::from_utf8_lossy(&v.stdout);
     assert_eq!(v.status.code(), Some(1), "{report}");
     assert!(report.contains("needs-repair"), "{report}");
-    assert!(
-        report.contains("is enqueued but neither pending, done nor failed"),
-        "the lost row is named: {report}"
-    );
+    // The torn commit held every result of one group commit: how many depends on timing,
+    // so count the rows verify names (at least one) and expect the repair to bring back
+    // exactly those.
+    let lost = report
+        .matches("is enqueued but neither pending, done nor failed")
+        .count();
+    assert!(lost >= 1, "the lost row is named: {report}");
 
     let second = spool(&cfg, &["run"], &[]);
     let stderr = String::from_utf8_lossy(&second.stderr);
     assert_eq!(second.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("queue repaired"), "{stderr}");
-    assert!(stderr.contains("back_to_pending=1"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("back_to_pending={lost} ")),
+        "{lost} rows named by verify: {stderr}"
+    );
     assert!(!dir.path().join("data").join("needs-repair").exists());
     assert_verify_clean(&cfg);
     assert_exactly_once(&shard_rows(&dir.path().join("out"), "a"), &ids("p", n));
