@@ -386,7 +386,6 @@ impl Queue {
 
     /// Applies a batch; the one door for batches, so a failure always poisons.
     fn apply(&self, writes: Writes) -> Result<(), QueueError> {
-        self.writable()?;
         let mut batch = sled::Batch::default();
         for (k, v) in writes.0 {
             match v {
@@ -394,6 +393,12 @@ impl Queue {
                 None => batch.remove(k),
             }
         }
+        self.apply_batch(batch)
+    }
+
+    /// Every queue write goes through here: refused once poisoned, and a failure poisons.
+    fn apply_batch(&self, batch: sled::Batch) -> Result<(), QueueError> {
+        self.writable()?;
         let r = self.tree.apply_batch(batch);
         self.written(r)
     }
@@ -538,9 +543,7 @@ impl Queue {
             }
         }
         batch.insert(meta_key(&s.name), encode(&s));
-        self.writable()?;
-        let r = self.tree.apply_batch(batch);
-        self.written(r)?;
+        self.apply_batch(batch)?;
         states.insert(ds, s);
         drop(states);
         reclaim(3 * items.len());
