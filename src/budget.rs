@@ -172,6 +172,30 @@ impl LengthModel {
         self.expected_final(0)
     }
 
+    /// A final length for a request that has streamed `streamed` tokens, drawn from the fit
+    /// conditioned on `L > streamed` by inverting its survival function at `u` ∈ (0, 1): the
+    /// ETA's sampled drain ([`crate::drain`]) feeds it stratified `u` so that few draws
+    /// suffice. Without a fit every request runs to the cap (the conservative prior), as does
+    /// one the fit thinks should already be over.
+    pub fn sample_final(&self, streamed: u32, u: f64) -> f64 {
+        let cap = f64::from(self.max_tokens);
+        let s = f64::from(streamed.min(self.max_tokens));
+        let Some(d) = self.fit else {
+            return cap;
+        };
+        let base = d.survival(s);
+        if base < 1e-12 {
+            return cap;
+        }
+        // P(L > x | L > s) = u  ⇔  S(x) = u·S(s); at or past the cap the request stops there.
+        let p = u.clamp(1e-12, 1.0 - 1e-12) * base;
+        if p <= d.survival(cap) {
+            return cap;
+        }
+        let x = (d.mu - d.sigma * inverse_normal_cdf(p)).exp();
+        x.clamp(s, cap)
+    }
+
     /// P(L > x) under the fit (with the cap: 0 at and beyond it).
     pub fn survival(&self, x: f64) -> f64 {
         let cap = f64::from(self.max_tokens);
@@ -326,6 +350,55 @@ pub fn erfc(x: f64) -> f64 {
     }
 }
 
+/// Φ⁻¹(p), the standard normal quantile (Acklam's rational approximation, relative error
+/// < 1.2e-9 before rounding), for inverse-transform sampling.
+pub fn inverse_normal_cdf(p: f64) -> f64 {
+    const A: [f64; 6] = [
+        -3.969_683_028_665_376e1,
+        2.209_460_984_245_205e2,
+        -2.759_285_104_469_687e2,
+        1.383_577_518_672_69e2,
+        -3.066_479_806_614_716e1,
+        2.506_628_277_459_239,
+    ];
+    const B: [f64; 5] = [
+        -5.447_609_879_822_406e1,
+        1.615_858_368_580_409e2,
+        -1.556_989_798_598_866e2,
+        6.680_131_188_771_972e1,
+        -1.328_068_155_288_572e1,
+    ];
+    const C: [f64; 6] = [
+        -7.784_894_002_430_293e-3,
+        -3.223_964_580_411_365e-1,
+        -2.400_758_277_161_838,
+        -2.549_732_539_343_734,
+        4.374_664_141_464_968,
+        2.938_163_982_698_783,
+    ];
+    const D: [f64; 4] = [
+        7.784_695_709_041_462e-3,
+        3.224_671_290_700_398e-1,
+        2.445_134_137_142_996,
+        3.754_408_661_907_416,
+    ];
+    let p = p.clamp(1e-300, 1.0 - 1e-16);
+    let tail = |q: f64| {
+        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
+            / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+    };
+    if p < 0.024_25 {
+        tail((-2.0 * p.ln()).sqrt())
+    } else if p > 1.0 - 0.024_25 {
+        -tail((-2.0 * (1.0 - p).ln()).sqrt())
+    } else {
+        let q = p - 0.5;
+        let r = q * q;
+        (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
+            / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
+    }
+}
+
 /// Seconds left for `remaining_tokens` at `tokens_per_s`.
 pub fn eta_seconds(remaining_tokens: f64, tokens_per_s: f64) -> Option<f64> {
     if remaining_tokens <= 0.0 {
@@ -447,6 +520,35 @@ mod tests {
         let one = m.expected_max_remaining(&[0]);
         let many = m.expected_max_remaining(&[0; 100]);
         assert!(many > one && many <= 10_240.0, "{one} {many}");
+    }
+
+    #[test]
+    fn the_normal_quantile_inverts_erfc() {
+        for &p in &[1e-9, 1e-4, 0.01, 0.024, 0.2, 0.5, 0.8, 0.976, 0.999] {
+            let z = inverse_normal_cdf(p);
+            let back = 0.5 * erfc(-z / std::f64::consts::SQRT_2);
+            assert!((back - p).abs() <= 1e-6 * p.max(1e-3), "p {p}: z {z}, back {back}");
+        }
+        assert_eq!(inverse_normal_cdf(0.5), 0.0);
+    }
+
+    /// Conditional draws respect what has streamed and the cap, and their mean is the
+    /// conditional mean the budget gate uses.
+    #[test]
+    fn conditional_draws_match_the_conditional_mean() {
+        let mut m = LengthModel::new(10_240);
+        assert_eq!(m.sample_final(0, 0.5), 10_240.0, "no fit: the cap");
+        m.set_fit_for_tests(3500f64.ln() - 0.5, 1.0);
+        for &s in &[0u32, 2000, 8000] {
+            let n = 20_000;
+            let draws: Vec<f64> = (0..n)
+                .map(|i| m.sample_final(s, (i as f64 + 0.5) / n as f64))
+                .collect();
+            assert!(draws.iter().all(|&x| x >= f64::from(s) && x <= 10_240.0));
+            let mean = draws.iter().sum::<f64>() / n as f64;
+            let want = m.expected_final(s);
+            assert!((mean - want).abs() < 0.005 * want, "s {s}: {mean} vs {want}");
+        }
     }
 
     #[test]

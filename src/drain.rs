@@ -15,7 +15,12 @@
 //!   batch has been small enough for throughput to fall below capacity. Until a ceiling has
 //!   been seen none is assumed (the capacity is shared evenly, as work-conserving servers do);
 //!   a lone request never gets more than the whole capacity.
-//! - [`finish_times`] runs a deterministic fluid simulation of the batch forward in
+//! - [`finish_times`] samples the tail of the run and runs a fluid model of its bulk.
+//!   [`sampled_finish_times`] (at most [`SAMPLED_MAX_STARTS`] requests left to start) replays
+//!   the remaining work many times with drawn lengths and the scheduler's own rules,
+//!   including the budget gate that keeps reopening as requests end short: a dataset's ETA
+//!   is the mean of its last completion over the replays.
+//! - [`fluid_finish_times`] runs a deterministic fluid simulation of the batch forward in
 //!   *per-request progress* τ (tokens every active request has generated since now; all
 //!   requests in a batch advance alike). Each request in flight finishes after a remaining
 //!   length drawn from the fitted length distribution conditioned on what it has streamed;
@@ -24,14 +29,16 @@
 //!   the wall time of each step, and a dataset's ETA is `∫ P(some request of it still active
 //!   at τ) dt(τ)`: the expected *last* completion (an order statistic), not a mean one.
 //!
-//! Invariants: the result is deterministic (no sampling) and costs at most
-//! `MAX_STEPS × window × datasets` multiply-adds, with the window fixed at
-//! [`BUCKETS_PER_CAP`] steps per `max_tokens`, so it can run on every monitor tick; ETAs are
+//! Invariants: the result is deterministic (the replays use a fixed seed); the fluid model
+//! costs at most `MAX_STEPS × window × datasets` multiply-adds, with the window fixed at
+//! [`BUCKETS_PER_CAP`] steps per `max_tokens`, and the replays a bounded number of events
+//! (else the fluid model answers), so it can run on every monitor tick; ETAs are
 //! finite and ≥ 0; a dataset with nothing in flight and nothing to start has ETA 0; a dataset
 //! that still has requests to start is never reported done before it has started them all.
 
 use crate::budget::LengthModel;
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// Simulation steps per `max_tokens` of per-request progress (the time resolution of the tail).
@@ -171,14 +178,195 @@ pub struct LaneWork {
     /// Requests it is still expected to start (remaining prompts, or what the budget leaves
     /// room for); fractional, as an expectation.
     pub to_start: f64,
+    /// Prompts it may still start if its budget lets it (whether or not the gate is open
+    /// now): the sampled drain replays the gate instead of trusting `to_start`.
+    pub pending: f64,
+    /// Budget minus completed tokens (`None`: no budget): the sampled drain's gate.
+    pub budget_left: Option<f64>,
     /// Its completion-length distribution.
     pub lengths: LengthModel,
 }
 
 /// Expected seconds until the last request of each dataset completes, given the server's
 /// [`SpeedCurve`] and the run's `concurrency` (requests in flight over all datasets).
-/// Datasets are in config order: earlier ones get free slots first.
+/// Datasets are in config order: earlier ones get free slots first. The tail (at most
+/// [`SAMPLED_MAX_STARTS`] requests still to start) is sampled, the bulk of a run is fluid.
 pub fn finish_times(lanes: &[LaneWork], curve: &SpeedCurve, concurrency: usize) -> Vec<f64> {
+    let starts: f64 = lanes.iter().map(|l| l.to_start.max(0.0)).sum();
+    if starts <= SAMPLED_MAX_STARTS {
+        if let Some(t) = sampled_finish_times(lanes, curve, concurrency, SAMPLED_RUNS) {
+            return t;
+        }
+    }
+    fluid_finish_times(lanes, curve, concurrency)
+}
+
+/// Above this many requests still to start (over all datasets) the ETA comes from the fluid
+/// model: the tail is then a small share of what remains, and sampling thousands of requests
+/// per tick would cost more than it buys.
+pub const SAMPLED_MAX_STARTS: f64 = 1024.0;
+/// Sampled drains averaged per estimate (stratified draws: the error of the mean is far
+/// below the spread of one drain).
+const SAMPLED_RUNS: usize = 32;
+/// Grid of the budget gate's expected-final table, per `max_tokens`.
+const GATE_GRID: usize = 512;
+
+/// The tail by sampling: `runs` replays of the remaining work, each drawing every request's
+/// final length (conditioned on what it has streamed) and replaying the scheduler exactly —
+/// free slots to datasets in config order, and a budgeted dataset's gate (completed plus
+/// expected final tokens of its requests in flight below the budget) re-checked whenever a
+/// slot frees. That gate keeps opening during the drain — each request that ends shorter
+/// than expected makes room for another — and a late request that runs long decides when
+/// the dataset ends: the fluid model, which closes the gate once, was seconds early for it
+/// (`make bench-eta`). Also exact where the fluid model averages: the speed of each step
+/// depends on the sampled number in flight, not on its mean.
+///
+/// Deterministic (fixed seed, stratified draws per request); `None` if a replay takes more
+/// events than the work could need (a safety bound), leaving the estimate to the fluid model.
+pub fn sampled_finish_times(
+    lanes: &[LaneWork],
+    curve: &SpeedCurve,
+    concurrency: usize,
+    runs: usize,
+) -> Option<Vec<f64>> {
+    let slots = concurrency.max(1);
+    let runs = runs.max(1);
+    // The gate's expected final length by tokens streamed, on a grid (the scheduler computes
+    // it exactly; the grid is fine enough for a sum over the batch).
+    let tables: Vec<(f64, Vec<f64>)> = lanes
+        .iter()
+        .map(|l| {
+            let cap = f64::from(l.lengths.max_tokens());
+            let step = cap / GATE_GRID as f64;
+            let t = (0..=GATE_GRID)
+                .map(|k| l.lengths.expected_final((k as f64 * step).round() as u32))
+                .collect();
+            (step, t)
+        })
+        .collect();
+    let expected_final = |lane: usize, age: f64| {
+        let (step, t) = &tables[lane];
+        let x = (age / step).max(0.0);
+        let k = x.floor() as usize;
+        if k >= GATE_GRID {
+            return t[GATE_GRID];
+        }
+        let f = x - k as f64;
+        t[k] * (1.0 - f) + t[k + 1] * f
+    };
+    let initial: usize = lanes.iter().map(|l| l.streamed.len()).sum();
+    let starts: f64 = lanes.iter().map(|l| l.to_start.max(0.0).ceil()).sum();
+    let max_events = 8 * (initial + starts as usize + slots) + 1024;
+    let mut strata = Strata::new(runs, lanes.len());
+    let mut sums = vec![0.0; lanes.len()];
+
+    // Requests of the replay, by when they end in per-request progress τ (non-negative, so
+    // the bits of the f64 order as the value), with their dataset; and, for datasets with a
+    // budget, when each of their requests in flight began (its streamed tokens are τ − born).
+    let mut ends: BinaryHeap<Reverse<(u64, usize, u64)>> = BinaryHeap::new();
+    let mut born: Vec<Vec<f64>> = vec![Vec::new(); lanes.len()];
+    for run in 0..runs {
+        ends.clear();
+        born.iter_mut().for_each(Vec::clear);
+        for (li, l) in lanes.iter().enumerate() {
+            for (k, &s) in l.streamed.iter().enumerate() {
+                let len = l.lengths.sample_final(s, strata.u(li, k, run));
+                let s = f64::from(s);
+                ends.push(Reverse(((len.max(s) - s).to_bits(), li, (-s).to_bits())));
+                if l.budget_left.is_some() {
+                    born[li].push(-s);
+                }
+            }
+        }
+        let mut ordinal: Vec<usize> = lanes.iter().map(|l| l.streamed.len()).collect();
+        let mut left: Vec<u64> = lanes.iter().map(|l| l.pending.max(0.0).ceil() as u64).collect();
+        let mut completed = vec![0.0; lanes.len()];
+        let mut last = vec![0.0f64; lanes.len()];
+        let (mut t, mut tau, mut events) = (0.0f64, 0.0f64, 0usize);
+        loop {
+            for (li, l) in lanes.iter().enumerate() {
+                while ends.len() < slots && left[li] > 0 {
+                    if let Some(b) = l.budget_left {
+                        let committed: f64 =
+                            born[li].iter().map(|&b0| expected_final(li, tau - b0)).sum();
+                        if completed[li] + committed >= b {
+                            break;
+                        }
+                        born[li].push(tau);
+                    }
+                    let len = l.lengths.sample_final(0, strata.u(li, ordinal[li], run));
+                    ordinal[li] += 1;
+                    left[li] -= 1;
+                    ends.push(Reverse(((tau + len.max(1.0)).to_bits(), li, tau.to_bits())));
+                }
+            }
+            // Until the next completion every active request advances at the same speed.
+            let v = curve.per_request(ends.len() as f64).max(1e-9);
+            let Some(Reverse((end, li, b0))) = ends.pop() else {
+                break;
+            };
+            let (end, b0) = (f64::from_bits(end), f64::from_bits(b0));
+            t += (end - tau).max(0.0) / v;
+            tau = tau.max(end);
+            completed[li] += end - b0;
+            last[li] = t;
+            if let Some(i) = born[li].iter().position(|&x| x == b0) {
+                born[li].swap_remove(i);
+            }
+            events += 1;
+            if events > max_events {
+                return None;
+            }
+        }
+        for (s, l) in sums.iter_mut().zip(&last) {
+            *s += l;
+        }
+    }
+    Some(sums.into_iter().map(|s| s / runs as f64).collect())
+}
+
+/// Stratified uniforms for the sampled drain: the k-th request of a dataset gets, over the
+/// runs, one draw from each of `runs` equal strata of (0, 1), in a shuffled order (Latin
+/// hypercube sampling). Common to every estimate (fixed seed), so successive ETAs differ by
+/// what changed in the run, not by sampling noise.
+struct Strata {
+    runs: usize,
+    rng: rand::rngs::SmallRng,
+    /// Per dataset, per request ordinal: each run's draw (its stratum plus where in it: the
+    /// point in the stratum must be random too, or no draw reaches the extreme tail that
+    /// decides the longest of many requests).
+    perms: Vec<Vec<Vec<f64>>>,
+}
+
+impl Strata {
+    fn new(runs: usize, lanes: usize) -> Self {
+        use rand::SeedableRng;
+        Self {
+            runs,
+            rng: rand::rngs::SmallRng::seed_from_u64(0x5EED_0E7A),
+            perms: vec![Vec::new(); lanes],
+        }
+    }
+
+    fn u(&mut self, lane: usize, ordinal: usize, run: usize) -> f64 {
+        use rand::seq::SliceRandom;
+        use rand::Rng;
+        let perms = &mut self.perms[lane];
+        while perms.len() <= ordinal {
+            let n = self.runs as f64;
+            let mut p: Vec<f64> = (0..self.runs)
+                .map(|k| (k as f64 + self.rng.random::<f64>()) / n)
+                .collect();
+            p.shuffle(&mut self.rng);
+            perms.push(p);
+        }
+        perms[ordinal][run]
+    }
+}
+
+/// The fluid model of [`finish_times`] (also what the sampled drain falls back to): expected
+/// numbers in flight instead of sampled ones, the budget gate closed once its room is used.
+pub fn fluid_finish_times(lanes: &[LaneWork], curve: &SpeedCurve, concurrency: usize) -> Vec<f64> {
     let slots = concurrency.max(1) as f64;
     let cap = lanes
         .iter()
@@ -356,6 +544,8 @@ mod tests {
         let lanes = [LaneWork {
             streamed: vec![0; 10],
             to_start: 0.0,
+            pending: 0.0,
+            budget_left: None,
             lengths: exact(1000),
         }];
         let t = finish_times(&lanes, &curve(1000.0, Some(500.0)), 10);
@@ -372,6 +562,8 @@ mod tests {
         let lanes = [LaneWork {
             streamed: vec![750, 500, 250, 0],
             to_start: 0.0,
+            pending: 0.0,
+            budget_left: None,
             lengths: exact(1000),
         }];
         let t = finish_times(&lanes, &curve(400.0, Some(1000.0)), 4);
@@ -388,11 +580,15 @@ mod tests {
         let first = LaneWork {
             streamed: vec![0; 4],
             to_start: 4.0,
+            pending: 4.0,
+            budget_left: None,
             lengths: exact(1000),
         };
         let second = LaneWork {
             streamed: vec![],
             to_start: 4.0,
+            pending: 4.0,
+            budget_left: None,
             lengths: exact(1000),
         };
         // 4 slots, 400 tok/s (100 each): the first's 8 requests run in two waves of 10 s;
@@ -407,6 +603,8 @@ mod tests {
         let lanes = [LaneWork {
             streamed: vec![],
             to_start: 0.0,
+            pending: 0.0,
+            budget_left: None,
             lengths: model(3500.0, 1.0, 10_240),
         }];
         assert_eq!(finish_times(&lanes, &curve(1000.0, None), 150), vec![0.0]);
@@ -420,6 +618,8 @@ mod tests {
             &[LaneWork {
                 streamed: vec![0],
                 to_start: 0.0,
+                pending: 0.0,
+                budget_left: None,
                 lengths: model(1000.0, 1.0, 10_240),
             }],
             &curve(1e9, Some(100.0)),
@@ -429,6 +629,8 @@ mod tests {
             &[LaneWork {
                 streamed: vec![0; 100],
                 to_start: 0.0,
+                pending: 0.0,
+                budget_left: None,
                 lengths: model(1000.0, 1.0, 10_240),
             }],
             &curve(1e9, Some(100.0)),
@@ -469,6 +671,8 @@ mod tests {
                     let lanes = [LaneWork {
                         streamed: active.iter().map(|a| a.0 as u32).collect(),
                         to_start: left as f64,
+                        pending: left as f64,
+                        budget_left: None,
                         lengths: m.clone(),
                     }];
                     let c = curve(capacity, Some(ceiling));
@@ -496,6 +700,90 @@ mod tests {
         let (err, old) = (err_sum / runs as f64, old_sum / runs as f64);
         assert!(err.abs() < 0.05, "mean error {:.1} %", err * 100.0);
         assert!(old > 0.10, "the old rule was {:.1} % late", old * 100.0);
+    }
+
+    /// A budgeted dataset at its gate: against a discrete simulation of the scheduler (its
+    /// gate re-checked as slots free: completed + expected final tokens in flight < budget)
+    /// and the mock's speed rule, the ETA of the last completion is right on average, where
+    /// the fluid model, which closes the gate once, is early: requests that end short keep
+    /// reopening the gate through the drain, and a late one that runs long ends the dataset.
+    #[test]
+    fn the_eta_replays_a_budget_gate_that_keeps_reopening() {
+        use rand::SeedableRng;
+        use rand_distr::{Distribution, LogNormal as LN};
+        let (mean, sigma, cap, slots) = (3500.0, 1.0, 10_240u32, 150usize);
+        let (capacity, ceiling) = (42_500.0, 3000.0);
+        let m = model(mean, sigma, cap);
+        let d = LN::new(mean.ln() - sigma * sigma / 2.0, sigma).unwrap();
+        let budget = 450.0 * m.expected_new();
+        let c = curve(capacity, Some(ceiling));
+        let (mut sampled, mut fluid, runs) = (0.0, 0.0, 24);
+        for seed in 0..runs {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(100 + seed);
+            let mut draw = || (d.sample(&mut rng).round().max(1.0) as u32).min(cap);
+            let mut active: Vec<(f64, u32)> = Vec::new();
+            let (mut completed, mut left) = (0.0, 10_000usize);
+            let dt = 0.005;
+            let mut t = 0.0;
+            let mut prediction = None;
+            let mut changed = true;
+            loop {
+                let gate = |active: &[(f64, u32)], completed: f64| {
+                    completed
+                        + active
+                            .iter()
+                            .map(|a| m.expected_final(a.0 as u32))
+                            .sum::<f64>()
+                        < budget
+                };
+                // As in the scheduler, the gate is looked at again when a request ends.
+                while changed && active.len() < slots && left > 0 && gate(&active, completed) {
+                    active.push((0.0, draw()));
+                    left -= 1;
+                }
+                changed = false;
+                if active.is_empty() {
+                    break;
+                }
+                if prediction.is_none() && t >= 20.0 {
+                    let streamed: Vec<u32> = active.iter().map(|a| a.0 as u32).collect();
+                    let finals: f64 = streamed.iter().map(|&s| m.expected_final(s)).sum();
+                    let room = (budget - completed - finals).max(0.0);
+                    let lanes = [LaneWork {
+                        streamed,
+                        to_start: (room / m.expected_new()).ceil(),
+                        pending: left as f64,
+                        budget_left: Some(budget - completed),
+                        lengths: m.clone(),
+                    }];
+                    prediction = Some((
+                        finish_times(&lanes, &c, slots)[0],
+                        fluid_finish_times(&lanes, &c, slots)[0],
+                    ));
+                }
+                let v = (capacity / active.len() as f64).min(ceiling);
+                for a in active.iter_mut() {
+                    a.0 += v * dt;
+                }
+                active.retain(|a| {
+                    let over = a.0 >= f64::from(a.1);
+                    if over {
+                        completed += f64::from(a.1);
+                        changed = true;
+                    }
+                    !over
+                });
+                t += dt;
+            }
+            let (p, f) = prediction.unwrap();
+            let actual = t - 20.0;
+            sampled += (p - actual) / actual;
+            fluid += (f - actual) / actual;
+        }
+        let (sampled, fluid) = (sampled / runs as f64, fluid / runs as f64);
+        eprintln!("mean error: sampled {:+.1} %, fluid {:+.1} %", sampled * 100.0, fluid * 100.0);
+        assert!(sampled.abs() < 0.04, "sampled drain {:+.1} %", sampled * 100.0);
+        assert!(fluid < -0.04, "the fluid model was only {:+.1} % early", fluid * 100.0);
     }
 
     #[test]

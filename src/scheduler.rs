@@ -442,6 +442,8 @@ impl Scheduler {
                     work: LaneWork {
                         streamed,
                         to_start,
+                        pending: pending_to_start,
+                        budget_left: l.spec.budget.map(|b| b as f64 - l.completed_tokens as f64),
                         lengths: l.lengths.clone(),
                     },
                 }
@@ -499,6 +501,8 @@ pub fn lane_etas(
                 LaneWork {
                     streamed: v.work.streamed.clone(),
                     to_start,
+                    pending: v.work.pending,
+                    budget_left: v.work.budget_left,
                     lengths,
                 }
             })
