@@ -21,6 +21,13 @@
 //! Row groups are written every [`ROW_GROUP_MAX_ROWS`] rows or ~[`ROW_GROUP_MAX_BYTES`],
 //! whichever comes first, so a writer holds at most one row group in memory.
 //!
+//! Encoding (not part of the contract: any Parquet reader decodes either): the columns in
+//! [`PLAIN_COLUMNS`] — unique values, long texts and the token-id lists — are written
+//! without a dictionary; every other column keeps parquet-rs's default dictionary
+//! encoding, which pays for `dataset`, `finish_reason`, `model` and the small integers.
+//! A test checks each column chunk of a written file against that list, so a misspelt
+//! column path cannot silently leave a dictionary on.
+//!
 //! Fault points, for the crash and disk-full test harnesses (read on every call):
 //! - `SPOOL_FAULT_SHARD_PAUSE_MS=N`: `finish` sleeps N ms after the temporary file is
 //!   fsynced but before the rename, and again after the rename (and directory fsync) but
@@ -48,6 +55,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{KeyValue, ParquetMetaData};
 use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
 
 /// Env var: pause (ms) inside `finish`, before and after the rename.
 pub const FAULT_PAUSE_ENV: &str = "SPOOL_FAULT_SHARD_PAUSE_MS";
@@ -80,6 +88,37 @@ pub const ROW_GROUP_MAX_BYTES: usize = 64 << 20;
 const BATCH_MAX_BYTES: usize = 64 << 20;
 /// Rows per batch when reading back.
 const READ_BATCH_ROWS: usize = 1024;
+
+/// Columns written without dictionary encoding, because a dictionary buys nothing there.
+/// `id` and `row` are unique per dataset, so within a shard; `prompt`, `messages` and
+/// `completion` are long texts that do not repeat (parquet-rs hashed each into a dictionary
+/// until it outgrew its 1 MiB page limit, then fell back to plain). The token-id lists
+/// are the expensive case: their ids do repeat, but a row group holds millions of them over
+/// a 151 k vocabulary, so the dictionary held and every id was hashed — ~18 % of the
+/// writer's time in a `make bench-shard` profile — for a file within 1 % of the plain
+/// one's size after zstd (BENCHMARKS.md, shard section).
+pub const PLAIN_COLUMNS: &[&str] = &[
+    "id",
+    "row",
+    "prompt",
+    "messages",
+    "completion",
+    "prompt_token_ids",
+    "completion_token_ids",
+];
+
+/// The Parquet leaf path of top-level column `name`: the column itself, or for a list
+/// column its values (`name.list.item`, the 3-level LIST layout the module doc describes).
+fn leaf_path(name: &str) -> ColumnPath {
+    let is_list = schema()
+        .field_with_name(name)
+        .is_ok_and(|f| matches!(f.data_type(), DataType::List(_)));
+    let mut parts = vec![name.to_string()];
+    if is_list {
+        parts.extend(["list".to_string(), list_item_field().name().clone()]);
+    }
+    ColumnPath::new(parts)
+}
 
 /// One completed item: a row of a shard, and also the durable result record the queue
 /// keeps in sled until the row is in a shard (so the serde field names are a compatibility
@@ -423,7 +462,11 @@ impl ShardWriter {
             .open(&temp_path)
             .map_err(|e| ShardError::io(&temp_path, e))?;
 
-        let props = WriterProperties::builder()
+        let props = PLAIN_COLUMNS
+            .iter()
+            .fold(WriterProperties::builder(), |b, col| {
+                b.set_column_dictionary_enabled(leaf_path(col), false)
+            })
             .set_compression(Compression::ZSTD(level))
             .set_max_row_group_row_count(Some(ROW_GROUP_MAX_ROWS))
             .set_max_row_group_bytes(Some(ROW_GROUP_MAX_BYTES))
@@ -1223,6 +1266,39 @@ mod tests {
         assert_eq!(info.metadata, meta());
         // The schema as stored is exactly schema(), field by field.
         assert_eq!(builder.schema().fields(), schema().fields());
+    }
+
+    #[test]
+    fn shard_dictionary_only_where_values_repeat() {
+        let dir = tempfile::tempdir().unwrap();
+        let rows: Vec<ShardRow> = (0..100).map(sample).collect();
+        let sealed = write(dir.path(), 0, &rows);
+        let file = File::open(&sealed.path).unwrap();
+        let md = ParquetRecordBatchReaderBuilder::try_new(file)
+            .unwrap()
+            .metadata()
+            .clone();
+        let mut seen = Vec::new();
+        for rg in md.row_groups() {
+            for c in rg.columns() {
+                let top = c.column_path().parts()[0].clone();
+                let plain = PLAIN_COLUMNS.contains(&top.as_str());
+                assert_eq!(
+                    c.dictionary_page_offset().is_none(),
+                    plain,
+                    "column {} (encodings {:?})",
+                    c.column_path(),
+                    c.encodings().collect::<Vec<_>>()
+                );
+                seen.push(top);
+            }
+        }
+        // Every name in the list is a real column (a typo would match nothing).
+        for col in PLAIN_COLUMNS {
+            assert!(seen.iter().any(|s| s == col), "{col} is not a column");
+        }
+        // The rows still read back as written.
+        assert_eq!(read_rows(&sealed.path).unwrap(), rows);
     }
 
     #[test]

@@ -248,20 +248,23 @@ impl Upstream {
             }
             None => req,
         };
-        let (path, body) = match self.api {
-            Api::Sglang => ("/generate", sglang::body(req, self.stream)),
-            Api::Completions => (
-                "/v1/completions",
-                openai::completions_body(req, &self.model, self.stream),
-            ),
-            Api::Chat => (
-                "/v1/chat/completions",
-                openai::chat_body(req, &self.model, self.stream),
-            ),
+        let path = match self.api {
+            Api::Sglang => "/generate",
+            Api::Completions => "/v1/completions",
+            Api::Chat => "/v1/chat/completions",
         };
         let url = format!("{}{}", base.trim_end_matches('/'), path);
-        let resp = self
-            .post(&url, &body)
+        let rb = match self.api {
+            Api::Sglang => self.post(&url, &sglang::body(req, self.stream)),
+            Api::Completions | Api::Chat => {
+                let chat = self.api == Api::Chat;
+                self.post(
+                    &url,
+                    &openai::request_body(req, &self.model, self.stream, chat),
+                )
+            }
+        };
+        let resp = rb
             .header("x-request-id", req.rid)
             .send()
             .await
@@ -322,7 +325,8 @@ impl Upstream {
         matches!(rb.send().await, Ok(r) if r.status().is_success())
     }
 
-    fn post(&self, url: &str, body: &serde_json::Value) -> reqwest::RequestBuilder {
+    /// A POST of `body` as JSON (serialised once, by reqwest) with the API key.
+    fn post(&self, url: &str, body: &impl serde::Serialize) -> reqwest::RequestBuilder {
         let mut rb = self.client.post(url).json(body);
         if let Some(k) = &self.api_key {
             rb = rb.bearer_auth(k);
