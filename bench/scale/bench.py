@@ -14,7 +14,10 @@ For N prompts (default 10,000,000; `--prompts N`):
      The new process drains for `--drain-s` seconds more (RSS sampled), then gets SIGTERM.
 Prints one table. Benchmarks are run by hand, never by `make test`.
 
-usage: bench.py [--prompts N] [--spool target/release/spool] [--drain-s 15] [--keep]
+With --single-run there is no separate enqueue pass: the first run enqueues and drains in
+one process (the usual use) before the kill, so the restart replays that run's whole log.
+
+usage: bench.py [--prompts N] [--spool target/release/spool] [--drain-s 15] [--keep] [--single-run]
 """
 import argparse
 import json
@@ -176,7 +179,7 @@ def restart(spool, d, prompts, drain_s):
         s1.start()
         t0 = time.monotonic()
         while first_dispatch_ms(mlog, 0) is None:
-            if p.poll() is not None or time.monotonic() - t0 > 600:
+            if p.poll() is not None or time.monotonic() - t0 > 3600:
                 sys.exit(f"first run never dispatched (see {d}/run1.log)")
             time.sleep(0.1)
         first_start = time.monotonic() - t0
@@ -218,6 +221,9 @@ def main():
     ap.add_argument("--spool", default=os.path.join(ROOT, "target", "release", "spool"))
     ap.add_argument("--drain-s", type=float, default=15.0)
     ap.add_argument("--keep", action="store_true", help="keep the run folder")
+    ap.add_argument("--single-run", action="store_true",
+                    help="no separate enqueue pass: the first run enqueues and drains in one process "
+                         "(the usual use), is SIGKILLed, and the restart is timed")
     a = ap.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, "
           f"load {os.getloadavg()[0]:.1f}", flush=True)
@@ -225,6 +231,14 @@ def main():
     in_bytes = os.path.getsize(prompts)
     d = tempfile.mkdtemp(prefix="spool-scale-", dir=DATA)
     try:
+        if a.single_run:
+            r = restart(a.spool, d, prompts, a.drain_s)
+            print(json.dumps({k: v for k, v in r.items() if not k.startswith("rss")}), flush=True)
+            print(f"\n| prompts | single run: restart (kill → first request) | start → first request (enqueue included) "
+                  f"| RSS peak first run / after the kill | load (1 min) |\n| ---: | ---: | ---: | ---: | ---: |\n"
+                  f"| {a.prompts:,} | {r['restart_s']:.2f} s | {r['first_start_s']:.2f} s | "
+                  f"{r['rss1'].peak():,.0f} / {r['rss2'].peak():,.0f} MiB | {os.getloadavg()[0]:.1f} |")
+            return
         e = enqueue(a.spool, d, prompts)
         print(json.dumps({"enqueued": e["added"], "seconds": e["seconds"], "cpu_s": round(e["cpu_s"], 2),
                           "queue_bytes": e["queue_bytes"],
