@@ -7,6 +7,10 @@
 //! writes shards off the request path; a monitor task samples rates, updates gauges and
 //! logs progress.
 //!
+//! Start-up order: open the queue → repair it if a failed write left the marker → probe the
+//! servers → intake → checkpoint the queue after a big intake (`Queue::checkpoint`, while
+//! this function holds its only handle) → recover the output folder → dispatch.
+//!
 //! Shutdown order (on the `shutdown` future, a fatal error, or when all is done): stop
 //! dispatch → wait for requests in flight up to `shutdown_grace_s`, then abort the rest
 //! (their items stay pending) → the committer drains → the archive seals open shards →
