@@ -7,6 +7,10 @@
 //! writes shards off the request path; a monitor task samples rates, updates gauges and
 //! logs progress.
 //!
+//! Start-up order: open the queue → repair it if a failed write left the marker → probe the
+//! servers → intake → checkpoint the queue after a big intake (`Queue::checkpoint`, while
+//! this function holds its only handle) → recover the output folder → dispatch.
+//!
 //! Shutdown order (on the `shutdown` future, a fatal error, or when all is done): stop
 //! dispatch → wait for requests in flight up to `shutdown_grace_s`, then abort the rest
 //! (their items stay pending) → the committer drains → the archive seals open shards →
@@ -34,6 +38,11 @@ use std::time::Duration;
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+/// Items enqueued by one run past which the queue is checkpointed before dispatch
+/// ([`Queue::checkpoint`]): ~1.7 KB of sled log each, so ~170 MB (a fraction of a second to
+/// replay) is the most a later start replays of this run's intake.
+const CHECKPOINT_AFTER_ITEMS: u64 = 100_000;
 
 /// File in `data_dir` holding the address the running process's endpoint is bound to.
 pub const ENDPOINT_FILE: &str = "metrics.addr";
@@ -73,7 +82,7 @@ pub async fn run(
     }
     std::fs::create_dir_all(&cfg.output_dir)
         .with_context(|| format!("cannot create output_dir {}", cfg.output_dir.display()))?;
-    let queue = Arc::new(Queue::open(&cfg.data_dir)?);
+    let mut queue = Arc::new(Queue::open(&cfg.data_dir)?);
     let api_key = cfg.api_key()?;
 
     let (tokenizer, template) = load_prompt_tools(&cfg)?;
@@ -144,17 +153,6 @@ pub async fn run(
                 completion_tokens_after = r.after.completion_tokens, "queue repaired");
         }
     }
-    let mut archive = Archive::new(queue.clone(), &cfg.output_dir, limits, arch_datasets);
-    for &ds in &ds_of {
-        let rec = archive
-            .recover(ds)
-            .map_err(|e| output_failure(&e, &cfg.output_dir, &cfg.data_dir))?;
-        if rec.temp_files_removed > 0 || rec.shards_adopted > 0 {
-            tracing::info!(dataset = %name_map[&ds], temp_files_removed = rec.temp_files_removed,
-                shards_adopted = rec.shards_adopted, rows_adopted = rec.rows_adopted, "recovered output folder");
-        }
-    }
-
     let upstream = Upstream::new(UpstreamOptions {
         api: cfg.server.api,
         model: cfg.server.model.clone(),
@@ -176,6 +174,7 @@ pub async fn run(
     // Intake, then the resume line of each dataset.
     let metrics = Arc::new(Metrics::new());
     let mut dmetrics = Vec::new();
+    let mut added_this_run = 0u64;
     for (i, d) in cfg.datasets.iter().enumerate() {
         let ds = ds_of[i];
         let (q, d2, b, out) = (
@@ -194,6 +193,7 @@ pub async fn run(
         let rep = tokio::task::spawn_blocking(move || intake(&q, ds, &d2, &b, &out, &o))
             .await
             .context("intake task panicked")??;
+        added_this_run += rep.added;
         crate::intake::log_context_report(
             &d.name,
             &rep,
@@ -248,6 +248,35 @@ pub async fn run(
                 interrupted: interrupted.load(Ordering::SeqCst),
                 report: StatusReport::from_queue(&queue, &cfg)?,
             });
+        }
+    }
+
+    // A big intake leaves sled a long log to replay at the next open (after a SIGKILL
+    // too): checkpoint now, while this function holds the only handle to the queue.
+    if added_this_run >= CHECKPOINT_AFTER_ITEMS {
+        queue = match Arc::try_unwrap(queue) {
+            Ok(q) => Arc::new(
+                tokio::task::spawn_blocking(move || q.checkpoint())
+                    .await
+                    .context("queue checkpoint panicked")??,
+            ),
+            Err(shared) => {
+                tracing::debug!("queue still shared after intake: no checkpoint");
+                shared
+            }
+        };
+    }
+
+    // Shards: adopt what a crash left finished, drop what it left half written (before
+    // any request; intake does not touch results or shards).
+    let mut archive = Archive::new(queue.clone(), &cfg.output_dir, limits, arch_datasets);
+    for &ds in &ds_of {
+        let rec = archive
+            .recover(ds)
+            .map_err(|e| output_failure(&e, &cfg.output_dir, &cfg.data_dir))?;
+        if rec.temp_files_removed > 0 || rec.shards_adopted > 0 {
+            tracing::info!(dataset = %name_map[&ds], temp_files_removed = rec.temp_files_removed,
+                shards_adopted = rec.shards_adopted, rows_adopted = rec.rows_adopted, "recovered output folder");
         }
     }
 
