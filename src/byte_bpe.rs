@@ -143,7 +143,10 @@ impl Classes {
             return Err(unsupported("overlapping astral classes"));
         }
         let mut folds: [Vec<char>; 8] = Default::default();
-        for (slot, letter) in folds.iter_mut().zip(['s', 't', 'r', 'e', 'v', 'm', 'l', 'd']) {
+        for (slot, letter) in folds
+            .iter_mut()
+            .zip(['s', 't', 'r', 'e', 'v', 'm', 'l', 'd'])
+        {
             for (lo, hi) in unicode_class(&format!("(?i:{letter})"))? {
                 slot.extend((lo..=hi).filter_map(char::from_u32));
             }
@@ -353,11 +356,14 @@ fn pair_key(a: u32, b: u32) -> u64 {
     (u64::from(a) << 32) | u64::from(b)
 }
 
+/// A piece's bytes to its ids.
+type Words = AHashMap<Box<[u8]>, Box<[u32]>>;
+
 /// Per-thread cache of the ids of short pieces, for one encoder instance at a time.
 #[derive(Default)]
 struct WordCache {
     owner: u64,
-    words: AHashMap<Box<[u8]>, Box<[u32]>>,
+    words: Words,
 }
 
 thread_local! {
@@ -522,8 +528,14 @@ impl ByteBpe {
         };
         if bpe.dropout.is_some_and(|d| d != 0.0)
             || bpe.unk_token.is_some()
-            || bpe.continuing_subword_prefix.as_deref().is_some_and(|p| !p.is_empty())
-            || bpe.end_of_word_suffix.as_deref().is_some_and(|p| !p.is_empty())
+            || bpe
+                .continuing_subword_prefix
+                .as_deref()
+                .is_some_and(|p| !p.is_empty())
+            || bpe
+                .end_of_word_suffix
+                .as_deref()
+                .is_some_and(|p| !p.is_empty())
             || bpe.byte_fallback
             || bpe.ignore_merges
         {
@@ -552,7 +564,9 @@ impl ByteBpe {
                 vocab.get(b.as_str()),
                 vocab.get(format!("{a}{b}").as_str()),
             ) else {
-                return Err(unsupported(format!("merge {a} {b} is outside the vocabulary")));
+                return Err(unsupported(format!(
+                    "merge {a} {b} is outside the vocabulary"
+                )));
             };
             let rank = u32::try_from(rank).map_err(|_| unsupported("too many merges"))?;
             // A later duplicate replaces an earlier one, as in HuggingFace's map.
@@ -574,7 +588,10 @@ impl ByteBpe {
     fn check_pre_tokenizer(json: &Value) -> Result<(), Unsupported> {
         let pre = field(json, "pre_tokenizer").ok_or_else(|| unsupported("no pre-tokenizer"))?;
         only_keys(pre, "pre_tokenizer", &["type", "pretokenizers"])?;
-        let steps = match (pre.get("type").and_then(Value::as_str), pre.get("pretokenizers")) {
+        let steps = match (
+            pre.get("type").and_then(Value::as_str),
+            pre.get("pretokenizers"),
+        ) {
             (Some("Sequence"), Some(Value::Array(steps))) => steps,
             _ => return Err(unsupported("pre-tokenizer is not a Sequence")),
         };
@@ -591,7 +608,9 @@ impl ByteBpe {
             || split.get("behavior").and_then(Value::as_str) != Some("Isolated")
             || !is_bool(split, "invert", false)
         {
-            return Err(unsupported("Split is not the GPT-4/Qwen2 pattern, Isolated"));
+            return Err(unsupported(
+                "Split is not the GPT-4/Qwen2 pattern, Isolated",
+            ));
         }
         only_keys(
             byte_level,
@@ -626,7 +645,12 @@ impl ByteBpe {
         }
         // Longest first; ties (same length) cannot both match at one position unless
         // equal, and equal contents are one entry in HuggingFace's matcher: refuse them.
-        tokens.sort_by(|a, b| b.content.len().cmp(&a.content.len()).then(a.content.cmp(&b.content)));
+        tokens.sort_by(|a, b| {
+            b.content
+                .len()
+                .cmp(&a.content.len())
+                .then(a.content.cmp(&b.content))
+        });
         if tokens.windows(2).any(|w| w[0].content == w[1].content) {
             return Err(unsupported("two added tokens have the same text"));
         }
@@ -649,7 +673,9 @@ impl ByteBpe {
                     .encode_fast(probe, special)
                     .map_err(|e| unsupported(format!("HuggingFace cannot encode a probe: {e}")))?;
                 if self.encode(probe) != want.get_ids() {
-                    return Err(unsupported(format!("differs from HuggingFace on {probe:?}")));
+                    return Err(unsupported(format!(
+                        "differs from HuggingFace on {probe:?}"
+                    )));
                 }
             }
         }
@@ -686,7 +712,7 @@ impl ByteBpe {
         text: &str,
         out: &mut Vec<u32>,
         scratch: &mut Scratch,
-        mut cache: Option<&mut AHashMap<Box<[u8]>, Box<[u32]>>>,
+        mut cache: Option<&mut Words>,
     ) {
         let mut pos = 0;
         while pos < text.len() {
@@ -700,7 +726,12 @@ impl ByteBpe {
                 let e = self.classes.piece_end(segment, i);
                 debug_assert!(e > i, "empty piece at {i} of {segment:?}");
                 let e = e.max(i + 1);
-                self.piece(&segment.as_bytes()[i..e], out, scratch, cache.as_deref_mut());
+                self.piece(
+                    &segment.as_bytes()[i..e],
+                    out,
+                    scratch,
+                    cache.as_deref_mut(),
+                );
                 i = e;
             }
             match token {
@@ -719,7 +750,7 @@ impl ByteBpe {
         bytes: &[u8],
         out: &mut Vec<u32>,
         scratch: &mut Scratch,
-        cache: Option<&mut AHashMap<Box<[u8]>, Box<[u32]>>>,
+        cache: Option<&mut Words>,
     ) {
         if let [b] = bytes {
             out.push(self.byte_ids[*b as usize]);
@@ -903,8 +934,23 @@ mod tests {
     fn splits_like_the_regex() {
         let re = fancy_regex::Regex::new(PATTERN).unwrap();
         for text in PROBES.iter().copied().chain([
-            "a  b", "a   \n b", "x \t\t", " \n", "\n \n  ", "'re're 're", "'", "''s", "!\n\n\r",
-            " !a", "\t!", "1a", "a1", " 1", "_foo", "\u{301}a", "é\u{301}x",
+            "a  b",
+            "a   \n b",
+            "x \t\t",
+            " \n",
+            "\n \n  ",
+            "'re're 're",
+            "'",
+            "''s",
+            "!\n\n\r",
+            " !a",
+            "\t!",
+            "1a",
+            "a1",
+            " 1",
+            "_foo",
+            "\u{301}a",
+            "é\u{301}x",
         ]) {
             let want: Vec<&str> = re.find_iter(text).map(|m| m.unwrap().as_str()).collect();
             assert_eq!(pieces(text), want, "{text:?}");
@@ -937,7 +983,10 @@ mod tests {
     fn both_merge_strategies_agree() {
         let (_, fast) = hf_and_fast();
         let mut scratch = Scratch::default();
-        for text in PROBES.iter().chain(&["aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"]) {
+        for text in PROBES
+            .iter()
+            .chain(&["aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"])
+        {
             for len in 2..=text.len() {
                 let bytes = &text.as_bytes()[..len];
                 let (mut a, mut b) = (Vec::new(), Vec::new());
@@ -973,14 +1022,23 @@ mod tests {
             f(&mut j);
             ByteBpe::new(&j, &hf).is_err()
         };
-        assert!(edit(&|j| j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] =
+        assert!(edit(&|j| j["pre_tokenizer"]["pretokenizers"][0]
+            ["pattern"]["Regex"] =
             Value::from(PATTERN.replace(r"\p{N}|", r"\p{N}{1,3}|"))));
-        assert!(edit(&|j| j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = Value::from("Removed")));
-        assert!(edit(&|j| j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = Value::from(true)));
-        assert!(edit(&|j| j["normalizer"] = serde_json::json!({"type": "NFKC"})));
+        assert!(edit(
+            &|j| j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = Value::from("Removed")
+        ));
+        assert!(edit(
+            &|j| j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = Value::from(true)
+        ));
+        assert!(edit(
+            &|j| j["normalizer"] = serde_json::json!({"type": "NFKC"})
+        ));
         assert!(edit(&|j| j["model"]["ignore_merges"] = Value::from(true)));
         assert!(edit(&|j| j["model"]["byte_fallback"] = Value::from(true)));
-        assert!(edit(&|j| j["post_processor"] = serde_json::json!({"type": "TemplateProcessing"})));
+        assert!(edit(
+            &|j| j["post_processor"] = serde_json::json!({"type": "TemplateProcessing"})
+        ));
         assert!(edit(&|j| j["extra"] = Value::from(1)));
         // The Phi-3 tokenizer (SentencePiece-style BPE) is another shape altogether.
         let phi3 = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -992,7 +1050,8 @@ mod tests {
         let mut j = json.clone();
         j["normalizer"] = Value::Null;
         let mut bare = hf_and_fast().0.clone();
-        bare.with_normalizer(None::<tokenizers::NormalizerWrapper>).unwrap();
+        bare.with_normalizer(None::<tokenizers::NormalizerWrapper>)
+            .unwrap();
         assert!(!ByteBpe::new(&j, &bare).unwrap().needs_nfc());
         assert!(hf_and_fast().1.needs_nfc());
     }

@@ -1732,7 +1732,11 @@ mod tests {
         for text in texts {
             for special in [false, true] {
                 let want = tokenizer.inner.encode_fast(text, special).unwrap();
-                assert_eq!(tokenizer.encode(text, special).unwrap(), want.get_ids(), "{text:?}");
+                assert_eq!(
+                    tokenizer.encode(text, special).unwrap(),
+                    want.get_ids(),
+                    "{text:?}"
+                );
             }
         }
     }

@@ -26,7 +26,10 @@ fn bench_prompts_encode_to_the_huggingface_ids() {
     assert!(status.success(), "gen_prompts.py failed");
 
     let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
-    assert!(tokenizer.has_fast_encoder(), "Qwen3 must get the fast encoder");
+    assert!(
+        tokenizer.has_fast_encoder(),
+        "Qwen3 must get the fast encoder"
+    );
     let template = ChatTemplate::from_file(&dir.join("tokenizer_config.json")).unwrap();
     let builder = PromptBuilder::new(Some(template), Some(tokenizer));
     let reference = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
@@ -49,5 +52,10 @@ fn bench_prompts_encode_to_the_huggingface_ids() {
     }
     assert_eq!(rows, ROWS);
     assert!(tokens > ROWS * 100, "{tokens} tokens for {rows} rows");
-    assert!(failures.is_empty(), "{} rows differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} rows differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
