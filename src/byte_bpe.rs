@@ -27,7 +27,8 @@
 //! - A built-in probe set is encoded both ways when the encoder is built; any difference
 //!   makes it [`Unsupported`] (a second line of defence behind the shape check).
 //! - Per-thread word cache: a piece's ids depend only on its bytes, so caching them is
-//!   exact; the cache is bounded and keyed by the encoder instance.
+//!   exact; the cache is bounded ([`CACHE_MAX_WORDS`] pieces of at most
+//!   [`CACHE_MAX_BYTES`]) and belongs to one encoder instance at a time.
 
 use std::cell::RefCell;
 use std::cmp::Reverse;
@@ -47,7 +48,9 @@ const SCAN_MAX_BYTES: usize = 48;
 /// Pieces up to this many bytes go into the per-thread word cache.
 const CACHE_MAX_BYTES: usize = 64;
 /// Entries in one thread's word cache; past this, new words are merged but not kept.
-const CACHE_MAX_WORDS: usize = 1 << 17;
+/// About 70 bytes an entry: ~1 MiB a thread at most, whatever the core count (HuggingFace
+/// keeps 10,000 words a thread).
+const CACHE_MAX_WORDS: usize = 1 << 14;
 
 /// Why a `tokenizer.json` is not one [`ByteBpe`] can encode exactly (the caller then
 /// uses HuggingFace's own path; this is not a failure).
