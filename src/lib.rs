@@ -8,6 +8,7 @@
 pub mod archive;
 pub mod bars;
 pub mod budget;
+pub mod byte_bpe;
 pub mod config;
 pub mod dataset;
 pub mod drain;

@@ -1054,6 +1054,10 @@ pub struct Tokenizer {
     /// Text that is already NFC is its own normal form, so this gives the same ids while
     /// skipping the per-character alignment bookkeeping (5–15 % of encode time).
     nfc_bypass: Option<Arc<tokenizers::Tokenizer>>,
+    /// The exact fast encoder, when `tokenizer.json` is a byte-level BPE of the
+    /// GPT-4/Qwen2 shape (see [`crate::byte_bpe`]); text it cannot take (not NFC under an
+    /// NFC normaliser) still goes through `tokenizers`.
+    fast: Option<Arc<crate::byte_bpe::ByteBpe>>,
 }
 
 impl fmt::Debug for Tokenizer {
@@ -1069,6 +1073,10 @@ impl fmt::Debug for Tokenizer {
 /// Benchmarks only (`make bench-tokenize`): set, the NFC bypass is off, so its gain can
 /// be measured on one binary.
 pub const NO_NFC_BYPASS_ENV: &str = "SPOOL_BENCH_NO_NFC_BYPASS";
+
+/// Benchmarks only (`make bench-tokenize`): set, the fast byte-level BPE encoder is off
+/// and every text goes through `tokenizers`, so its gain can be measured on one binary.
+pub const NO_FAST_BPE_ENV: &str = "SPOOL_BENCH_NO_FAST_BPE";
 
 impl Tokenizer {
     /// Loads `tokenizer.json`; errors name the file.
@@ -1098,13 +1106,44 @@ impl Tokenizer {
             }
             _ => None,
         };
+        let fast = if std::env::var_os(NO_FAST_BPE_ENV).is_some() {
+            None
+        } else {
+            Self::fast_encoder(bytes, &inner, &origin)
+        };
         Ok(Self {
             inner: Arc::new(inner),
             nfc_bypass,
+            fast,
             sha256: sha256_hex(bytes).into(),
             origin: origin.into(),
             prefix_text: prefix_text.into(),
         })
+    }
+
+    /// The fast encoder for this file, or `None` (logged) when it is not of the supported
+    /// shape; never an error: `tokenizers` then does all the encoding.
+    fn fast_encoder(
+        bytes: &[u8],
+        inner: &tokenizers::Tokenizer,
+        origin: &Path,
+    ) -> Option<Arc<crate::byte_bpe::ByteBpe>> {
+        let json: JsonValue = serde_json::from_slice(bytes).ok()?;
+        match crate::byte_bpe::ByteBpe::new(&json, inner) {
+            Ok(fast) => {
+                tracing::debug!(tokenizer = %origin.display(), "fast byte-level BPE encoder on");
+                Some(Arc::new(fast))
+            }
+            Err(why) => {
+                tracing::debug!(tokenizer = %origin.display(), %why, "fast encoder off");
+                None
+            }
+        }
+    }
+
+    /// Whether the fast byte-level BPE encoder is in use (see [`crate::byte_bpe`]).
+    pub fn has_fast_encoder(&self) -> bool {
+        self.fast.is_some()
     }
 
     fn error(&self, what: &str, err: impl fmt::Display) -> TemplateError {
@@ -1118,6 +1157,11 @@ impl Tokenizer {
     /// special tokens, the `tokenizers` default.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TemplateError> {
         use unicode_normalization_alignments::{is_nfc_quick, IsNormalized};
+        if let Some(fast) = &self.fast {
+            if !fast.needs_nfc() || is_nfc_quick(text.chars()) == IsNormalized::Yes {
+                return Ok(fast.encode(text));
+            }
+        }
         let tokenizer = match &self.nfc_bypass {
             Some(bare) if is_nfc_quick(text.chars()) == IsNormalized::Yes => bare,
             _ => &self.inner,
@@ -1671,6 +1715,32 @@ mod tests {
 
     /// The NFC bypass is exact: NFC text gives the full pipeline's ids, and text that is
     /// not NFC still goes through the normaliser (decomposed "é" tokenizes as composed).
+    #[test]
+    fn the_fast_encoder_gives_the_tokenizers_ids() {
+        let tokenizer = Tokenizer::from_file(&fixture("qwen3/tokenizer.json")).unwrap();
+        assert!(tokenizer.has_fast_encoder());
+        let phi3 = Tokenizer::from_file(&fixture("phi3/tokenizer.json")).unwrap();
+        assert!(!phi3.has_fast_encoder(), "Phi-3 is not byte-level BPE");
+        // NFC text goes through the fast encoder, decomposed text through `tokenizers`
+        // (which composes it): both must give the reference ids, with and without
+        // special tokens.
+        let texts = [
+            "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nIt's   fine?\n\n",
+            "Cafe\u{301} cre\u{300}me 中文 😀 ﬁ Ω Å 'LL 'ſ \u{a0}\u{3000} \r\n\t<think>x</think>",
+            "def f(x):\n    return x ** 2  # ½ ²\n",
+        ];
+        for text in texts {
+            for special in [false, true] {
+                let want = tokenizer.inner.encode_fast(text, special).unwrap();
+                assert_eq!(
+                    tokenizer.encode(text, special).unwrap(),
+                    want.get_ids(),
+                    "{text:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn the_nfc_bypass_gives_the_normalisers_ids() {
         let tokenizer = Tokenizer::from_file(&fixture("qwen3/tokenizer.json")).unwrap();

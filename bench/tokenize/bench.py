@@ -14,8 +14,9 @@ For each size N (default 100000 and 1000000):
      rates over its render+tokenize loop; peak RSS of the whole process.
 The token totals of both must be equal: same template, same ids.
 
-With --ablate, spool also runs without the NFC bypass (SPOOL_BENCH_NO_NFC_BYPASS=1) and,
-given --spool-glibc (a `--no-default-features` build), with glibc malloc and no bypass:
+With --ablate, spool also runs without the fast byte-level BPE encoder
+(SPOOL_BENCH_NO_FAST_BPE=1), then also without the NFC bypass (SPOOL_BENCH_NO_NFC_BYPASS=1)
+and, given --spool-glibc (a `--no-default-features` build), with glibc malloc and neither:
 what each optimisation bought, on the same input.
 
 usage: bench.py [--sizes 100000,1000000] [--skip-python] [--spool target/release/spool]
@@ -140,11 +141,17 @@ def main():
         rows.append(("spool", n, mib, s))
         print(json.dumps({"impl": "spool", "n": n, **s}), flush=True)
         if a.ablate:
-            variants = [("spool, no NFC bypass", a.spool)]
+            no_fast = "SPOOL_BENCH_NO_FAST_BPE=1"
+            no_bypass = "SPOOL_BENCH_NO_NFC_BYPASS=1"
+            variants = [
+                ("spool, no fast BPE", a.spool, [no_fast]),
+                ("spool, no fast BPE, no NFC bypass", a.spool, [no_fast, no_bypass]),
+            ]
             if a.spool_glibc:
-                variants.append(("spool, glibc malloc, no NFC bypass", a.spool_glibc))
-            for label, binary in variants:
-                v = bench_spool(binary, prompts, ["SPOOL_BENCH_NO_NFC_BYPASS=1"])
+                variants.append(("spool, glibc malloc, no fast BPE, no NFC bypass", a.spool_glibc,
+                                 [no_fast, no_bypass]))
+            for label, binary, env in variants:
+                v = bench_spool(binary, prompts, env)
                 rows.append((label, n, mib, v))
                 print(json.dumps({"impl": label, "n": n, **v}), flush=True)
                 if v["tokens"] != s["tokens"]:

@@ -10,6 +10,7 @@ mod crash;
 mod demo;
 mod e2e;
 mod export;
+mod fast_bpe;
 mod faults;
 mod inputs;
 mod mock_server;
