@@ -349,22 +349,12 @@ mod tests {
 
     fn row(i: u64) -> ShardRow {
         ShardRow {
-            id: format!("id-{i}"),
-            dataset: "d".into(),
-            row: i,
             prompt: format!("prompt {i}"),
-            messages: None,
-            prompt_token_ids: None,
             completion: format!(" w{i}"),
             completion_token_ids: Some(vec![i as u32]),
             prompt_tokens: 2,
             completion_tokens: 1,
-            finish_reason: "stop".into(),
-            model: "m".into(),
-            attempts: 1,
-            latency_ms: 1,
-            ttft_ms: None,
-            completed_at_ms: 0,
+            ..ShardRow::for_tests(format!("id-{i}"), "d", i)
         }
     }
 

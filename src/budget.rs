@@ -527,7 +527,10 @@ mod tests {
         for &p in &[1e-9, 1e-4, 0.01, 0.024, 0.2, 0.5, 0.8, 0.976, 0.999] {
             let z = inverse_normal_cdf(p);
             let back = 0.5 * erfc(-z / std::f64::consts::SQRT_2);
-            assert!((back - p).abs() <= 1e-6 * p.max(1e-3), "p {p}: z {z}, back {back}");
+            assert!(
+                (back - p).abs() <= 1e-6 * p.max(1e-3),
+                "p {p}: z {z}, back {back}"
+            );
         }
         assert_eq!(inverse_normal_cdf(0.5), 0.0);
     }
@@ -547,7 +550,10 @@ mod tests {
             assert!(draws.iter().all(|&x| x >= f64::from(s) && x <= 10_240.0));
             let mean = draws.iter().sum::<f64>() / n as f64;
             let want = m.expected_final(s);
-            assert!((mean - want).abs() < 0.005 * want, "s {s}: {mean} vs {want}");
+            assert!(
+                (mean - want).abs() < 0.005 * want,
+                "s {s}: {mean} vs {want}"
+            );
         }
     }
 

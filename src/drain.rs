@@ -279,7 +279,10 @@ pub fn sampled_finish_times(
             }
         }
         let mut ordinal: Vec<usize> = lanes.iter().map(|l| l.streamed.len()).collect();
-        let mut left: Vec<u64> = lanes.iter().map(|l| l.pending.max(0.0).ceil() as u64).collect();
+        let mut left: Vec<u64> = lanes
+            .iter()
+            .map(|l| l.pending.max(0.0).ceil() as u64)
+            .collect();
         let mut completed = vec![0.0; lanes.len()];
         let mut last = vec![0.0f64; lanes.len()];
         let (mut t, mut tau, mut events) = (0.0f64, 0.0f64, 0usize);
@@ -287,8 +290,10 @@ pub fn sampled_finish_times(
             for (li, l) in lanes.iter().enumerate() {
                 while ends.len() < slots && left[li] > 0 {
                     if let Some(b) = l.budget_left {
-                        let committed: f64 =
-                            born[li].iter().map(|&b0| expected_final(li, tau - b0)).sum();
+                        let committed: f64 = born[li]
+                            .iter()
+                            .map(|&b0| expected_final(li, tau - b0))
+                            .sum();
                         if completed[li] + committed >= b {
                             break;
                         }
@@ -513,6 +518,17 @@ mod tests {
         LengthModel::new(cap)
     }
 
+    /// A dataset without a budget: it starts all of its `to_start` prompts.
+    fn unbudgeted(streamed: Vec<u32>, to_start: f64, lengths: LengthModel) -> LaneWork {
+        LaneWork {
+            streamed,
+            to_start,
+            pending: to_start,
+            budget_left: None,
+            lengths,
+        }
+    }
+
     fn curve(capacity: f64, cap: Option<f64>) -> SpeedCurve {
         SpeedCurve {
             capacity_tps: capacity,
@@ -541,13 +557,7 @@ mod tests {
     /// capacity shared by 10 = 100 tok/s each: 10 s, whatever the ceiling above 100.
     #[test]
     fn a_full_drain_of_known_lengths_takes_work_over_capacity() {
-        let lanes = [LaneWork {
-            streamed: vec![0; 10],
-            to_start: 0.0,
-            pending: 0.0,
-            budget_left: None,
-            lengths: exact(1000),
-        }];
+        let lanes = [unbudgeted(vec![0; 10], 0.0, exact(1000))];
         let t = finish_times(&lanes, &curve(1000.0, Some(500.0)), 10);
         close(t[0], 10.0, 0.02);
     }
@@ -559,13 +569,7 @@ mod tests {
     /// (longest remaining ÷ today's per-request speed) said 10 s.
     #[test]
     fn a_shrinking_batch_speeds_up_its_last_requests() {
-        let lanes = [LaneWork {
-            streamed: vec![750, 500, 250, 0],
-            to_start: 0.0,
-            pending: 0.0,
-            budget_left: None,
-            lengths: exact(1000),
-        }];
+        let lanes = [unbudgeted(vec![750, 500, 250, 0], 0.0, exact(1000))];
         let t = finish_times(&lanes, &curve(400.0, Some(1000.0)), 4);
         close(t[0], 6.25, 0.03);
         // A ceiling of 150 tok/s binds at 2 and 1 active: 2.5 + 1.875 + 250/150 × 2 = 7.71 s.
@@ -577,20 +581,8 @@ mod tests {
     /// slots it leaves, and finishes after it.
     #[test]
     fn datasets_in_order_share_the_batch() {
-        let first = LaneWork {
-            streamed: vec![0; 4],
-            to_start: 4.0,
-            pending: 4.0,
-            budget_left: None,
-            lengths: exact(1000),
-        };
-        let second = LaneWork {
-            streamed: vec![],
-            to_start: 4.0,
-            pending: 4.0,
-            budget_left: None,
-            lengths: exact(1000),
-        };
+        let first = unbudgeted(vec![0; 4], 4.0, exact(1000));
+        let second = unbudgeted(vec![], 4.0, exact(1000));
         // 4 slots, 400 tok/s (100 each): the first's 8 requests run in two waves of 10 s;
         // the second's 4 run in the third wave.
         let t = finish_times(&[first, second], &curve(400.0, None), 4);
@@ -600,13 +592,7 @@ mod tests {
 
     #[test]
     fn nothing_left_is_done_now() {
-        let lanes = [LaneWork {
-            streamed: vec![],
-            to_start: 0.0,
-            pending: 0.0,
-            budget_left: None,
-            lengths: model(3500.0, 1.0, 10_240),
-        }];
+        let lanes = [unbudgeted(vec![], 0.0, model(3500.0, 1.0, 10_240))];
         assert_eq!(finish_times(&lanes, &curve(1000.0, None), 150), vec![0.0]);
     }
 
@@ -615,24 +601,12 @@ mod tests {
     #[test]
     fn the_last_completion_is_an_order_statistic() {
         let one = finish_times(
-            &[LaneWork {
-                streamed: vec![0],
-                to_start: 0.0,
-                pending: 0.0,
-                budget_left: None,
-                lengths: model(1000.0, 1.0, 10_240),
-            }],
+            &[unbudgeted(vec![0], 0.0, model(1000.0, 1.0, 10_240))],
             &curve(1e9, Some(100.0)),
             100,
         )[0];
         let hundred = finish_times(
-            &[LaneWork {
-                streamed: vec![0; 100],
-                to_start: 0.0,
-                pending: 0.0,
-                budget_left: None,
-                lengths: model(1000.0, 1.0, 10_240),
-            }],
+            &[unbudgeted(vec![0; 100], 0.0, model(1000.0, 1.0, 10_240))],
             &curve(1e9, Some(100.0)),
             100,
         )[0];
@@ -668,13 +642,11 @@ mod tests {
             let mut old = 0.0;
             while !active.is_empty() {
                 if prediction.is_none() && t >= 20.0 {
-                    let lanes = [LaneWork {
-                        streamed: active.iter().map(|a| a.0 as u32).collect(),
-                        to_start: left as f64,
-                        pending: left as f64,
-                        budget_left: None,
-                        lengths: m.clone(),
-                    }];
+                    let lanes = [unbudgeted(
+                        active.iter().map(|a| a.0 as u32).collect(),
+                        left as f64,
+                        m.clone(),
+                    )];
                     let c = curve(capacity, Some(ceiling));
                     prediction = Some(t + finish_times(&lanes, &c, slots)[0]);
                     let streamed: Vec<u32> = active.iter().map(|a| a.0 as u32).collect();
@@ -781,9 +753,21 @@ mod tests {
             fluid += (f - actual) / actual;
         }
         let (sampled, fluid) = (sampled / runs as f64, fluid / runs as f64);
-        eprintln!("mean error: sampled {:+.1} %, fluid {:+.1} %", sampled * 100.0, fluid * 100.0);
-        assert!(sampled.abs() < 0.04, "sampled drain {:+.1} %", sampled * 100.0);
-        assert!(fluid < -0.04, "the fluid model was only {:+.1} % early", fluid * 100.0);
+        eprintln!(
+            "mean error: sampled {:+.1} %, fluid {:+.1} %",
+            sampled * 100.0,
+            fluid * 100.0
+        );
+        assert!(
+            sampled.abs() < 0.04,
+            "sampled drain {:+.1} %",
+            sampled * 100.0
+        );
+        assert!(
+            fluid < -0.04,
+            "the fluid model was only {:+.1} % early",
+            fluid * 100.0
+        );
     }
 
     #[test]

@@ -1072,22 +1072,8 @@ mod tests {
 
     fn result(ds_name: &str, row: u64, tokens: u32) -> Box<ShardRow> {
         Box::new(ShardRow {
-            id: format!("id{row}"),
-            dataset: ds_name.into(),
-            row,
-            prompt: "p".into(),
-            messages: None,
-            prompt_token_ids: None,
-            completion: "c".into(),
-            completion_token_ids: None,
-            prompt_tokens: 1,
             completion_tokens: tokens,
-            finish_reason: "stop".into(),
-            model: "m".into(),
-            attempts: 1,
-            latency_ms: 1,
-            ttft_ms: None,
-            completed_at_ms: 0,
+            ..ShardRow::for_tests(format!("id{row}"), ds_name, row)
         })
     }
 

@@ -159,6 +159,32 @@ pub struct ShardRow {
     pub completed_at_ms: i64,
 }
 
+#[cfg(test)]
+impl ShardRow {
+    /// A minimal finished row for tests of the modules that carry rows (queue, archive,
+    /// verify); tests set what they check with struct-update syntax.
+    pub(crate) fn for_tests(id: String, dataset: &str, row: u64) -> Self {
+        Self {
+            id,
+            dataset: dataset.into(),
+            row,
+            prompt: "p".into(),
+            messages: None,
+            prompt_token_ids: None,
+            completion: "c".into(),
+            completion_token_ids: None,
+            prompt_tokens: 1,
+            completion_tokens: 0,
+            finish_reason: "stop".into(),
+            model: "m".into(),
+            attempts: 1,
+            latency_ms: 1,
+            ttft_ms: None,
+            completed_at_ms: 0,
+        }
+    }
+}
+
 /// When a shard is closed and how hard it is compressed (from `[shards]` in the config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardLimits {

@@ -888,22 +888,9 @@ mod tests {
 
     fn result(row: u64) -> ShardRow {
         ShardRow {
-            id: format!("x{row}"),
-            dataset: "a".into(),
-            row,
-            prompt: "p".into(),
-            messages: None,
-            prompt_token_ids: None,
-            completion: "c".into(),
             completion_token_ids: Some(vec![7; 3]),
-            prompt_tokens: 1,
             completion_tokens: 3,
-            finish_reason: "stop".into(),
-            model: "m".into(),
-            attempts: 1,
-            latency_ms: 1,
-            ttft_ms: None,
-            completed_at_ms: 0,
+            ..ShardRow::for_tests(format!("x{row}"), "a", row)
         }
     }
 
