@@ -21,6 +21,7 @@ use crate::config::DatasetConfig;
 use crate::dataset::{
     DatasetError, DatasetReader, Entry, Input, Parser, Raw, RawEntry, Rejection, Row,
 };
+use crate::dedup::{IdSet, SpillError};
 use crate::queue::{EncodedItem, Item, Queue, QueueError, ScanMark};
 use crate::template::{BuiltPrompt, PromptBuilder};
 use std::collections::BTreeMap;
@@ -38,54 +39,6 @@ const CHUNK_ROWS: usize = 256;
 /// ... or fewer, once the chunk holds this many bytes of raw lines.
 const CHUNK_BYTES: usize = 4 << 20;
 
-/// A blocked Bloom filter of ids (16 MiB: ~0.3 % false positives at 10 M ids; more ids
-/// only raise that rate, never give a wrong answer): `may_contain` false proves absence.
-struct IdFilter {
-    /// 512-bit blocks, allocated zeroed on first insert.
-    blocks: Vec<[u64; 8]>,
-}
-
-impl IdFilter {
-    const BLOCKS: usize = 1 << 18;
-    const PROBES: u32 = 6;
-
-    fn new() -> Self {
-        Self { blocks: Vec::new() }
-    }
-
-    /// The block and the bit positions (within 512) of an id.
-    fn probes(id: &[u8]) -> (usize, impl Iterator<Item = usize>) {
-        let h = twox_hash::XxHash64::oneshot(0x5eed, id);
-        let block = (h as usize) & (Self::BLOCKS - 1);
-        // Independent bits for the probes: the high half, remixed.
-        let bits = (h >> 32).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        (
-            block,
-            (0..Self::PROBES).map(move |i| ((bits >> (i * 9)) & 511) as usize),
-        )
-    }
-
-    fn insert(&mut self, id: &[u8]) {
-        if self.blocks.is_empty() {
-            self.blocks = vec![[0u64; 8]; Self::BLOCKS];
-        }
-        let (b, bits) = Self::probes(id);
-        let block = &mut self.blocks[b];
-        for bit in bits {
-            block[bit >> 6] |= 1 << (bit & 63);
-        }
-    }
-
-    fn may_contain(&self, id: &[u8]) -> bool {
-        if self.blocks.is_empty() {
-            return false;
-        }
-        let (b, mut bits) = Self::probes(id);
-        let block = &self.blocks[b];
-        bits.all(|bit| block[bit >> 6] & (1 << (bit & 63)) != 0)
-    }
-}
-
 /// Why intake stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum IntakeError {
@@ -93,6 +46,8 @@ pub enum IntakeError {
     Dataset(#[from] DatasetError),
     #[error(transparent)]
     Queue(#[from] QueueError),
+    #[error(transparent)]
+    Spill(#[from] SpillError),
     #[error("{path}: line {line} changed since it was enqueued (id `{id}`); spool will not mix two versions of a dataset. Restore the file, or use a new dataset name or data_dir")]
     Changed {
         path: PathBuf,
@@ -404,7 +359,7 @@ pub fn intake(
         },
         items: state.items,
         batch: Vec::with_capacity(BATCH),
-        ids: IdFilter::new(),
+        ids: IdSet::new(queue.path().join("items").join(format!("{ds}.ids"))),
         ids_seeded: state.items == 0,
         batch_rejected: 0,
         batch_ids: std::collections::HashMap::new(),
@@ -462,9 +417,9 @@ struct Collector<'a> {
     report: IntakeReport,
     items: u64,
     batch: Vec<EncodedItem>,
-    /// Every id enqueued for the dataset (a Bloom filter, seeded from the queue on first
-    /// use when the dataset already had items).
-    ids: IdFilter,
+    /// Every id enqueued for the dataset, seeded from the queue on first use when the
+    /// dataset already had items.
+    ids: IdSet,
     ids_seeded: bool,
     batch_rejected: u64,
     batch_ids: std::collections::HashMap<String, u64>,
@@ -506,24 +461,37 @@ impl Collector<'_> {
         Ok(false)
     }
 
-    /// The row of an earlier row with this id, if any. The filter answers most new ids
-    /// without reading the queue (a random read per row, which dominated large intakes).
+    /// The row of an earlier row with this id, if any. The id set answers most new ids
+    /// from its filter; the rest are confirmed against the stored ids of its candidates.
     fn duplicate_of(&mut self, id: &str) -> Result<Option<u64>, IntakeError> {
         if !self.ids_seeded {
             let t = Instant::now();
             let ids = &mut self.ids;
-            self.queue.for_each_id(self.ds, |id| ids.insert(id))?;
+            let mut spilled = Ok(());
+            self.queue.for_each_id(self.ds, |id, row| {
+                if spilled.is_ok() {
+                    spilled = ids.insert(id, row);
+                }
+            })?;
+            spilled?;
             self.ids_seeded = true;
             tracing::debug!(dataset = %self.d.name, items = self.items,
-                seconds = t.elapsed().as_secs_f64(), "duplicate filter seeded from the queue");
+                seconds = t.elapsed().as_secs_f64(), "duplicate-id set seeded from the queue");
         }
-        if !self.ids.may_contain(id.as_bytes()) {
+        let candidates = self.ids.candidates(id.as_bytes())?;
+        if candidates.is_empty() {
             return Ok(None);
         }
-        match self.batch_ids.get(id) {
-            Some(&row) => Ok(Some(row)),
-            None => Ok(self.queue.row_of_id(self.ds, id)?),
+        if let Some(&row) = self.batch_ids.get(id) {
+            return Ok(Some(row));
         }
+        for row in candidates {
+            // Rows of the batch not yet written are covered by `batch_ids` above.
+            if self.queue.item_id(self.ds, row)?.as_deref() == Some(id) {
+                return Ok(Some(row));
+            }
+        }
+        Ok(None)
     }
 
     fn reject(&mut self, r: Rejection) -> Result<(), IntakeError> {
@@ -608,7 +576,7 @@ impl Collector<'_> {
                     }
                 }
                 self.report.prompt_tokens += ready.tokens.unwrap_or(0);
-                self.ids.insert(id.as_bytes());
+                self.ids.insert(id.as_bytes(), row)?;
                 self.batch_ids.insert(id, row);
                 self.batch.push(ready.item);
                 self.items += 1;
@@ -809,21 +777,6 @@ mod tests {
         assert!(reasons[0].contains("first at line 4"), "{}", reasons[0]);
         assert!(reasons[1].contains("first at line 2000"), "{}", reasons[1]);
         assert!(reasons[2].contains("first at line 11"), "{}", reasons[2]);
-    }
-
-    #[test]
-    fn the_id_filter_never_forgets_an_id() {
-        let mut f = IdFilter::new();
-        assert!(!f.may_contain(b"x"));
-        let ids: Vec<String> = (0..100_000).map(|i| format!("id{i}")).collect();
-        for id in &ids {
-            f.insert(id.as_bytes());
-        }
-        assert!(ids.iter().all(|id| f.may_contain(id.as_bytes())));
-        let false_pos = (0..100_000)
-            .filter(|i| f.may_contain(format!("other{i}").as_bytes()))
-            .count();
-        assert!(false_pos < 100, "{false_pos} false positives in 100k");
     }
 
     /// A last line without its newline is not covered by the mark: text appended to that

@@ -7,10 +7,12 @@
 
 pub mod archive;
 pub mod bars;
+pub mod blocks;
 pub mod budget;
 pub mod byte_bpe;
 pub mod config;
 pub mod dataset;
+pub mod dedup;
 pub mod drain;
 pub mod error;
 pub mod export;

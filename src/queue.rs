@@ -1,26 +1,30 @@
 //! The durable queue: sled is the source of truth for every item's state.
 //!
-//! One sled tree holds everything under one-byte key prefixes, so that every state change
-//! is a single atomic `apply_batch`:
+//! One sled tree holds the records under one-byte key prefixes, so that every state change
+//! is a single atomic `apply_batch`; the prompts themselves are appended to per-dataset
+//! block files ([`crate::blocks`]) that sled records point into:
 //!
 //! | key | value | meaning |
 //! | --- | --- | --- |
+//! | `v` | format (u32 BE) | [`FORMAT_VERSION`] |
 //! | `m` name | [`DatasetState`] (JSON) | counters of a dataset |
-//! | `i` ds row | [`Item`] (JSON) | the prompt, written once at enqueue |
-//! | `k` ds id | row (u64 BE) | id index: duplicate ids, changed rows |
-//! | `p` ds row | empty | pending |
+//! | `B` ds first_row | [`BlockRef`] | a block of items in `items/<ds>.blocks`, and which rows they are |
+//! | `P` ds first_row | bitmap over the block's rows | which of its items are pending (absent: none) |
 //! | `r` ds row | [`ShardRow`] (JSON) | done, result not yet in a shard |
 //! | `s` ds row | shard (u64 BE) | done and in shard N |
 //! | `f` ds row | [`Failure`] (JSON) | failed permanently |
 //!
 //! `ds` is the dataset's u16 index (BE), `row` its 0-based line (u64 BE), so scans run in
-//! file order. An item is in exactly one of `p`, `r`, `s`, `f`.
+//! file order. An item is in exactly one of pending (its `P` bit), `r`, `s`, `f`. Format 1
+//! stored each item under its own keys (`i` item, `p` pending, `k` id index); a format-1
+//! queue is migrated block by block when it is opened ([`Queue::open`]).
 //!
 //! Invariants: counters change only in the same batch as the items they count, so they are
 //! never recomputed by scanning; an outcome is applied only to an item that is still pending
 //! (a late answer to a cancelled request cannot complete an item twice); in-flight state is
 //! not stored (a lease is in memory), so after a crash every unfinished item is simply
-//! pending; one process at a time (an exclusive lock file).
+//! pending; one process at a time (an exclusive lock file); blocks never overlap and are
+//! recorded in row order (an enqueue only adds rows after the last block's).
 //!
 //! sled replays its log since its last recovery snapshot at every open, and writes a
 //! snapshot only then (sled 0.34 has no other way to make one): after a big intake,
@@ -33,13 +37,16 @@
 //! open sees the marker and the run rebuilds every dataset's records and counters
 //! ([`Queue::repair`]) before anything else touches them.
 
+use crate::blocks::{
+    encode_block, Bitmap, Block, BlockError, BlockFile, BlockRef, BLOCK_ITEMS, BLOCK_SPAN,
+};
 use crate::shard::ShardRow;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::collections::HashMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Queue-level failures: all are fatal for the run (exit 1) except `Locked` (exit 2).
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +63,10 @@ pub enum QueueError {
     Version { found: u32, supported: u32 },
     #[error("an earlier queue write failed, so nothing more is written to the queue (the next run repairs it)")]
     Poisoned,
+    #[error(transparent)]
+    Items(#[from] BlockError),
+    #[error("rows are enqueued in file order, once: row {row} comes after row {last}")]
+    RowOrder { row: u64, last: u64 },
 }
 
 /// Left in the queue folder by a failed write; its presence makes the next run repair.
@@ -71,8 +82,17 @@ const FAULT_TORN_COMMIT: &str = "SPOOL_FAULT_QUEUE_TORN_COMMIT";
 /// mostly in order; BENCHMARKS.md, scale section).
 const CACHE_BYTES: u64 = 64 << 20;
 
-/// Version of the record layout above; bump on any incompatible change.
-pub const FORMAT_VERSION: u32 = 1;
+/// Version of the record layout above; bump on any incompatible change. 1: one record per
+/// item (`i`, `p`, `k`); 2: item blocks (read and migrated by [`Queue::open`]).
+pub const FORMAT_VERSION: u32 = 2;
+
+/// Blocks also end once their records hold this many bytes (long conversations), so a block
+/// read to dispatch one item stays small.
+const BLOCK_BYTES: usize = 4 << 20;
+
+/// Blocks kept decoded for [`Queue::item`]: dispatch and intake's checks read rows in file
+/// order, so a few recent blocks serve nearly every read.
+const CACHED_BLOCKS: usize = 8;
 
 /// Durable per-dataset counters and cursors.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -173,6 +193,12 @@ pub struct Queue {
     db: sled::Db,
     tree: sled::Tree,
     states: Mutex<HashMap<u16, DatasetState>>,
+    /// Every dataset's blocks by first row: the `B` records, kept in memory (a few hundred
+    /// bytes per thousand items).
+    index: Mutex<HashMap<u16, Vec<Arc<BlockRef>>>>,
+    files: Mutex<HashMap<u16, Arc<BlockFile>>>,
+    /// Recently read blocks, by (dataset, first row, offset).
+    cache: Mutex<VecDeque<((u16, u64, u64), Arc<Block>)>>,
     path: PathBuf,
     _lock: std::fs::File,
     poisoned: AtomicBool,
@@ -243,6 +269,17 @@ fn prefix(p: u8, ds: u16) -> [u8; 3] {
     [p, b[0], b[1]]
 }
 
+fn ds_of(k: &[u8]) -> u16 {
+    u16::from_be_bytes([k[1], k[2]])
+}
+
+/// A block's rows and bytes, from items in row order.
+fn block_of_items(items: &[EncodedItem]) -> (Vec<u64>, Vec<u8>) {
+    let rows = items.iter().map(|it| it.row).collect();
+    let bytes = encode_block(items.iter().map(|it| (it.id.as_bytes(), &it.record[..])));
+    (rows, bytes)
+}
+
 fn row_of(k: &[u8]) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&k[3..11]);
@@ -301,12 +338,13 @@ impl Queue {
             "queue opened (sled replays its log since its last snapshot)");
         let tree = db.open_tree("q")?;
         let marker = dir.join(REPAIR_MARKER);
-        match tree.get(b"v")? {
+        let found = match tree.get(b"v")? {
             None => {
                 if let Err(e) = tree.insert(b"v", &FORMAT_VERSION.to_be_bytes()) {
                     mark_needs_repair(&marker);
                     return Err(e.into());
                 }
+                FORMAT_VERSION
             }
             Some(v) => {
                 let found =
@@ -320,28 +358,250 @@ impl Queue {
                         supported: FORMAT_VERSION,
                     });
                 }
+                found
             }
-        }
+        };
         let mut states = HashMap::new();
         for kv in tree.scan_prefix(b"m") {
             let (k, v) = kv?;
             let s: DatasetState = decode(&k, &v)?;
             states.insert(s.index, s);
         }
+        let mut index: HashMap<u16, Vec<Arc<BlockRef>>> = HashMap::new();
+        for kv in tree.scan_prefix(b"B") {
+            let (k, v) = kv?;
+            let r = BlockRef::decode(row_of(&k), &v).ok_or_else(|| QueueError::Corrupt {
+                key: format!("B{}/{}", ds_of(&k), row_of(&k)),
+                detail: "bad block record".into(),
+            })?;
+            index.entry(ds_of(&k)).or_default().push(Arc::new(r));
+        }
         let torn_commit_in = std::env::var(FAULT_TORN_COMMIT)
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        Ok(Queue {
+        let q = Queue {
             db,
             tree,
             states: Mutex::new(states),
+            index: Mutex::new(index),
+            files: Mutex::new(HashMap::new()),
+            cache: Mutex::new(VecDeque::new()),
             path: dir.to_path_buf(),
             _lock: lock,
             poisoned: AtomicBool::new(false),
             needs_repair: AtomicBool::new(marker.exists()),
             torn_commit_in: AtomicU64::new(torn_commit_in),
-        })
+        };
+        if found < 2 {
+            q.migrate_v1()?;
+        }
+        Ok(q)
+    }
+
+    /// Rewrites a format-1 queue's per-item records (`i` item, `p` pending, `k` id index)
+    /// as blocks, one atomic batch per block (the block's `B` and `P` records in, its rows'
+    /// old keys out), then records format 2. Resumable: rows an earlier, interrupted
+    /// migration already put in a block only lose their old keys; rows past the scan
+    /// position (a torn enqueue) are dropped, as the repair would, for intake to read again.
+    fn migrate_v1(&self) -> Result<(), QueueError> {
+        let t = std::time::Instant::now();
+        let mut moved = 0u64;
+        for s in self.states() {
+            let ds = s.index;
+            let mut chunk: Vec<(u64, String, sled::IVec)> = Vec::new();
+            let mut bytes = 0usize;
+            for kv in self.tree.scan_prefix(prefix(b'i', ds)) {
+                let (k, v) = kv?;
+                let row = row_of(&k);
+                let item: Item = decode(&k, &v)?;
+                let done_before = self.last_row(ds).is_some_and(|l| row <= l);
+                if done_before || row >= s.scanned_lines {
+                    let mut w = Writes::default();
+                    w.remove(&k);
+                    w.remove(key(b'p', ds, row));
+                    w.remove(id_key(ds, &item.id));
+                    self.apply(w)?;
+                    continue;
+                }
+                let full = chunk.first().is_some_and(|(first, _, _)| {
+                    chunk.len() >= BLOCK_ITEMS || row - first >= BLOCK_SPAN || bytes >= BLOCK_BYTES
+                });
+                if full {
+                    moved += chunk.len() as u64;
+                    self.migrate_chunk(ds, std::mem::take(&mut chunk))?;
+                    bytes = 0;
+                }
+                bytes += v.len();
+                chunk.push((row, item.id, v));
+            }
+            if !chunk.is_empty() {
+                moved += chunk.len() as u64;
+                self.migrate_chunk(ds, chunk)?;
+            }
+            // Leftovers of torn format-1 writes: pending or id keys without an item.
+            let mut w = Writes::default();
+            for p in [b'p', b'k'] {
+                for kv in self.tree.scan_prefix(prefix(p, ds)) {
+                    w.remove(kv?.0);
+                }
+            }
+            self.apply(w)?;
+        }
+        self.writable()?;
+        let r = self.tree.insert(b"v", &FORMAT_VERSION.to_be_bytes());
+        self.written(r)?;
+        self.flush()?;
+        tracing::info!(
+            items = moved,
+            seconds = format!("{:.2}", t.elapsed().as_secs_f64()),
+            "queue migrated from format 1 to format 2 (item blocks)"
+        );
+        Ok(())
+    }
+
+    /// One block of a format-1 migration.
+    fn migrate_chunk(
+        &self,
+        ds: u16,
+        chunk: Vec<(u64, String, sled::IVec)>,
+    ) -> Result<(), QueueError> {
+        let bytes = encode_block(
+            chunk
+                .iter()
+                .map(|(_, id, rec)| (id.as_bytes(), rec.as_ref())),
+        );
+        let rows: Vec<u64> = chunk.iter().map(|c| c.0).collect();
+        let r = self.append_block(ds, &rows, bytes)?;
+        let mut pending = Bitmap::empty(r.span());
+        let mut w = Writes::default();
+        for (row, id, _) in &chunk {
+            if self.tree.contains_key(key(b'p', ds, *row))? {
+                pending.set(row - r.first_row, true);
+            }
+            w.remove(key(b'i', ds, *row));
+            w.remove(key(b'p', ds, *row));
+            w.remove(id_key(ds, id));
+        }
+        w.insert(key(b'B', ds, r.first_row), r.encode());
+        if !pending.is_clear() {
+            w.insert(key(b'P', ds, r.first_row), &pending.0);
+        }
+        self.apply(w)?;
+        self.lock_index().entry(ds).or_default().push(Arc::new(r));
+        Ok(())
+    }
+
+    /// Writes one block's bytes to the dataset's file (synced) and returns its record, not
+    /// yet stored.
+    fn append_block(&self, ds: u16, rows: &[u64], bytes: Vec<u8>) -> Result<BlockRef, QueueError> {
+        let mut refs = self.append_blocks(ds, &[(rows.to_vec(), bytes)])?;
+        Ok(refs.remove(0))
+    }
+
+    /// Writes blocks (their rows and bytes) to the dataset's file with one sync; returns their
+    /// records, not yet stored.
+    fn append_blocks(
+        &self,
+        ds: u16,
+        blocks: &[(Vec<u64>, Vec<u8>)],
+    ) -> Result<Vec<BlockRef>, QueueError> {
+        self.writable()?;
+        let file = self.file(ds)?;
+        let bytes: Vec<&[u8]> = blocks.iter().map(|b| &b.1[..]).collect();
+        let offsets = file.append(&bytes)?;
+        Ok(blocks
+            .iter()
+            .zip(offsets)
+            .map(|((rows, bytes), offset)| {
+                let first_row = rows[0];
+                let mut bits = Bitmap::empty(rows[rows.len() - 1] - first_row + 1);
+                for r in rows {
+                    bits.set(r - first_row, true);
+                }
+                BlockRef {
+                    first_row,
+                    offset,
+                    len: bytes.len() as u32,
+                    count: rows.len() as u32,
+                    xxh64: twox_hash::XxHash64::oneshot(0, bytes),
+                    rows: bits,
+                }
+            })
+            .collect())
+    }
+
+    fn lock_index(&self) -> std::sync::MutexGuard<'_, HashMap<u16, Vec<Arc<BlockRef>>>> {
+        self.index.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The dataset's block file, opened on first use (cutting off an unrecorded tail).
+    fn file(&self, ds: u16) -> Result<Arc<BlockFile>, QueueError> {
+        let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = files.get(&ds) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(BlockFile::open(
+            BlockFile::path(&self.path, ds),
+            self.blocks_end(ds),
+        )?);
+        files.insert(ds, f.clone());
+        Ok(f)
+    }
+
+    /// The end of the dataset's last recorded block in its file.
+    fn blocks_end(&self, ds: u16) -> u64 {
+        self.lock_index()
+            .get(&ds)
+            .and_then(|v| v.last())
+            .map_or(0, |r| r.offset + u64::from(r.len))
+    }
+
+    /// The last item row of the dataset, if it has items.
+    fn last_row(&self, ds: u16) -> Option<u64> {
+        let index = self.lock_index();
+        let r = index.get(&ds)?.last()?;
+        r.item_rows().last()
+    }
+
+    /// The block whose rows include `row`.
+    fn block_of(&self, ds: u16, row: u64) -> Option<Arc<BlockRef>> {
+        let index = self.lock_index();
+        let v = index.get(&ds)?;
+        let i = v.partition_point(|r| r.first_row <= row).checked_sub(1)?;
+        let r = &v[i];
+        (row < r.first_row + r.span()).then(|| r.clone())
+    }
+
+    /// The first row of the block holding `row` or the last one before it (0 if none): where
+    /// a scan for rows from `row` on starts.
+    fn scan_start(&self, ds: u16, row: u64) -> u64 {
+        let index = self.lock_index();
+        index
+            .get(&ds)
+            .and_then(|v| {
+                let i = v.partition_point(|r| r.first_row <= row).checked_sub(1)?;
+                Some(v[i].first_row)
+            })
+            .unwrap_or(0)
+    }
+
+    /// A block's items, from the cache or read (and checked) from its file.
+    fn block(&self, ds: u16, r: &BlockRef) -> Result<Arc<Block>, QueueError> {
+        let id = (ds, r.first_row, r.offset);
+        {
+            let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((_, b)) = cache.iter().find(|(k, _)| *k == id) {
+                return Ok(b.clone());
+            }
+        }
+        let b = Arc::new(self.file(ds)?.read(r)?);
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= CACHED_BLOCKS {
+            cache.pop_front();
+        }
+        cache.push_back((id, b.clone()));
+        Ok(b)
     }
 
     /// Whether a failed write of an earlier run may have left half a batch behind: the run
@@ -461,16 +721,28 @@ impl Queue {
 
     /// The stored prompt of an item.
     pub fn item(&self, ds: u16, row: u64) -> Result<Option<Item>, QueueError> {
-        let k = key(b'i', ds, row);
-        match self.tree.get(k)? {
-            Some(v) => Ok(Some(decode(&k, &v)?)),
-            None => Ok(None),
-        }
+        let Some((r, i)) = self.locate(ds, row) else {
+            return Ok(None);
+        };
+        let b = self.block(ds, &r)?;
+        let at = format!("{} row {row}", BlockFile::path(&self.path, ds).display());
+        Ok(Some(decode(at.as_bytes(), b.record(i))?))
     }
 
-    /// The row an id was enqueued at.
-    pub fn row_of_id(&self, ds: u16, id: &str) -> Result<Option<u64>, QueueError> {
-        Ok(self.tree.get(id_key(ds, id))?.map(|v| row_of_bytes(&v)))
+    /// The id of the item at `row` (without decoding its prompt).
+    pub fn item_id(&self, ds: u16, row: u64) -> Result<Option<String>, QueueError> {
+        let Some((r, i)) = self.locate(ds, row) else {
+            return Ok(None);
+        };
+        let b = self.block(ds, &r)?;
+        Ok(Some(String::from_utf8_lossy(b.id(i)).into_owned()))
+    }
+
+    /// The block holding the item at `row`, and its position there.
+    fn locate(&self, ds: u16, row: u64) -> Option<(Arc<BlockRef>, usize)> {
+        let r = self.block_of(ds, row)?;
+        let i = r.index_of(row)?;
+        Some((r, i))
     }
 
     /// Adds new items as pending and advances the scan position, atomically.
@@ -502,8 +774,9 @@ impl Queue {
     }
 
     /// The enqueue path proper: items already encoded (intake encodes on its worker
-    /// threads), written as one sled batch — item, pending key and id index per item, the
-    /// dataset record (scan position, counters, `mark`) once.
+    /// threads), appended to the dataset's block file (synced), then recorded as one sled
+    /// batch — a `B` and a `P` record per block, the dataset record (scan position,
+    /// counters, `mark`) once. Rows must come after every row already enqueued.
     pub fn enqueue_encoded(
         &self,
         ds: u16,
@@ -514,11 +787,42 @@ impl Queue {
     ) -> Result<(), QueueError> {
         let mut states = self.lock_states();
         let mut s = known(&states, ds)?;
+        let mut last = self.last_row(ds);
+        let mut blocks: Vec<(Vec<u64>, Vec<u8>)> = Vec::new();
+        let mut start = 0;
+        let mut bytes = 0;
+        for (i, it) in items.iter().enumerate() {
+            if let Some(l) = last.filter(|&l| it.row <= l) {
+                return Err(QueueError::RowOrder {
+                    row: it.row,
+                    last: l,
+                });
+            }
+            last = Some(it.row);
+            let first = items[start].row;
+            if i > start
+                && (i - start >= BLOCK_ITEMS
+                    || it.row - first >= BLOCK_SPAN
+                    || bytes >= BLOCK_BYTES)
+            {
+                blocks.push(block_of_items(&items[start..i]));
+                start = i;
+                bytes = 0;
+            }
+            bytes += it.record.len();
+        }
+        if start < items.len() {
+            blocks.push(block_of_items(&items[start..]));
+        }
+        let refs = if blocks.is_empty() {
+            Vec::new()
+        } else {
+            self.append_blocks(ds, &blocks)?
+        };
         let mut batch = sled::Batch::default();
-        for it in items {
-            batch.insert(&key(b'i', ds, it.row)[..], &it.record[..]);
-            batch.insert(&key(b'p', ds, it.row)[..], &[][..]);
-            batch.insert(id_key(ds, &it.id), &it.row.to_be_bytes()[..]);
+        for r in &refs {
+            batch.insert(&key(b'B', ds, r.first_row)[..], r.encode());
+            batch.insert(&key(b'P', ds, r.first_row)[..], &r.rows.0[..]);
         }
         s.items += items.len() as u64;
         s.rejected += rejected;
@@ -531,18 +835,28 @@ impl Queue {
         batch.insert(meta_key(&s.name), encode(&s));
         self.apply_batch(batch)?;
         states.insert(ds, s);
+        let n = refs.len();
+        self.lock_index()
+            .entry(ds)
+            .or_default()
+            .extend(refs.into_iter().map(Arc::new));
         drop(states);
-        reclaim(3 * items.len());
+        reclaim(2 * n + 1);
         Ok(())
     }
 
-    /// Every id already enqueued for `ds`, to `f` (intake seeds its duplicate filter with
-    /// them when it adds rows to a dataset that has items).
-    pub fn for_each_id(&self, ds: u16, mut f: impl FnMut(&[u8])) -> Result<(), QueueError> {
-        let p = prefix(b'k', ds);
-        for kv in self.tree.scan_prefix(p) {
-            let (k, _) = kv?;
-            f(&k[p.len()..]);
+    /// Every id already enqueued for `ds` with its row, in file order, to `f` (intake seeds
+    /// its duplicate filter with them when it adds rows to a dataset that has items). Reads
+    /// only the blocks' id tables.
+    pub fn for_each_id(&self, ds: u16, mut f: impl FnMut(&[u8], u64)) -> Result<(), QueueError> {
+        let refs: Vec<Arc<BlockRef>> = self.lock_index().get(&ds).cloned().unwrap_or_default();
+        if refs.is_empty() {
+            return Ok(());
+        }
+        let file = self.file(ds)?;
+        for r in refs {
+            let rows: Vec<u64> = r.item_rows().collect();
+            file.read_ids(&r, |i, id| f(id, rows[i]))?;
         }
         Ok(())
     }
@@ -554,25 +868,28 @@ impl Queue {
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<u64>, QueueError> {
-        let start = match after {
-            Some(r) => key(b'p', ds, r.saturating_add(1)),
-            None => key(b'p', ds, 0),
-        };
         if after == Some(u64::MAX) {
             return Ok(Vec::new());
         }
-        let end = prefix(b'p', ds.wrapping_add(1));
+        let from = after.map_or(0, |r| r + 1);
+        let start = key(b'P', ds, self.scan_start(ds, from));
+        let end = prefix(b'P', ds.wrapping_add(1));
         let mut out = Vec::with_capacity(limit.min(4096));
         let range = if ds == u16::MAX {
-            self.tree.range(start.to_vec()..vec![b'q'])
+            self.tree.range(start.to_vec()..vec![b'P' + 1])
         } else {
             self.tree.range(start.to_vec()..end.to_vec())
         };
         for kv in range {
-            let (k, _) = kv?;
-            out.push(row_of(&k));
-            if out.len() >= limit {
-                break;
+            let (k, v) = kv?;
+            let first = row_of(&k);
+            for bit in Bitmap(v.to_vec()).ones() {
+                if first + bit >= from {
+                    out.push(first + bit);
+                    if out.len() >= limit {
+                        return Ok(out);
+                    }
+                }
             }
         }
         Ok(out)
@@ -580,7 +897,20 @@ impl Queue {
 
     /// Whether an item is still pending.
     pub fn is_pending(&self, ds: u16, row: u64) -> Result<bool, QueueError> {
-        Ok(self.tree.contains_key(key(b'p', ds, row))?)
+        let Some(r) = self.block_of(ds, row) else {
+            return Ok(false);
+        };
+        Ok(self
+            .pending_bits(ds, &r)?
+            .is_some_and(|b| b.get(row - r.first_row)))
+    }
+
+    /// A block's pending bitmap (`None`: none of its items is pending).
+    fn pending_bits(&self, ds: u16, r: &BlockRef) -> Result<Option<Bitmap>, QueueError> {
+        Ok(self
+            .tree
+            .get(key(b'P', ds, r.first_row))?
+            .map(|v| Bitmap(v.to_vec())))
     }
 
     /// Applies finished attempts in one atomic batch; returns which were applied (an
@@ -591,15 +921,30 @@ impl Queue {
         let mut batch = Writes::default();
         let mut applied = Vec::with_capacity(outcomes.len());
         let mut seen = std::collections::HashSet::new();
+        // Pending bitmaps read and changed by this batch, by (dataset, first row).
+        let mut bits: BTreeMap<(u16, u64), Option<Bitmap>> = BTreeMap::new();
         for o in outcomes {
             let (ds, row) = match o {
                 Outcome::Done { ds, result } => (*ds, result.row),
                 Outcome::Failed { ds, row, .. } => (*ds, *row),
             };
-            let pk = key(b'p', ds, row);
-            if !seen.insert((ds, row)) || !self.tree.contains_key(pk)? {
+            let Some(r) = self.block_of(ds, row).filter(|_| seen.insert((ds, row))) else {
                 applied.push(false);
                 continue;
+            };
+            let pending = match bits.entry((ds, r.first_row)) {
+                std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    e.insert(self.pending_bits(ds, &r)?)
+                }
+            };
+            let bit = row - r.first_row;
+            match pending {
+                Some(b) if b.get(bit) => b.set(bit, false),
+                _ => {
+                    applied.push(false);
+                    continue;
+                }
             }
             let s = match changed.get_mut(&ds) {
                 Some(s) => s,
@@ -608,7 +953,6 @@ impl Queue {
                     changed.entry(ds).or_insert(cur)
                 }
             };
-            batch.remove(pk);
             match o {
                 Outcome::Done { result, .. } => {
                     s.done += 1;
@@ -622,6 +966,13 @@ impl Queue {
                 }
             }
             applied.push(true);
+        }
+        for ((ds, first), b) in bits {
+            match b {
+                Some(b) if b.is_clear() => batch.remove(key(b'P', ds, first)),
+                Some(b) => batch.insert(key(b'P', ds, first), b.0),
+                None => {}
+            }
         }
         for s in changed.values() {
             batch.insert(meta_key(&s.name), encode(s));
@@ -697,11 +1048,26 @@ impl Queue {
         };
         let mut batch = Writes::default();
         let mut n = 0u64;
+        let mut bits: BTreeMap<u64, Bitmap> = BTreeMap::new();
         for kv in self.tree.scan_prefix(prefix(b'f', ds)) {
             let (k, _) = kv?;
+            let row = row_of(&k);
             batch.remove(k.clone());
-            batch.insert(key(b'p', ds, row_of(&k)), []);
             n += 1;
+            let Some(r) = self.block_of(ds, row) else {
+                continue;
+            };
+            let b = match bits.entry(r.first_row) {
+                std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::btree_map::Entry::Vacant(e) => e.insert(
+                    self.pending_bits(ds, &r)?
+                        .unwrap_or_else(|| Bitmap::empty(r.span())),
+                ),
+            };
+            b.set(row - r.first_row, true);
+        }
+        for (first, b) in bits {
+            batch.insert(key(b'P', ds, first), b.0);
         }
         s.failed -= n.min(s.failed);
         batch.insert(meta_key(&s.name), encode(&s));
@@ -726,8 +1092,9 @@ impl Queue {
 
     /// Rebuilds a dataset's records and counters after a torn write, trusting, in order: the
     /// shard files (`in_shards`: every row they hold), then the most advanced state recorded
-    /// (`s` > `r` > `f` > `p`); a row in no state lost its result and is pending again. Rows
-    /// past the scan position are dropped (intake reads them again). One batch, flushed.
+    /// (`s` > `r` > `f` > pending); an item in no state lost its result and is pending again.
+    /// Blocks past the scan position (a torn enqueue) are dropped (intake reads them again).
+    /// One batch, flushed.
     pub fn repair(
         &self,
         ds: u16,
@@ -744,23 +1111,35 @@ impl Queue {
             ..Default::default()
         };
         let mut batch = Writes::default();
+        let refs: Vec<Arc<BlockRef>> = self.lock_index().get(&ds).cloned().unwrap_or_default();
+        let (kept, dropped): (Vec<_>, Vec<_>) = refs
+            .into_iter()
+            .partition(|r| r.first_row < before.scanned_lines);
+        for r in &dropped {
+            batch.remove(key(b'B', ds, r.first_row));
+            batch.remove(key(b'P', ds, r.first_row));
+            rep.unscanned_removed += u64::from(r.count);
+        }
         // Every item with the state bits recorded for it.
         let mut rows: BTreeMap<u64, u8> = BTreeMap::new();
-        for kv in self.tree.scan_prefix(prefix(b'i', ds)) {
+        for r in &kept {
+            rows.extend(r.item_rows().map(|row| (row, 0)));
+        }
+        let mut old_bits: HashMap<u64, Bitmap> = HashMap::new();
+        for kv in self.tree.scan_prefix(prefix(b'P', ds)) {
             let (k, v) = kv?;
-            let row = row_of(&k);
-            if row >= before.scanned_lines {
-                let item: Item = decode(&k, &v)?;
-                batch.remove(&k);
-                batch.remove(id_key(ds, &item.id));
-                rep.unscanned_removed += 1;
-            } else {
-                rows.insert(row, 0);
+            let first = row_of(&k);
+            let b = Bitmap(v.to_vec());
+            for bit in b.ones() {
+                if let Some(bits) = rows.get_mut(&(first + bit)) {
+                    *bits |= P;
+                }
             }
+            old_bits.insert(first, b);
         }
         let mut result_tokens: HashMap<u64, (u32, u32)> = HashMap::new();
         let mut shard_of: HashMap<u64, u64> = HashMap::new();
-        for (p, bit) in [(b'p', P), (b'r', R), (b's', S), (b'f', F)] {
+        for (p, bit) in [(b'r', R), (b's', S), (b'f', F)] {
             for kv in self.tree.scan_prefix(prefix(p, ds)) {
                 let (k, v) = kv?;
                 let row = row_of(&k);
@@ -786,7 +1165,13 @@ impl Queue {
             prompt_tokens: 0,
             ..before.clone()
         };
+        let mut pending: BTreeMap<u64, Bitmap> = BTreeMap::new();
+        let mut r_i = 0;
         for (&row, &bits) in &rows {
+            while kept[r_i].first_row + kept[r_i].span() <= row {
+                r_i += 1;
+            }
+            let block = &kept[r_i];
             let keep = if let Some(f) = in_shards.get(&row) {
                 if bits & S == 0 || shard_of.get(&row) != Some(&f.shard) {
                     batch.insert(key(b's', ds, row), f.shard.to_be_bytes());
@@ -808,16 +1193,24 @@ impl Queue {
                 F
             } else {
                 if bits & P == 0 {
-                    batch.insert(key(b'p', ds, row), []);
                     rep.back_to_pending += 1;
                 }
                 P
             };
-            for (p, bit) in [(b'p', P), (b'r', R), (b's', S), (b'f', F)] {
+            if keep == P {
+                pending
+                    .entry(block.first_row)
+                    .or_insert_with(|| Bitmap::empty(block.span()))
+                    .set(row - block.first_row, true);
+            }
+            for (p, bit) in [(b'r', R), (b's', S), (b'f', F)] {
                 if bit != keep && bits & bit != 0 {
                     batch.remove(key(p, ds, row));
                     rep.extra_states_removed += 1;
                 }
+            }
+            if keep != P && bits & P != 0 {
+                rep.extra_states_removed += 1;
             }
             match keep {
                 S => {
@@ -829,6 +1222,16 @@ impl Queue {
                 _ => {}
             }
         }
+        // Pending bitmaps as the kept states say, written where they differ.
+        for r in &kept {
+            let want = pending.remove(&r.first_row);
+            if old_bits.get(&r.first_row) != want.as_ref() {
+                match want {
+                    Some(b) => batch.insert(key(b'P', ds, r.first_row), b.0),
+                    None => batch.remove(key(b'P', ds, r.first_row)),
+                }
+            }
+        }
         if rep.sharded_without_file > 0 {
             // Their token counts are gone with their file: keep what the counters said.
             after.prompt_tokens = after.prompt_tokens.max(before.prompt_tokens);
@@ -838,18 +1241,32 @@ impl Queue {
         self.apply(batch)?;
         states.insert(ds, after.clone());
         drop(states);
+        if !dropped.is_empty() {
+            let end = kept.last().map_or(0, |r| r.offset + u64::from(r.len));
+            self.lock_index().insert(ds, kept);
+            self.cache.lock().unwrap_or_else(|p| p.into_inner()).clear();
+            self.file(ds)?.truncate(end)?;
+        }
         self.flush()?;
         rep.after = after;
         Ok(rep)
     }
 
     /// Counts a dataset's records by state, for `spool verify` to hold the counters against;
-    /// also the rows in no state at all (a torn write lost them).
+    /// also the items in no state at all (a torn write lost them).
     pub fn audit(&self, ds: u16) -> Result<Audit, QueueError> {
         let mut stated = std::collections::HashSet::new();
         let mut a = Audit::default();
+        let refs: Vec<Arc<BlockRef>> = self.lock_index().get(&ds).cloned().unwrap_or_default();
+        for kv in self.tree.scan_prefix(prefix(b'P', ds)) {
+            let (k, v) = kv?;
+            let first = row_of(&k);
+            for bit in Bitmap(v.to_vec()).ones() {
+                stated.insert(first + bit);
+                a.pending += 1;
+            }
+        }
         for (p, n) in [
-            (b'p', &mut a.pending),
             (b'r', &mut a.unsharded),
             (b's', &mut a.sharded),
             (b'f', &mut a.failed),
@@ -860,11 +1277,12 @@ impl Queue {
                 *n += 1;
             }
         }
-        for kv in self.tree.scan_prefix(prefix(b'i', ds)) {
-            let (k, _) = kv?;
-            a.items += 1;
-            if !stated.contains(&row_of(&k)) {
-                a.stateless.push(row_of(&k));
+        for r in &refs {
+            for row in r.item_rows() {
+                a.items += 1;
+                if !stated.contains(&row) {
+                    a.stateless.push(row);
+                }
             }
         }
         Ok(a)
@@ -1051,7 +1469,7 @@ mod tests {
         assert_eq!(q.state(ds).unwrap().items, 50);
         assert_eq!(q.pending_rows(ds, None, 100).unwrap().len(), 50);
         assert_eq!(q.item(ds, 7).unwrap().unwrap().id, "id7");
-        assert_eq!(q.row_of_id(ds, "id9").unwrap(), Some(9));
+        assert_eq!(q.item_id(ds, 9).unwrap().as_deref(), Some("id9"));
         q.enqueue(ds, &[(50, item("id50"))], 51, 0).unwrap();
         q.flush().unwrap();
         drop(q);
@@ -1185,13 +1603,13 @@ mod tests {
                 }),
             )
             .unwrap();
-        q.tree
-            .insert(key(b'i', 0, 7), encode(&item("id7")))
-            .unwrap();
-        q.tree
-            .insert(id_key(0, "id7"), &7u64.to_be_bytes())
-            .unwrap();
-        q.tree.insert(key(b'p', 0, 7), &[]).unwrap();
+        // A torn enqueue: row 7's block and pending bits written, the scan position not.
+        let (rows, bytes) = block_of_items(&[EncodedItem::new(7, &item("id7"))]);
+        let r = q.append_blocks(0, &[(rows, bytes)]).unwrap().remove(0);
+        q.tree.insert(key(b'B', 0, 7), r.encode()).unwrap();
+        q.tree.insert(key(b'P', 0, 7), &r.rows.0[..]).unwrap();
+        q.lock_index().get_mut(&0).unwrap().push(Arc::new(r));
+        assert_eq!(q.item_id(0, 7).unwrap().as_deref(), Some("id7"));
         let mut files = shard0();
         files.insert(
             2,
@@ -1224,7 +1642,10 @@ mod tests {
         );
         assert_eq!(q.sharded_rows(0).unwrap(), vec![(0, 0), (1, 0), (2, 1)]);
         assert_eq!(q.pending_rows(0, None, 10).unwrap(), vec![3, 5]);
-        assert_eq!(q.row_of_id(0, "id7").unwrap(), None);
+        assert_eq!(q.item_id(0, 7).unwrap(), None);
+        // The dropped block's bytes are cut off: the next enqueue reuses its place.
+        q.enqueue(0, &[(6, item("id6"))], 7, 0).unwrap();
+        assert_eq!(q.item(0, 6).unwrap().unwrap().id, "id6");
     }
 
     /// The queue records are a compatibility boundary: a format-1 dataset record (no
@@ -1245,6 +1666,195 @@ mod tests {
         };
         let back: DatasetState = decode(b"ma", &encode(&marked)).unwrap();
         assert_eq!(back, marked);
+    }
+
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                copy_dir(&e.path(), &to.join(e.file_name()));
+            } else {
+                std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+            }
+        }
+    }
+
+    /// The queue records are a compatibility boundary: a queue written by the format-1 code
+    /// (`tests/fixtures/queue-v1`, see SOURCES) opens, is migrated to item blocks, and keeps
+    /// every item, state, counter and id; its old per-item keys are gone; work goes on, and
+    /// the next open does not migrate again.
+    #[test]
+    fn a_format_1_queue_is_migrated_with_every_item_and_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/queue-v1");
+        copy_dir(&fixture, dir.path());
+        let q = Queue::open(dir.path()).unwrap();
+        assert_eq!(
+            q.tree.get(b"v").unwrap().unwrap().as_ref(),
+            &2u32.to_be_bytes()
+        );
+        for p in [b'i', b'p', b'k'] {
+            assert_eq!(
+                q.tree.scan_prefix([p]).count(),
+                0,
+                "old {} keys left",
+                p as char
+            );
+        }
+        let a = q.state(0).unwrap();
+        assert_eq!(
+            (
+                a.name.as_str(),
+                a.scanned_lines,
+                a.items,
+                a.done,
+                a.failed,
+                a.rejected
+            ),
+            ("a", 9, 8, 3, 1, 1)
+        );
+        assert_eq!(
+            (
+                a.completion_tokens,
+                a.prompt_tokens,
+                a.sharded,
+                a.next_shard,
+                a.wasted_tokens
+            ),
+            (60, 9, 2, 1, 5)
+        );
+        assert_eq!(a.scan_mark.map(|m| m.xxh64), Some(42));
+        assert_eq!(q.pending_rows(0, None, 100).unwrap(), vec![5, 6, 7, 8]);
+        assert_eq!(q.pending_rows(0, Some(6), 100).unwrap(), vec![7, 8]);
+        assert_eq!(q.pending_rows(1, None, 100).unwrap(), vec![0, 1, 2]);
+        let i4 = q.item(0, 4).unwrap().unwrap();
+        assert_eq!(
+            (i4.id.as_str(), i4.prompt.as_str(), i4.hash, i4.prompt_ids),
+            ("a4", "prompt of a4", [4; 16], Some(vec![4, 5, 6]))
+        );
+        assert_eq!(
+            i4.messages.as_deref(),
+            Some(r#"[{"role":"user","content":"a4"}]"#)
+        );
+        let i7 = q.item(0, 7).unwrap().unwrap();
+        assert_eq!((i7.messages, i7.prompt_ids), (None, Some(vec![7, 8, 9])));
+        assert_eq!(q.item(0, 6).unwrap().unwrap().prompt_ids, None);
+        assert_eq!(q.item(0, 3).unwrap(), None);
+        assert_eq!(q.item(1, 2).unwrap().unwrap().id, "b2");
+        assert_eq!(q.sharded_rows(0).unwrap(), vec![(0, 0), (1, 0)]);
+        assert_eq!(
+            q.unsharded(0)
+                .unwrap()
+                .iter()
+                .map(|r| r.row)
+                .collect::<Vec<_>>(),
+            vec![2]
+        );
+        assert_eq!(q.failures(0, 10).unwrap()[0].0, 4);
+        let audit = q.audit(0).unwrap();
+        assert_eq!(
+            (
+                audit.items,
+                audit.pending,
+                audit.unsharded,
+                audit.sharded,
+                audit.failed
+            ),
+            (8, 4, 1, 2, 1)
+        );
+        assert!(audit.stateless.is_empty());
+        let mut ids = Vec::new();
+        q.for_each_id(0, |id, row| {
+            ids.push((String::from_utf8_lossy(id).into_owned(), row))
+        })
+        .unwrap();
+        assert_eq!(ids.len(), 8);
+        assert_eq!(ids[3], ("a4".to_string(), 4));
+        assert_eq!(q.commit(&[done(5, 50)]).unwrap(), vec![true]);
+        q.flush().unwrap();
+        drop(q);
+        let q = Queue::open(dir.path()).unwrap();
+        assert_eq!(q.pending_rows(0, None, 100).unwrap(), vec![6, 7, 8]);
+        assert_eq!(q.state(0).unwrap().completion_tokens, 110);
+        assert_eq!(q.item(0, 8).unwrap().unwrap().id, "a8");
+    }
+
+    /// A queue of a newer format than this spool's is refused, not misread.
+    #[test]
+    fn a_newer_queue_format_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = Queue::open(dir.path()).unwrap();
+        q.tree
+            .insert(b"v", &(FORMAT_VERSION + 1).to_be_bytes())
+            .unwrap();
+        q.flush().unwrap();
+        drop(q);
+        assert!(matches!(
+            Queue::open(dir.path()),
+            Err(QueueError::Version { found, .. }) if found == FORMAT_VERSION + 1
+        ));
+    }
+
+    /// A damaged item block is reported with its file, not decoded as other prompts.
+    #[test]
+    fn a_damaged_block_file_is_reported_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let q = six_items(dir.path());
+            q.flush().unwrap();
+        }
+        let path = BlockFile::path(dir.path(), 0);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let n = bytes.len();
+        bytes[n - 3] ^= 0xff;
+        std::fs::write(&path, bytes).unwrap();
+        let q = Queue::open(dir.path()).unwrap();
+        let e = q.item(0, 3).unwrap_err().to_string();
+        assert!(e.contains("0.blocks") && e.contains("checksum"), "{e}");
+    }
+
+    /// Rows are enqueued in file order only: a row at or before the last enqueued one is
+    /// refused (blocks must not overlap), and nothing of that batch is written.
+    #[test]
+    fn an_enqueue_out_of_row_order_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = six_items(dir.path());
+        assert!(matches!(
+            q.enqueue(0, &[(7, item("id7")), (5, item("id5b"))], 8, 0),
+            Err(QueueError::RowOrder { row: 5, last: 7 })
+        ));
+        assert_eq!(q.state(0).unwrap().items, 6);
+        assert_eq!(q.item(0, 7).unwrap(), None);
+    }
+
+    /// Blocks end at [`BLOCK_ITEMS`] items and [`BLOCK_SPAN`] rows; items, pending rows
+    /// and commits work across block boundaries and gaps of rejected lines.
+    #[test]
+    fn items_spread_over_many_blocks_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = Queue::open(dir.path()).unwrap();
+        q.open_dataset("a").unwrap();
+        // 3,000 items, then one far past the span limit.
+        let mut items: Vec<_> = (0..3000u64)
+            .map(|r| (r * 2, item(&format!("id{r}"))))
+            .collect();
+        items.push((20_000, item("far")));
+        q.enqueue(0, &items, 20_001, 0).unwrap();
+        assert_eq!(q.lock_index()[&0].len(), 4);
+        assert_eq!(q.item(0, 2048 * 2).unwrap().unwrap().id, "id2048");
+        assert_eq!(q.item(0, 2049).unwrap(), None);
+        assert_eq!(q.item(0, 20_000).unwrap().unwrap().id, "far");
+        assert_eq!(q.pending_rows(0, Some(2046), 2).unwrap(), vec![2048, 2050]);
+        assert_eq!(q.pending_rows(0, Some(5998), 5).unwrap(), vec![20_000]);
+        let all = q.pending_rows(0, None, usize::MAX).unwrap();
+        assert_eq!(all.len(), 3001);
+        assert_eq!(
+            q.commit(&[done(2046, 1), done(2048, 1)]).unwrap(),
+            vec![true, true]
+        );
+        assert_eq!(q.pending_rows(0, Some(2044), 2).unwrap(), vec![2050, 2052]);
+        assert!(!q.is_pending(0, 2048).unwrap() && q.is_pending(0, 2050).unwrap());
     }
 
     #[test]
@@ -1299,7 +1909,7 @@ mod tests {
         assert!(q.unsharded(0).unwrap().is_empty());
         assert_eq!(q.sharded_rows(0).unwrap(), vec![(0, 0)]);
         assert_eq!(q.state(0).unwrap().next_shard, 1);
-        assert_eq!(q.row_of_id(0, "y").unwrap(), Some(1));
+        assert_eq!(q.item_id(0, 1).unwrap().as_deref(), Some("y"));
     }
 
     #[derive(Debug, Clone)]

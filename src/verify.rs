@@ -136,7 +136,8 @@ pub enum Problem {
         path: PathBuf,
         row: u64,
         id: String,
-        queue_row: Option<u64>,
+        /// The id of the queue's item at that row, if it has one.
+        queue_id: Option<String>,
     },
     /// `completion_token_ids` does not hold `completion_tokens` ids.
     TokenCountMismatch {
@@ -316,16 +317,16 @@ impl fmt::Display for Problem {
                 path,
                 row,
                 id,
-                queue_row,
-            } => match queue_row {
+                queue_id,
+            } => match queue_id {
                 Some(q) => write!(
                     f,
-                    "{}: row {row} has id `{id}`, which the queue has at row {q}",
+                    "{}: row {row} has id `{id}`, but the queue's item at row {row} is `{q}`",
                     path.display()
                 ),
                 None => write!(
                     f,
-                    "{}: row {row} has id `{id}`, which the queue does not know",
+                    "{}: row {row} has id `{id}`, but the queue has no item at row {row}",
                     path.display()
                 ),
             },
@@ -530,13 +531,13 @@ fn verify_dataset(
         let mut rows_here = Vec::new();
         for key in scan.keys {
             if let Some(ds) = ds {
-                let queue_row = queue.row_of_id(ds, &key.id)?;
-                if queue_row != Some(key.row) {
+                let queue_id = queue.item_id(ds, key.row)?;
+                if queue_id.as_deref() != Some(key.id.as_str()) {
                     row_problems.push(Problem::IdMismatch {
                         path: path.clone(),
                         row: key.row,
                         id: key.id.clone(),
-                        queue_row,
+                        queue_id,
                     });
                 }
             }
@@ -1016,9 +1017,9 @@ mod tests {
                 p,
                 Problem::IdMismatch {
                     row: 5,
-                    queue_row: Some(4),
+                    queue_id: Some(q),
                     ..
-                }
+                } if q == "x5"
             )),
             "{text:#?}"
         );

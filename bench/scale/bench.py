@@ -6,7 +6,8 @@ For N prompts (default 10,000,000; `--prompts N`):
   2. enqueue: `spool run` (release build) on a config whose dataset has `token_budget = 0`,
      so it enqueues everything and stops (no server: `self_check = false`, a closed port).
      Rate from spool's own `enqueued … prompts_per_s=` line; RSS sampled from /proc every
-     0.2 s (peak, and at 25/50/75/100 % of the pass); sled size = bytes of data_dir/queue;
+     0.2 s (peak, and at 25/50/75/100 % of the pass); queue size = bytes of data_dir (sled's
+     data_dir/queue plus the item blocks in data_dir/items);
   3. restart: a fast `spool mock-server` (time × 1000, ~50-token completions) with a
      request log; `spool run` on the same data_dir drains for a few seconds (RSS sampled),
      is SIGKILLed, and started again at once. Restart time = kill → the first request the
@@ -143,7 +144,7 @@ def enqueue(spool, d, prompts):
     f = dict((k, v.strip('"')) for k, v in re.findall(r'(\w+)=("[^"]*"|\S+)', line))
     return {"added": int(f["added"]), "seconds": float(f["seconds"]), "rss": s,
             "cpu_s": ru.ru_utime + ru.ru_stime,
-            "queue_bytes": dir_bytes(os.path.join(d, "data", "queue"))}
+            "queue_bytes": dir_bytes(os.path.join(d, "data"))}
 
 
 def first_dispatch_ms(log_path, after_ms):
@@ -254,7 +255,7 @@ def main():
     n = e["added"]
     rs = e["rss"]
     print()
-    print(f"| prompts | input | enqueue prompts/s | enqueue CPU s / 1k prompts | enqueue s | sled bytes/item | input bytes/item | "
+    print(f"| prompts | input | enqueue prompts/s | enqueue CPU s / 1k prompts | enqueue s | queue bytes/item | input bytes/item | "
           f"restart (kill → first request) | first start → first request | RSS peak enqueue (25/50/75/100 %) | "
           f"RSS peak draining before / after the kill | load (1 min) |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -1,0 +1,497 @@
+//! Item blocks: the prompts of enqueued items, appended to one file per dataset.
+//!
+//! An enqueue writes its items as blocks of at most [`BLOCK_ITEMS`] items to
+//! `data_dir/items/<ds>.blocks`, syncs the file, and only then records each block in sled
+//! (a `B` record: [`BlockRef`]). A block is never rewritten, so an item costs one sequential
+//! append instead of per-item B-tree inserts, and sled holds a few records per thousand
+//! items (its memory and restart time no longer grow with the prompts' bytes).
+//!
+//! Block bytes (little-endian): `count: u32`, `count` id lengths (`u32`), the ids, `count`
+//! record lengths (`u32`), the records (each an [`Item`](crate::queue::Item) as JSON). Items
+//! are in row order; the [`BlockRef`]'s row bitmap says which rows they are.
+//!
+//! Invariants: bytes are in the file and synced before a `B` record names them; the file's
+//! bytes past the last recorded block are a torn append and are cut off before the next one
+//! ([`BlockFile::open`]); every read checks the block's xxHash64 against its record, so a
+//! damaged file is reported (naming the file and offset), never decoded as other items.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Items per block: a block is the unit read back to dispatch an item (cached), so it is
+/// kept to about a megabyte.
+pub const BLOCK_ITEMS: usize = 1024;
+/// Rows a block may span (items plus the rejected lines between them), so its bitmaps stay
+/// small (≤ 1 KiB): the pending bitmap is rewritten on every completion.
+pub const BLOCK_SPAN: u64 = 8192;
+
+/// Where and what a block is: the value of its `B` record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockRef {
+    pub first_row: u64,
+    pub offset: u64,
+    pub len: u32,
+    pub count: u32,
+    pub xxh64: u64,
+    /// Bit `i` set: row `first_row + i` is one of the block's items.
+    pub rows: Bitmap,
+}
+
+impl BlockRef {
+    /// The `B` record's value (the key holds `first_row`).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(28 + self.rows.0.len());
+        v.extend_from_slice(&self.offset.to_be_bytes());
+        v.extend_from_slice(&self.len.to_be_bytes());
+        v.extend_from_slice(&self.count.to_be_bytes());
+        v.extend_from_slice(&self.xxh64.to_be_bytes());
+        v.extend_from_slice(&self.rows.0);
+        v
+    }
+
+    /// Reads a `B` record back; `None` when it is malformed.
+    pub fn decode(first_row: u64, v: &[u8]) -> Option<BlockRef> {
+        if v.len() < 24 {
+            return None;
+        }
+        let r = BlockRef {
+            first_row,
+            offset: u64::from_be_bytes(v[0..8].try_into().ok()?),
+            len: u32::from_be_bytes(v[8..12].try_into().ok()?),
+            count: u32::from_be_bytes(v[12..16].try_into().ok()?),
+            xxh64: u64::from_be_bytes(v[16..24].try_into().ok()?),
+            rows: Bitmap(v[24..].to_vec()),
+        };
+        (r.rows.count() == u64::from(r.count)).then_some(r)
+    }
+
+    /// Rows covered, items or not: `first_row .. first_row + span`.
+    pub fn span(&self) -> u64 {
+        self.rows.bits()
+    }
+
+    /// The item's position in the block, when `row` is one of its items.
+    pub fn index_of(&self, row: u64) -> Option<usize> {
+        let bit = row.checked_sub(self.first_row)?;
+        self.rows.get(bit).then(|| self.rows.rank(bit))
+    }
+
+    /// The block's item rows, ascending.
+    pub fn item_rows(&self) -> impl Iterator<Item = u64> + '_ {
+        let first = self.first_row;
+        self.rows.ones().map(move |b| first + b)
+    }
+}
+
+/// A bit set over a block's rows (bit `i` in byte `i / 8`, least significant first).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Bitmap(pub Vec<u8>);
+
+impl Bitmap {
+    /// All clear, for `span` rows.
+    pub fn empty(span: u64) -> Bitmap {
+        Bitmap(vec![0; span.div_ceil(8) as usize])
+    }
+
+    pub fn bits(&self) -> u64 {
+        self.0.len() as u64 * 8
+    }
+
+    pub fn get(&self, i: u64) -> bool {
+        self.0
+            .get((i / 8) as usize)
+            .is_some_and(|b| b & (1 << (i % 8)) != 0)
+    }
+
+    /// Sets bit `i`; the bitmap must cover it.
+    pub fn set(&mut self, i: u64, on: bool) {
+        let b = &mut self.0[(i / 8) as usize];
+        if on {
+            *b |= 1 << (i % 8);
+        } else {
+            *b &= !(1 << (i % 8));
+        }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.0.iter().map(|b| u64::from(b.count_ones())).sum()
+    }
+
+    pub fn is_clear(&self) -> bool {
+        self.0.iter().all(|&b| b == 0)
+    }
+
+    /// Set bits before `i`.
+    pub fn rank(&self, i: u64) -> usize {
+        let whole = (i / 8) as usize;
+        let mut n: usize = self.0[..whole.min(self.0.len())]
+            .iter()
+            .map(|b| b.count_ones() as usize)
+            .sum();
+        if let Some(b) = self.0.get(whole) {
+            n += (b & ((1u16 << (i % 8)) - 1) as u8).count_ones() as usize;
+        }
+        n
+    }
+
+    /// Set bits, ascending.
+    pub fn ones(&self) -> impl Iterator<Item = u64> + '_ {
+        self.0.iter().enumerate().flat_map(|(i, &b)| {
+            (0..8u64).filter_map(move |j| (b & (1 << j) != 0).then_some(i as u64 * 8 + j))
+        })
+    }
+}
+
+/// One block's bytes, built from items in row order (`(id, record)`).
+pub fn encode_block<'a>(items: impl Iterator<Item = (&'a [u8], &'a [u8])> + Clone) -> Vec<u8> {
+    let count = items.clone().count();
+    let size: usize = items.clone().map(|(i, r)| 8 + i.len() + r.len()).sum();
+    let mut v = Vec::with_capacity(4 + size);
+    v.extend_from_slice(&(count as u32).to_le_bytes());
+    for (id, _) in items.clone() {
+        v.extend_from_slice(&(id.len() as u32).to_le_bytes());
+    }
+    for (id, _) in items.clone() {
+        v.extend_from_slice(id);
+    }
+    for (_, rec) in items.clone() {
+        v.extend_from_slice(&(rec.len() as u32).to_le_bytes());
+    }
+    for (_, rec) in items {
+        v.extend_from_slice(rec);
+    }
+    v
+}
+
+/// A block read back and checked: ids and records by position.
+#[derive(Debug)]
+pub struct Block {
+    bytes: Vec<u8>,
+    ids: Vec<(usize, usize)>,
+    records: Vec<(usize, usize)>,
+}
+
+impl Block {
+    /// Splits `bytes` into its items; `Err` names what does not add up.
+    pub fn parse(bytes: Vec<u8>) -> Result<Block, String> {
+        let mut at = 0usize;
+        let count = read_u32(&bytes, &mut at)? as usize;
+        let ids = spans(&bytes, &mut at, count)?;
+        let records = spans(&bytes, &mut at, count)?;
+        if at != bytes.len() {
+            return Err(format!("{} bytes after the last record", bytes.len() - at));
+        }
+        Ok(Block {
+            bytes,
+            ids,
+            records,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    pub fn id(&self, i: usize) -> &[u8] {
+        let (a, b) = self.ids[i];
+        &self.bytes[a..b]
+    }
+
+    pub fn record(&self, i: usize) -> &[u8] {
+        let (a, b) = self.records[i];
+        &self.bytes[a..b]
+    }
+}
+
+fn read_u32(bytes: &[u8], at: &mut usize) -> Result<u32, String> {
+    let b = bytes
+        .get(*at..*at + 4)
+        .ok_or_else(|| format!("truncated at byte {at}"))?;
+    *at += 4;
+    Ok(u32::from_le_bytes(b.try_into().expect("4 bytes")))
+}
+
+/// `count` lengths then the bytes they measure, as (start, end) pairs.
+fn spans(bytes: &[u8], at: &mut usize, count: usize) -> Result<Vec<(usize, usize)>, String> {
+    let mut lens = Vec::with_capacity(count);
+    for _ in 0..count {
+        lens.push(read_u32(bytes, at)? as usize);
+    }
+    let mut out = Vec::with_capacity(count);
+    for n in lens {
+        let end = at
+            .checked_add(n)
+            .filter(|&e| e <= bytes.len())
+            .ok_or_else(|| format!("a length of {n} runs past the block's end"))?;
+        out.push((*at, end));
+        *at = end;
+    }
+    Ok(out)
+}
+
+/// Why a block file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum BlockError {
+    #[error("item file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("item file {path}, block at byte {offset}: {detail}")]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        detail: String,
+    },
+}
+
+/// A dataset's block file: appended under a lock, read concurrently.
+#[derive(Debug)]
+pub struct BlockFile {
+    path: PathBuf,
+    file: File,
+    /// Where the next block goes: the end of the last recorded block.
+    end: Mutex<u64>,
+}
+
+impl BlockFile {
+    /// The file of dataset `ds` under `data_dir`.
+    pub fn path(data_dir: &Path, ds: u16) -> PathBuf {
+        data_dir.join("items").join(format!("{ds}.blocks"))
+    }
+
+    /// Opens (or creates) the file, cutting off bytes past `end` (an append the queue never
+    /// recorded). A file shorter than `end` has lost recorded items: an error.
+    pub fn open(path: PathBuf, end: u64) -> Result<BlockFile, BlockError> {
+        let io = |source| BlockError::Io {
+            path: path.clone(),
+            source,
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        if len < end {
+            return Err(BlockError::Corrupt {
+                path: path.clone(),
+                offset: len,
+                detail: format!(
+                    "the file ends at byte {len}, but the queue records blocks up to byte {end}"
+                ),
+            });
+        }
+        if len > end {
+            tracing::warn!(path = %path.display(), bytes = len - end, "cutting off an item append the queue never recorded (an interrupted enqueue)");
+            file.set_len(end).map_err(io)?;
+            file.sync_all().map_err(io)?;
+        }
+        Ok(BlockFile {
+            path,
+            file,
+            end: Mutex::new(end),
+        })
+    }
+
+    pub fn file_path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends blocks and syncs the file; returns each block's offset. On an error nothing
+    /// is recorded, and the bytes written are cut off by the next open.
+    pub fn append(&self, blocks: &[&[u8]]) -> Result<Vec<u64>, BlockError> {
+        let io = |source| BlockError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let mut end = self.end.lock().unwrap_or_else(|p| p.into_inner());
+        let mut at = *end;
+        let mut offsets = Vec::with_capacity(blocks.len());
+        for b in blocks {
+            self.file.write_all_at(b, at).map_err(io)?;
+            offsets.push(at);
+            at += b.len() as u64;
+        }
+        self.file.sync_data().map_err(io)?;
+        *end = at;
+        Ok(offsets)
+    }
+
+    /// Moves the append position back to `end` (after a repair dropped blocks past it).
+    pub fn truncate(&self, end: u64) -> Result<(), BlockError> {
+        let mut cur = self.end.lock().unwrap_or_else(|p| p.into_inner());
+        self.file.set_len(end).map_err(|source| BlockError::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        *cur = end;
+        Ok(())
+    }
+
+    /// Reads a block and checks it against its record.
+    pub fn read(&self, r: &BlockRef) -> Result<Block, BlockError> {
+        let corrupt = |detail: String| BlockError::Corrupt {
+            path: self.path.clone(),
+            offset: r.offset,
+            detail,
+        };
+        let mut bytes = vec![0u8; r.len as usize];
+        self.file
+            .read_exact_at(&mut bytes, r.offset)
+            .map_err(|e| corrupt(format!("cannot read {} bytes: {e}", r.len)))?;
+        let h = twox_hash::XxHash64::oneshot(0, &bytes);
+        if h != r.xxh64 {
+            return Err(corrupt(format!(
+                "checksum {h:016x} is not the recorded {:016x}",
+                r.xxh64
+            )));
+        }
+        let block = Block::parse(bytes).map_err(corrupt)?;
+        if block.len() != r.count as usize {
+            return Err(corrupt(format!(
+                "{} items, the queue records {}",
+                block.len(),
+                r.count
+            )));
+        }
+        Ok(block)
+    }
+
+    /// The ids of a block, in row order, without reading its records (the checksum covers
+    /// the whole block, so it is not checked here; lengths are).
+    pub fn read_ids(
+        &self,
+        r: &BlockRef,
+        mut f: impl FnMut(usize, &[u8]),
+    ) -> Result<(), BlockError> {
+        let corrupt = |detail: String| BlockError::Corrupt {
+            path: self.path.clone(),
+            offset: r.offset,
+            detail,
+        };
+        let head = 4 + 4 * r.count as usize;
+        if head > r.len as usize {
+            return Err(corrupt("the block is shorter than its id table".into()));
+        }
+        let mut h = vec![0u8; head];
+        self.file
+            .read_exact_at(&mut h, r.offset)
+            .map_err(|e| corrupt(format!("cannot read: {e}")))?;
+        let lens: Vec<usize> = h[4..]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize)
+            .collect();
+        let total: usize = lens.iter().sum();
+        if head + total > r.len as usize {
+            return Err(corrupt("ids run past the block's end".into()));
+        }
+        let mut ids = vec![0u8; total];
+        self.file
+            .read_exact_at(&mut ids, r.offset + head as u64)
+            .map_err(|e| corrupt(format!("cannot read: {e}")))?;
+        let mut at = 0;
+        for (i, n) in lens.into_iter().enumerate() {
+            f(i, &ids[at..at + n]);
+            at += n;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block reads back item by item, its ids read alone agree, and a flipped byte is
+    /// reported by the checksum instead of being decoded.
+    #[test]
+    fn blocks_read_back_and_damage_is_caught() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = BlockFile::open(BlockFile::path(dir.path(), 3), 0).unwrap();
+        let items = [(&b"a"[..], &b"{\"x\":1}"[..]), (b"bb", b""), (b"", b"rec3")];
+        let bytes = encode_block(items.iter().copied());
+        let offs = f.append(&[&[9; 5], &bytes]).unwrap();
+        assert_eq!(offs, vec![0, 5]);
+        let mut rows = Bitmap::empty(10);
+        for i in [0, 4, 9] {
+            rows.set(i, true);
+        }
+        let r = BlockRef {
+            first_row: 100,
+            offset: 5,
+            len: bytes.len() as u32,
+            count: 3,
+            xxh64: twox_hash::XxHash64::oneshot(0, &bytes),
+            rows,
+        };
+        assert_eq!(BlockRef::decode(100, &r.encode()), Some(r.clone()));
+        assert_eq!(r.index_of(104), Some(1));
+        assert_eq!(r.index_of(109), Some(2));
+        assert_eq!(r.index_of(103), None);
+        assert_eq!(r.item_rows().collect::<Vec<_>>(), vec![100, 104, 109]);
+        let b = f.read(&r).unwrap();
+        assert_eq!(
+            (b.id(1), b.record(0), b.record(2)),
+            (&b"bb"[..], &b"{\"x\":1}"[..], &b"rec3"[..])
+        );
+        let mut ids = Vec::new();
+        f.read_ids(&r, |i, id| ids.push((i, id.to_vec()))).unwrap();
+        assert_eq!(
+            ids,
+            vec![(0, b"a".to_vec()), (1, b"bb".to_vec()), (2, vec![])]
+        );
+        f.file.write_all_at(b"Z", 5 + 20).unwrap();
+        let e = f.read(&r).unwrap_err().to_string();
+        assert!(
+            e.contains("checksum") && e.contains("3.blocks") && e.contains("byte 5"),
+            "{e}"
+        );
+    }
+
+    /// An append the queue never recorded is cut off at open; a file shorter than what the
+    /// queue records is refused.
+    #[test]
+    fn unrecorded_tails_are_cut_and_short_files_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = BlockFile::path(dir.path(), 0);
+        BlockFile::open(p.clone(), 0)
+            .unwrap()
+            .append(&[&[1; 10], &[2; 7]])
+            .unwrap();
+        let f = BlockFile::open(p.clone(), 10).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 10);
+        assert_eq!(f.append(&[&[3; 2]]).unwrap(), vec![10]);
+        drop(f);
+        assert!(matches!(
+            BlockFile::open(p, 20),
+            Err(BlockError::Corrupt { .. })
+        ));
+    }
+
+    /// Rank and iteration agree with a plain bit-by-bit count.
+    #[test]
+    fn bitmap_rank_matches_counting() {
+        let mut b = Bitmap::empty(70);
+        for i in [0u64, 3, 7, 8, 15, 16, 63, 64, 69] {
+            b.set(i, true);
+        }
+        for i in 0..=70 {
+            assert_eq!(b.rank(i), (0..i).filter(|&j| b.get(j)).count(), "{i}");
+        }
+        assert_eq!(b.ones().count() as u64, b.count());
+        b.set(3, false);
+        assert!(!b.get(3) && b.count() == 8 && !b.is_clear());
+    }
+}
