@@ -633,6 +633,7 @@ impl Collector<'_> {
                 seconds = format!("{:.2}", self.report.seconds),
                 prompts_per_s = (self.report.added as f64 / secs) as u64,
                 tokens_per_s = (self.report.prompt_tokens as f64 / secs) as u64,
+                id_lookups = self.ids.lookups(),
                 "enqueued"
             );
         }

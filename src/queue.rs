@@ -154,12 +154,93 @@ pub struct Item {
     pub prompt_ids: Option<Vec<u32>>,
 }
 
+impl Item {
+    /// The item's record in a block (format 2; the id is in the block's id table), binary
+    /// so that enqueue does not escape every prompt as JSON again: `hash` (16 bytes), the
+    /// prompt (u32 LE length, UTF-8), the messages (length, or `u32::MAX` for none), the
+    /// prompt ids (count, or `u32::MAX` for none, then u32 LE each).
+    pub fn encode_record(&self) -> Vec<u8> {
+        let ids = self.prompt_ids.as_ref().map_or(0, |v| v.len() * 4);
+        let msgs = self.messages.as_ref().map_or(0, |m| m.len());
+        let mut v = Vec::with_capacity(28 + self.prompt.len() + msgs + ids);
+        v.extend_from_slice(&self.hash);
+        let put = |v: &mut Vec<u8>, b: Option<&[u8]>| match b {
+            Some(b) => {
+                v.extend_from_slice(&(b.len() as u32).to_le_bytes());
+                v.extend_from_slice(b);
+            }
+            None => v.extend_from_slice(&u32::MAX.to_le_bytes()),
+        };
+        put(&mut v, Some(self.prompt.as_bytes()));
+        put(&mut v, self.messages.as_ref().map(|m| m.as_bytes()));
+        match &self.prompt_ids {
+            Some(ids) => {
+                v.extend_from_slice(&(ids.len() as u32).to_le_bytes());
+                for id in ids {
+                    v.extend_from_slice(&id.to_le_bytes());
+                }
+            }
+            None => v.extend_from_slice(&u32::MAX.to_le_bytes()),
+        }
+        v
+    }
+
+    /// Reads [`Item::encode_record`]'s bytes back; `Err` says what does not add up.
+    pub fn decode_record(id: String, b: &[u8]) -> Result<Item, String> {
+        fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
+            if b.len() < n {
+                return Err(format!(
+                    "record truncated ({} bytes left, {n} needed)",
+                    b.len()
+                ));
+            }
+            let (head, rest) = b.split_at(n);
+            *b = rest;
+            Ok(head)
+        }
+        fn len(b: &mut &[u8]) -> Result<Option<usize>, String> {
+            let n = u32::from_le_bytes(take(b, 4)?.try_into().expect("4 bytes"));
+            Ok((n != u32::MAX).then_some(n as usize))
+        }
+        fn text(b: &mut &[u8], n: usize, what: &str) -> Result<String, String> {
+            String::from_utf8(take(b, n)?.to_vec()).map_err(|_| format!("{what} is not UTF-8"))
+        }
+        let mut b = b;
+        let hash: [u8; 16] = take(&mut b, 16)?.try_into().expect("16 bytes");
+        let n = len(&mut b)?.ok_or("no prompt")?;
+        let prompt = text(&mut b, n, "prompt")?;
+        let messages = match len(&mut b)? {
+            Some(n) => Some(text(&mut b, n, "messages")?),
+            None => None,
+        };
+        let prompt_ids = match len(&mut b)? {
+            Some(n) => Some(
+                take(&mut b, n.checked_mul(4).ok_or("too many prompt ids")?)?
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                    .collect(),
+            ),
+            None => None,
+        };
+        if !b.is_empty() {
+            return Err(format!("{} bytes after the record", b.len()));
+        }
+        Ok(Item {
+            id,
+            hash,
+            prompt,
+            messages,
+            prompt_ids,
+        })
+    }
+}
+
 /// An [`Item`] encoded for the queue, with the row and id it is stored under.
 #[derive(Debug, Clone)]
 pub struct EncodedItem {
     pub row: u64,
     pub id: String,
-    /// The item's record (its JSON, the queue's format).
+    /// The item's record ([`Item::encode_record`]).
     pub record: Vec<u8>,
 }
 
@@ -169,7 +250,7 @@ impl EncodedItem {
         Self {
             row,
             id: item.id.clone(),
-            record: encode(item),
+            record: item.encode_record(),
         }
     }
 }
@@ -409,7 +490,7 @@ impl Queue {
         let mut moved = 0u64;
         for s in self.states() {
             let ds = s.index;
-            let mut chunk: Vec<(u64, String, sled::IVec)> = Vec::new();
+            let mut chunk: Vec<(u64, String, Vec<u8>)> = Vec::new();
             let mut bytes = 0usize;
             for kv in self.tree.scan_prefix(prefix(b'i', ds)) {
                 let (k, v) = kv?;
@@ -432,8 +513,9 @@ impl Queue {
                     self.migrate_chunk(ds, std::mem::take(&mut chunk))?;
                     bytes = 0;
                 }
-                bytes += v.len();
-                chunk.push((row, item.id, v));
+                let record = item.encode_record();
+                bytes += record.len();
+                chunk.push((row, item.id, record));
             }
             if !chunk.is_empty() {
                 moved += chunk.len() as u64;
@@ -461,16 +543,8 @@ impl Queue {
     }
 
     /// One block of a format-1 migration.
-    fn migrate_chunk(
-        &self,
-        ds: u16,
-        chunk: Vec<(u64, String, sled::IVec)>,
-    ) -> Result<(), QueueError> {
-        let bytes = encode_block(
-            chunk
-                .iter()
-                .map(|(_, id, rec)| (id.as_bytes(), rec.as_ref())),
-        );
+    fn migrate_chunk(&self, ds: u16, chunk: Vec<(u64, String, Vec<u8>)>) -> Result<(), QueueError> {
+        let bytes = encode_block(chunk.iter().map(|(_, id, rec)| (id.as_bytes(), &rec[..])));
         let rows: Vec<u64> = chunk.iter().map(|c| c.0).collect();
         let r = self.append_block(ds, &rows, bytes)?;
         let mut pending = Bitmap::empty(r.span());
@@ -726,7 +800,10 @@ impl Queue {
         };
         let b = self.block(ds, &r)?;
         let at = format!("{} row {row}", BlockFile::path(&self.path, ds).display());
-        Ok(Some(decode(at.as_bytes(), b.record(i))?))
+        let id = String::from_utf8_lossy(b.id(i)).into_owned();
+        Item::decode_record(id, b.record(i))
+            .map(Some)
+            .map_err(|detail| QueueError::Corrupt { key: at, detail })
     }
 
     /// The id of the item at `row` (without decoding its prompt).
@@ -1778,6 +1855,37 @@ mod tests {
         assert_eq!(q.pending_rows(0, None, 100).unwrap(), vec![6, 7, 8]);
         assert_eq!(q.state(0).unwrap().completion_tokens, 110);
         assert_eq!(q.item(0, 8).unwrap().unwrap().id, "a8");
+    }
+
+    /// Item records read back exactly — with and without messages and prompt ids, empty
+    /// and non-ASCII text — and a cut or padded record is an error, not another item.
+    #[test]
+    fn item_records_round_trip_and_damage_is_refused() {
+        let items = [
+            item("a"),
+            Item {
+                id: "é".into(),
+                hash: [7; 16],
+                prompt: String::new(),
+                messages: Some("[{\"role\":\"user\",\"content\":\"日本\"}]".into()),
+                prompt_ids: Some(vec![]),
+            },
+            Item {
+                id: "x".into(),
+                hash: [0; 16],
+                prompt: "p\n\u{1F600}".into(),
+                messages: None,
+                prompt_ids: Some(vec![0, u32::MAX - 1, 151_643]),
+            },
+        ];
+        for it in items {
+            let rec = it.encode_record();
+            assert_eq!(Item::decode_record(it.id.clone(), &rec), Ok(it.clone()));
+            assert!(Item::decode_record(it.id.clone(), &rec[..rec.len() - 1]).is_err());
+            let mut longer = rec.clone();
+            longer.push(0);
+            assert!(Item::decode_record(it.id.clone(), &longer).is_err());
+        }
     }
 
     /// A queue of a newer format than this spool's is refused, not misread.
