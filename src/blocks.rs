@@ -78,6 +78,18 @@ impl BlockRef {
         self.rows.get(bit).then(|| self.rows.rank(bit))
     }
 
+    /// The block's last item row (its span ends there).
+    pub fn last_row(&self) -> Option<u64> {
+        let (i, b) = self
+            .rows
+            .0
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, b)| **b != 0)?;
+        Some(self.first_row + i as u64 * 8 + 7 - u64::from(b.leading_zeros()))
+    }
+
     /// The block's item rows, ascending.
     pub fn item_rows(&self) -> impl Iterator<Item = u64> + '_ {
         let first = self.first_row;
@@ -441,6 +453,7 @@ mod tests {
         assert_eq!(r.index_of(109), Some(2));
         assert_eq!(r.index_of(103), None);
         assert_eq!(r.item_rows().collect::<Vec<_>>(), vec![100, 104, 109]);
+        assert_eq!(r.last_row(), Some(109));
         let b = f.read(&r).unwrap();
         assert_eq!(
             (b.id(1), b.record(0), b.record(2)),

@@ -492,11 +492,13 @@ impl Queue {
             let ds = s.index;
             let mut chunk: Vec<(u64, String, Vec<u8>)> = Vec::new();
             let mut bytes = 0usize;
+            // Rows up to here are in blocks already (an interrupted migration).
+            let migrated = self.last_row(ds);
             for kv in self.tree.scan_prefix(prefix(b'i', ds)) {
                 let (k, v) = kv?;
                 let row = row_of(&k);
                 let item: Item = decode(&k, &v)?;
-                let done_before = self.last_row(ds).is_some_and(|l| row <= l);
+                let done_before = migrated.is_some_and(|l| row <= l);
                 if done_before || row >= s.scanned_lines {
                     let mut w = Writes::default();
                     w.remove(&k);
@@ -634,8 +636,7 @@ impl Queue {
     /// The last item row of the dataset, if it has items.
     fn last_row(&self, ds: u16) -> Option<u64> {
         let index = self.lock_index();
-        let r = index.get(&ds)?.last()?;
-        r.item_rows().last()
+        index.get(&ds)?.last()?.last_row()
     }
 
     /// The block whose rows include `row`.
@@ -998,8 +999,9 @@ impl Queue {
         let mut batch = Writes::default();
         let mut applied = Vec::with_capacity(outcomes.len());
         let mut seen = std::collections::HashSet::new();
-        // Pending bitmaps read and changed by this batch, by (dataset, first row).
-        let mut bits: BTreeMap<(u16, u64), Option<Bitmap>> = BTreeMap::new();
+        // Pending bitmaps read by this batch (and whether it cleared a bit), by (dataset,
+        // first row).
+        let mut bits: BTreeMap<(u16, u64), (Option<Bitmap>, bool)> = BTreeMap::new();
         for o in outcomes {
             let (ds, row) = match o {
                 Outcome::Done { ds, result } => (*ds, result.row),
@@ -1009,15 +1011,18 @@ impl Queue {
                 applied.push(false);
                 continue;
             };
-            let pending = match bits.entry((ds, r.first_row)) {
+            let (pending, cleared) = match bits.entry((ds, r.first_row)) {
                 std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::btree_map::Entry::Vacant(e) => {
-                    e.insert(self.pending_bits(ds, &r)?)
+                    e.insert((self.pending_bits(ds, &r)?, false))
                 }
             };
             let bit = row - r.first_row;
             match pending {
-                Some(b) if b.get(bit) => b.set(bit, false),
+                Some(b) if b.get(bit) => {
+                    b.set(bit, false);
+                    *cleared = true;
+                }
                 _ => {
                     applied.push(false);
                     continue;
@@ -1044,11 +1049,11 @@ impl Queue {
             }
             applied.push(true);
         }
-        for ((ds, first), b) in bits {
+        for ((ds, first), (b, cleared)) in bits {
             match b {
-                Some(b) if b.is_clear() => batch.remove(key(b'P', ds, first)),
-                Some(b) => batch.insert(key(b'P', ds, first), b.0),
-                None => {}
+                Some(b) if cleared && b.is_clear() => batch.remove(key(b'P', ds, first)),
+                Some(b) if cleared => batch.insert(key(b'P', ds, first), b.0),
+                _ => {}
             }
         }
         for s in changed.values() {
