@@ -278,8 +278,7 @@ pub struct Queue {
     /// bytes per thousand items).
     index: Mutex<HashMap<u16, Vec<Arc<BlockRef>>>>,
     files: Mutex<HashMap<u16, Arc<BlockFile>>>,
-    /// Recently read blocks, by (dataset, first row, offset).
-    cache: Mutex<VecDeque<((u16, u64, u64), Arc<Block>)>>,
+    cache: Mutex<VecDeque<(BlockKey, Arc<Block>)>>,
     path: PathBuf,
     _lock: std::fs::File,
     poisoned: AtomicBool,
@@ -287,6 +286,10 @@ pub struct Queue {
     /// Commits left before the injected torn commit (0: none armed).
     torn_commit_in: AtomicU64,
 }
+
+/// A cached block: (dataset, first row, offset). A repair that drops blocks clears the
+/// cache, so a block written again at the same place is read afresh.
+type BlockKey = (u16, u64, u64);
 
 /// A done row as its shard file holds it, for [`Queue::repair`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
