@@ -126,6 +126,9 @@ def dir_bytes(path):
 def enqueue(spool, d, prompts):
     cfg = write_config(d, prompts, "http://127.0.0.1:9", True)
     err = open(os.path.join(d, "enqueue.log"), "w+")
+    # The pass writes ~5 GB at 10 M: start it with no earlier run's dirty pages still being
+    # written back (without this, back-to-back runs of one binary ranged 190-260 k/s).
+    os.sync()
     p = subprocess.Popen([spool, "run", "-c", cfg], stdout=subprocess.DEVNULL, stderr=err)
     s = Sampler(p.pid)
     s.start()
@@ -233,6 +236,7 @@ def main():
     d = tempfile.mkdtemp(prefix="spool-scale-", dir=DATA)
     try:
         if a.single_run:
+            os.sync()  # as in `enqueue`: no earlier run's writeback under this one
             r = restart(a.spool, d, prompts, a.drain_s)
             print(json.dumps({k: v for k, v in r.items() if not k.startswith("rss")}), flush=True)
             print(f"\n| prompts | single run: restart (kill → first request) | start → first request (enqueue included) "
