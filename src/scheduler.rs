@@ -389,42 +389,31 @@ impl Scheduler {
                     .map(|(f, &s)| f - f64::from(s))
                     .sum();
                 let dispatching = l.can_dispatch();
+                // Prompts not yet started, and the budget's room after the expected finals
+                // of the requests in flight (`None`: no budget).
+                let pending = self
+                    .queue
+                    .state(l.spec.ds)
+                    .map(|s| s.pending())
+                    .unwrap_or(0)
+                    .saturating_sub(l.inflight.len() as u64) as f64;
+                let budget_left = l.spec.budget.map(|b| b as f64 - l.completed_tokens as f64);
+                let room = budget_left.map(|left| (left - finals.iter().sum::<f64>()).max(0.0));
                 // Requests the lane is still expected to start: its pending prompts, or as
                 // many as the budget gate will let through (it dispatches while completed
                 // plus expected final tokens stay under the budget, so one more than fits).
-                let to_start = if dispatching {
-                    let pending =
-                        self.queue
-                            .state(l.spec.ds)
-                            .map(|s| s.pending())
-                            .unwrap_or(0)
-                            .saturating_sub(l.inflight.len() as u64) as f64;
-                    match l.spec.budget {
-                        Some(b) => {
-                            let room =
-                                b as f64 - l.completed_tokens as f64 - finals.iter().sum::<f64>();
-                            pending.min((room.max(0.0) / exp_new.max(1.0)).ceil())
-                        }
-                        None => pending,
-                    }
-                } else {
-                    0.0
+                let to_start = match room {
+                    _ if !dispatching => 0.0,
+                    Some(room) => pending.min((room / exp_new.max(1.0)).ceil()),
+                    None => pending,
                 };
                 let pending_to_start = if !l.budget_met() && l.has_rows() {
-                    self.queue
-                        .state(l.spec.ds)
-                        .map(|s| s.pending())
-                        .unwrap_or(0)
-                        .saturating_sub(l.inflight.len() as u64) as f64
+                    pending
                 } else {
                     0.0
                 };
-                let future = match l.spec.budget {
-                    Some(b) if dispatching => {
-                        let room =
-                            b as f64 - l.completed_tokens as f64 - finals.iter().sum::<f64>();
-                        (to_start * exp_new).min(room.max(0.0))
-                    }
+                let future = match room {
+                    Some(room) if dispatching => (to_start * exp_new).min(room),
                     _ => to_start * exp_new,
                 };
                 LaneView {
@@ -438,12 +427,12 @@ impl Scheduler {
                     dispatching,
                     finished: l.finished(),
                     pending_to_start,
-                    budget_left: l.spec.budget.map(|b| b as f64 - l.completed_tokens as f64),
+                    budget_left,
                     work: LaneWork {
                         streamed,
                         to_start,
                         pending: pending_to_start,
-                        budget_left: l.spec.budget.map(|b| b as f64 - l.completed_tokens as f64),
+                        budget_left,
                         lengths: l.lengths.clone(),
                     },
                 }

@@ -1713,8 +1713,8 @@ mod tests {
         assert_eq!(tokenizer.token_to_id("<|im_end|>"), Some(151645));
     }
 
-    /// The NFC bypass is exact: NFC text gives the full pipeline's ids, and text that is
-    /// not NFC still goes through the normaliser (decomposed "é" tokenizes as composed).
+    /// The fast encoder is chosen for Qwen3 and not for Phi-3, and gives `tokenizers`' ids
+    /// for NFC text, with and without special tokens.
     #[test]
     fn the_fast_encoder_gives_the_tokenizers_ids() {
         let tokenizer = Tokenizer::from_file(&fixture("qwen3/tokenizer.json")).unwrap();
@@ -1741,6 +1741,8 @@ mod tests {
         }
     }
 
+    /// The NFC bypass is exact: NFC text gives the full pipeline's ids, and text that is
+    /// not NFC still goes through the normaliser (decomposed "é" tokenizes as composed).
     #[test]
     fn the_nfc_bypass_gives_the_normalisers_ids() {
         let tokenizer = Tokenizer::from_file(&fixture("qwen3/tokenizer.json")).unwrap();
