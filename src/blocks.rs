@@ -247,15 +247,15 @@ fn spans(bytes: &[u8], at: &mut usize, count: usize) -> Result<Vec<(usize, usize
     Ok(out)
 }
 
-/// Why a block file could not be read or written.
+/// Why a queue file (an item block file or a results log) could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum BlockError {
-    #[error("item file {path}: {source}")]
+    #[error("queue file {path}: {source}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("item file {path}, block at byte {offset}: {detail}")]
+    #[error("queue file {path}, at byte {offset}: {detail}")]
     Corrupt {
         path: PathBuf,
         offset: u64,
@@ -319,6 +319,16 @@ impl BlockFile {
 
     pub fn file_path(&self) -> &Path {
         &self.path
+    }
+
+    /// The open file (the results log punches holes in it).
+    pub(crate) fn raw(&self) -> &std::fs::File {
+        &self.file
+    }
+
+    /// Where the next append goes.
+    pub fn end(&self) -> u64 {
+        *self.end.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Appends blocks and syncs the file; returns each block's offset. On an error nothing

@@ -25,6 +25,7 @@ pub mod monitor;
 pub mod probe;
 pub mod progress;
 pub mod queue;
+pub mod results;
 pub mod scheduler;
 pub mod servers;
 pub mod shard;

@@ -10,14 +10,16 @@
 //! | `m` name | [`DatasetState`] (JSON) | counters of a dataset |
 //! | `B` ds first_row | [`BlockRef`] | a block of items in `items/<ds>.blocks`, and which rows they are |
 //! | `P` ds first_row | bitmap over the block's rows | which of its items are pending (absent: none) |
-//! | `r` ds row | [`ShardRow`] (JSON) | done, result not yet in a shard |
 //! | `s` ds row | shard (u64 BE) | done and in shard N |
 //! | `f` ds row | [`Failure`] (JSON) | failed permanently |
 //!
 //! `ds` is the dataset's u16 index (BE), `row` its 0-based line (u64 BE), so scans run in
-//! file order. An item is in exactly one of pending (its `P` bit), `r`, `s`, `f`. Format 1
-//! stored each item under its own keys (`i` item, `p` pending, `k` id index); a format-1
-//! queue is migrated block by block when it is opened ([`Queue::open`]).
+//! file order. Results done but not yet in a shard are in the dataset's results log
+//! ([`crate::results`], `results/<ds>.log`), between the counters' `results_start` and
+//! `results_end`. An item is in exactly one of pending (its `P` bit), the results log, `s`,
+//! `f`. Format 1 stored each item under its own keys (`i` item, `p` pending, `k` id index);
+//! format 2 stored unsharded results in sled (`r` ds row → [`ShardRow`] as JSON). Older
+//! formats are migrated when the queue is opened ([`Queue::open`]).
 //!
 //! Invariants: counters change only in the same batch as the items they count, so they are
 //! never recomputed by scanning; an outcome is applied only to an item that is still pending
@@ -40,6 +42,7 @@
 use crate::blocks::{
     encode_block, Bitmap, Block, BlockError, BlockFile, BlockRef, BLOCK_ITEMS, BLOCK_SPAN,
 };
+use crate::results::{encode_record, ResultLog};
 use crate::shard::ShardRow;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -72,9 +75,9 @@ pub enum QueueError {
 /// Left in the queue folder by a failed write; its presence makes the next run repair.
 pub const REPAIR_MARKER: &str = "needs-repair";
 
-/// Test-only fault (like the shard writer's): the Nth commit that completes an item writes
-/// only the keys that sort before its result (the counters and the pending removal), then
-/// fails — what sled leaves when a disk fills in the middle of a batch.
+/// Test-only fault (like the shard writer's): the Nth commit that completes an item appends
+/// its results to the log, writes only the keys that sort before the counters (the pending
+/// bits), then fails — what sled leaves when a disk fills in the middle of a batch.
 const FAULT_TORN_COMMIT: &str = "SPOOL_FAULT_QUEUE_TORN_COMMIT";
 
 /// sled page-cache size. 64 MiB, not 128: at 1 M prompts it cut the enqueue pass's peak
@@ -83,8 +86,9 @@ const FAULT_TORN_COMMIT: &str = "SPOOL_FAULT_QUEUE_TORN_COMMIT";
 const CACHE_BYTES: u64 = 64 << 20;
 
 /// Version of the record layout above; bump on any incompatible change. 1: one record per
-/// item (`i`, `p`, `k`); 2: item blocks (read and migrated by [`Queue::open`]).
-pub const FORMAT_VERSION: u32 = 2;
+/// item (`i`, `p`, `k`); 2: item blocks; 3: the results log (older ones are migrated by
+/// [`Queue::open`]).
+pub const FORMAT_VERSION: u32 = 3;
 
 /// Blocks also end once their records hold this many bytes (long conversations), so a block
 /// read to dispatch one item stays small.
@@ -120,6 +124,17 @@ pub struct DatasetState {
     /// drop it when they rewrite the record, and the next run simply checks every row).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scan_mark: Option<ScanMark>,
+    /// The results log's first unsharded record (or `results_end` when none is). Format 3;
+    /// left out while 0, so a record without results reads and writes as before.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub results_start: u64,
+    /// The end of the results log's recorded part: bytes past it were never recorded.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub results_end: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// A prefix of a line-based input file: its first `lines` lines are `bytes` bytes
@@ -279,6 +294,8 @@ pub struct Queue {
     index: Mutex<HashMap<u16, Vec<Arc<BlockRef>>>>,
     files: Mutex<HashMap<u16, Arc<BlockFile>>>,
     cache: Mutex<VecDeque<(BlockKey, Arc<Block>)>>,
+    /// Every dataset's results log. Lock order: `states` before `results`.
+    results: Mutex<HashMap<u16, ResultLog>>,
     path: PathBuf,
     _lock: std::fs::File,
     poisoned: AtomicBool,
@@ -471,6 +488,7 @@ impl Queue {
             index: Mutex::new(index),
             files: Mutex::new(HashMap::new()),
             cache: Mutex::new(VecDeque::new()),
+            results: Mutex::new(HashMap::new()),
             path: dir.to_path_buf(),
             _lock: lock,
             poisoned: AtomicBool::new(false),
@@ -480,7 +498,124 @@ impl Queue {
         if found < 2 {
             q.migrate_v1()?;
         }
+        for s in q.states() {
+            q.open_results(&s)?;
+        }
+        if found < 3 {
+            q.migrate_v2()?;
+        }
         Ok(q)
+    }
+
+    /// Records (durably) that the queue is in format `version`: the end of a migration.
+    fn record_format(&self, version: u32) -> Result<(), QueueError> {
+        self.writable()?;
+        let r = self.tree.insert(b"v", &version.to_be_bytes());
+        self.written(r)?;
+        self.flush()
+    }
+
+    /// Opens a dataset's results log (cutting off an unrecorded tail) and indexes its
+    /// unsharded results: the records past `results_start` whose item is in no other state
+    /// (a repair may have given one another; a row completed twice keeps its newest).
+    fn open_results(&self, s: &DatasetState) -> Result<(), QueueError> {
+        let ds = s.index;
+        let mut log = ResultLog::open(
+            ResultLog::path(&self.path, ds),
+            s.results_start,
+            s.results_end,
+        )?;
+        let dead = self.dead_results(ds, log.rows())?;
+        log.forget(dead, s.results_end);
+        self.lock_results().insert(ds, log);
+        Ok(())
+    }
+
+    /// Of `rows` with a result in the log, those whose item is gone or in another state.
+    fn dead_results(
+        &self,
+        ds: u16,
+        rows: impl Iterator<Item = u64>,
+    ) -> Result<Vec<u64>, QueueError> {
+        let mut dead = Vec::new();
+        for row in rows {
+            let live = match self.block_of(ds, row) {
+                Some(r) if r.index_of(row).is_some() => {
+                    !self
+                        .pending_bits(ds, &r)?
+                        .is_some_and(|b| b.get(row - r.first_row))
+                        && !self.tree.contains_key(key(b's', ds, row))?
+                        && !self.tree.contains_key(key(b'f', ds, row))?
+                }
+                _ => false,
+            };
+            if !live {
+                dead.push(row);
+            }
+        }
+        Ok(dead)
+    }
+
+    fn lock_results(&self) -> std::sync::MutexGuard<'_, HashMap<u16, ResultLog>> {
+        self.results.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves a format-2 queue's unsharded results (`r` records in sled) to the results log,
+    /// one atomic batch per dataset (the records out, the log's end in), then records
+    /// format 3. Resumable: an interrupted migration left the records in sled, and the
+    /// log's unrecorded tail is cut off when it is opened again.
+    fn migrate_v2(&self) -> Result<(), QueueError> {
+        let t = std::time::Instant::now();
+        let mut moved = 0u64;
+        for s in self.states() {
+            let ds = s.index;
+            let mut keys = Vec::new();
+            let mut records = Vec::new();
+            let mut rows = Vec::new();
+            for kv in self.tree.scan_prefix(prefix(b'r', ds)) {
+                let (k, v) = kv?;
+                let row: ShardRow = decode(&k, &v)?;
+                records.push(encode_record(&row));
+                rows.push(row_of(&k));
+                keys.push(k);
+            }
+            if keys.is_empty() {
+                continue;
+            }
+            let mut states = self.lock_states();
+            let mut st = known(&states, ds)?;
+            let mut logs = self.lock_results();
+            let log = logs.get_mut(&ds).ok_or_else(|| unknown(ds))?;
+            self.writable()?;
+            let refs: Vec<&[u8]> = records.iter().map(|r| &r[..]).collect();
+            let offsets = log.append(&refs)?;
+            st.results_end = offsets[offsets.len() - 1] + records[records.len() - 1].len() as u64;
+            log.recorded(
+                offsets
+                    .iter()
+                    .zip(rows.iter().zip(&records))
+                    .map(|(&o, (&row, rec))| (o, row, rec.len() as u32)),
+            );
+            // A row also recorded in another state (a torn format-2 write, which the
+            // repair sorts out) is not unsharded.
+            let dead = self.dead_results(ds, rows.iter().copied())?;
+            st.results_start = log.forget(dead, st.results_end);
+            let mut w = Writes::default();
+            for k in &keys {
+                w.remove(k);
+            }
+            w.insert(meta_key(&st.name), encode(&st));
+            self.apply(w)?;
+            states.insert(ds, st);
+            moved += keys.len() as u64;
+        }
+        self.record_format(FORMAT_VERSION)?;
+        tracing::info!(
+            results = moved,
+            seconds = format!("{:.2}", t.elapsed().as_secs_f64()),
+            "queue migrated from format 2 to format 3 (results log)"
+        );
+        Ok(())
     }
 
     /// Rewrites a format-1 queue's per-item records (`i` item, `p` pending, `k` id index)
@@ -535,10 +670,7 @@ impl Queue {
             }
             self.apply(w)?;
         }
-        self.writable()?;
-        let r = self.tree.insert(b"v", &FORMAT_VERSION.to_be_bytes());
-        self.written(r)?;
-        self.flush()?;
+        self.record_format(2)?;
         tracing::info!(
             items = moved,
             seconds = format!("{:.2}", t.elapsed().as_secs_f64()),
@@ -708,6 +840,18 @@ impl Queue {
         })
     }
 
+    /// Passes a results-log append through, poisoning the queue when it failed, as a failed
+    /// sled write does: the run stops and the next one repairs (the unrecorded tail is cut
+    /// off at open either way).
+    fn appended<T>(&self, r: Result<T, BlockError>) -> Result<T, QueueError> {
+        r.map_err(|e| {
+            if !self.poisoned.swap(true, Ordering::SeqCst) {
+                mark_needs_repair(&self.path.join(REPAIR_MARKER));
+            }
+            QueueError::Items(e)
+        })
+    }
+
     /// Applies a batch; the one door for batches, so a failure always poisons.
     fn apply(&self, writes: Writes) -> Result<(), QueueError> {
         let mut batch = sled::Batch::default();
@@ -730,7 +874,7 @@ impl Queue {
     /// The injected torn commit: writes, durably, the keys that sort before the result
     /// (sled applies a batch in key order), then fails like a full disk.
     fn torn(&self, writes: Writes) -> QueueError {
-        for (k, v) in writes.0.into_iter().filter(|(k, _)| k[0] < b'r') {
+        for (k, v) in writes.0.into_iter().filter(|(k, _)| k[0] < b'm') {
             let r = match v {
                 Some(v) => self.tree.insert(k, v).map(|_| ()),
                 None => self.tree.remove(k).map(|_| ()),
@@ -781,6 +925,7 @@ impl Queue {
         self.writable()?;
         let r = self.tree.insert(meta_key(name), encode(&s));
         self.written(r)?;
+        self.open_results(&s)?;
         states.insert(index, s.clone());
         Ok(s)
     }
@@ -1005,6 +1150,8 @@ impl Queue {
         // Pending bitmaps read by this batch (and whether it cleared a bit), by (dataset,
         // first row).
         let mut bits: BTreeMap<(u16, u64), (Option<Bitmap>, bool)> = BTreeMap::new();
+        // Results to append to each dataset's log: (row, record).
+        let mut records: BTreeMap<u16, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
         for o in outcomes {
             let (ds, row) = match o {
                 Outcome::Done { ds, result } => (*ds, result.row),
@@ -1043,7 +1190,10 @@ impl Queue {
                     s.done += 1;
                     s.completion_tokens += u64::from(result.completion_tokens);
                     s.prompt_tokens += u64::from(result.prompt_tokens);
-                    batch.insert(key(b'r', ds, row), encode(result.as_ref()));
+                    records
+                        .entry(ds)
+                        .or_default()
+                        .push((row, encode_record(result)));
                 }
                 Outcome::Failed { failure, .. } => {
                     s.failed += 1;
@@ -1059,6 +1209,26 @@ impl Queue {
                 _ => {}
             }
         }
+        // The results go to their logs, synced, before the batch records them.
+        let mut logs = self.lock_results();
+        let mut appended = Vec::with_capacity(records.len());
+        for (ds, recs) in &records {
+            self.writable()?;
+            let log = logs.get(ds).ok_or_else(|| unknown(*ds))?;
+            let bytes: Vec<&[u8]> = recs.iter().map(|(_, r)| &r[..]).collect();
+            let offsets = self.appended(log.append(&bytes))?;
+            let s = changed.get_mut(ds).ok_or_else(|| unknown(*ds))?;
+            if log.is_empty() {
+                s.results_start = offsets[0];
+            }
+            let at: Vec<(u64, u64, u32)> = offsets
+                .into_iter()
+                .zip(recs)
+                .map(|(o, (row, r))| (o, *row, r.len() as u32))
+                .collect();
+            s.results_end = at.last().map_or(s.results_end, |l| l.0 + u64::from(l.2));
+            appended.push((*ds, at));
+        }
         for s in changed.values() {
             batch.insert(meta_key(&s.name), encode(s));
         }
@@ -1066,23 +1236,30 @@ impl Queue {
             return Err(self.torn(batch));
         }
         self.apply(batch)?;
+        for (ds, at) in appended {
+            if let Some(log) = logs.get_mut(&ds) {
+                log.recorded(at);
+            }
+        }
         states.extend(changed);
         Ok(applied)
     }
 
     /// Results done but not yet in a shard, in file order.
     pub fn unsharded(&self, ds: u16) -> Result<Vec<ShardRow>, QueueError> {
-        let mut out = Vec::new();
-        for kv in self.tree.scan_prefix(prefix(b'r', ds)) {
-            let (k, v) = kv?;
-            out.push(decode(&k, &v)?);
+        let logs = self.lock_results();
+        match logs.get(&ds) {
+            Some(log) => Ok(log.read_all()?),
+            None => Ok(Vec::new()),
         }
-        Ok(out)
     }
 
     /// Whether a row's result is waiting for a shard.
     pub fn is_unsharded(&self, ds: u16, row: u64) -> Result<bool, QueueError> {
-        Ok(self.tree.contains_key(key(b'r', ds, row))?)
+        Ok(self
+            .lock_results()
+            .get(&ds)
+            .is_some_and(|l| l.contains(row)))
     }
 
     /// Records that `rows` are in shard `shard` (the file is already renamed and synced),
@@ -1092,16 +1269,25 @@ impl Queue {
         let mut s = known(&states, ds)?;
         let mut batch = Writes::default();
         for row in rows {
-            batch.remove(key(b'r', ds, *row));
             batch.insert(key(b's', ds, *row), shard.to_be_bytes());
         }
         s.sharded += rows.len() as u64;
         s.next_shard = s.next_shard.max(shard + 1);
+        let mut logs = self.lock_results();
+        let log = logs.get_mut(&ds).ok_or_else(|| unknown(ds))?;
+        s.results_start = log.forget(rows.iter().copied(), s.results_end);
+        let start = s.results_start;
         batch.insert(meta_key(&s.name), encode(&s));
+        drop(logs);
         self.apply(batch)?;
         states.insert(ds, s);
         drop(states);
-        self.flush()
+        self.flush()?;
+        // Durably past the sharded records: their bytes can go.
+        if let Some(log) = self.lock_results().get_mut(&ds) {
+            log.release_before(start);
+        }
+        Ok(())
     }
 
     /// Every (row, shard) of a dataset's sharded items, in file order (verify).
@@ -1224,19 +1410,29 @@ impl Queue {
         }
         let mut result_tokens: HashMap<u64, (u32, u32)> = HashMap::new();
         let mut shard_of: HashMap<u64, u64> = HashMap::new();
-        for (p, bit) in [(b'r', R), (b's', S), (b'f', F)] {
+        // Results in the log that no longer count as unsharded.
+        let mut forget: Vec<u64> = Vec::new();
+        let unsharded = match self.lock_results().get(&ds) {
+            Some(log) => log.read_all()?,
+            None => Vec::new(),
+        };
+        for r in unsharded {
+            match rows.get_mut(&r.row) {
+                Some(bits) => *bits |= R,
+                // A state without its item: only a torn enqueue past the scan position.
+                None => forget.push(r.row),
+            }
+            result_tokens.insert(r.row, (r.prompt_tokens, r.completion_tokens));
+        }
+        for (p, bit) in [(b's', S), (b'f', F)] {
             for kv in self.tree.scan_prefix(prefix(p, ds)) {
                 let (k, v) = kv?;
                 let row = row_of(&k);
                 match rows.get_mut(&row) {
                     Some(bits) => *bits |= bit,
-                    // A state without its item: only a torn enqueue past the scan position.
                     None => batch.remove(&k),
                 }
-                if p == b'r' {
-                    let r: ShardRow = decode(&k, &v)?;
-                    result_tokens.insert(row, (r.prompt_tokens, r.completion_tokens));
-                } else if p == b's' {
+                if p == b's' {
                     shard_of.insert(row, row_of_bytes(&v));
                 }
             }
@@ -1288,7 +1484,11 @@ impl Queue {
                     .or_insert_with(|| Bitmap::empty(block.span()))
                     .set(row - block.first_row, true);
             }
-            for (p, bit) in [(b'r', R), (b's', S), (b'f', F)] {
+            if keep != R && bits & R != 0 {
+                forget.push(row);
+                rep.extra_states_removed += 1;
+            }
+            for (p, bit) in [(b's', S), (b'f', F)] {
                 if bit != keep && bits & bit != 0 {
                     batch.remove(key(p, ds, row));
                     rep.extra_states_removed += 1;
@@ -1322,6 +1522,9 @@ impl Queue {
             after.prompt_tokens = after.prompt_tokens.max(before.prompt_tokens);
             after.completion_tokens = after.completion_tokens.max(before.completion_tokens);
         }
+        if let Some(log) = self.lock_results().get_mut(&ds) {
+            after.results_start = log.forget(forget, after.results_end);
+        }
         batch.insert(meta_key(&after.name), encode(&after));
         self.apply(batch)?;
         states.insert(ds, after.clone());
@@ -1351,11 +1554,13 @@ impl Queue {
                 a.pending += 1;
             }
         }
-        for (p, n) in [
-            (b'r', &mut a.unsharded),
-            (b's', &mut a.sharded),
-            (b'f', &mut a.failed),
-        ] {
+        if let Some(log) = self.lock_results().get(&ds) {
+            for row in log.rows() {
+                stated.insert(row);
+                a.unsharded += 1;
+            }
+        }
+        for (p, n) in [(b's', &mut a.sharded), (b'f', &mut a.failed)] {
             for kv in self.tree.scan_prefix(prefix(p, ds)) {
                 let (k, _) = kv?;
                 stated.insert(row_of(&k));
@@ -1502,10 +1707,14 @@ fn reclaim(writes: usize) {
 
 /// A dataset's counters, which must exist once the dataset was opened.
 fn known(states: &HashMap<u16, DatasetState>, ds: u16) -> Result<DatasetState, QueueError> {
-    states.get(&ds).cloned().ok_or_else(|| QueueError::Corrupt {
+    states.get(&ds).cloned().ok_or_else(|| unknown(ds))
+}
+
+fn unknown(ds: u16) -> QueueError {
+    QueueError::Corrupt {
         key: format!("m{ds}"),
         detail: "unknown dataset".into(),
-    })
+    }
 }
 
 fn row_of_bytes(v: &[u8]) -> u64 {
@@ -1598,6 +1807,13 @@ mod tests {
         q
     }
 
+    /// (items, pending, unsharded, sharded, failed) of a dataset whose every item has a state.
+    fn audit_counts(q: &Queue, ds: u16) -> (u64, u64, u64, u64, u64) {
+        let a = q.audit(ds).unwrap();
+        assert!(a.stateless.is_empty(), "stateless rows {:?}", a.stateless);
+        (a.items, a.pending, a.unsharded, a.sharded, a.failed)
+    }
+
     fn shard0() -> HashMap<u64, ShardedRow> {
         [(0, 10), (1, 20)]
             .into_iter()
@@ -1613,10 +1829,11 @@ mod tests {
     }
 
     /// Regression (found by the full-queue-disk test): a commit torn by a failed write left
-    /// an item in no state — its pending key gone, its result never written, the counters
-    /// one ahead — and the next run, trusting the counters, finished without it. Now the
-    /// failed write poisons the queue and leaves the marker, and the repair brings the item
-    /// back to pending with counters recounted from the records.
+    /// an item in no state — its pending bit gone, its result never recorded (format 3: the
+    /// counters, which record the results log's end, sort after the pending bits and were
+    /// not written, so the log's tail is cut off at the next open) — and the next run
+    /// finished without it. Now the failed write poisons the queue and leaves the marker,
+    /// and the repair brings the item back to pending with counters recounted.
     #[test]
     fn a_torn_commit_poisons_the_queue_and_the_repair_brings_the_item_back() {
         let dir = tempfile::tempdir().unwrap();
@@ -1639,10 +1856,14 @@ mod tests {
         let torn = q.state(0).unwrap();
         assert_eq!(
             (torn.done, torn.completion_tokens),
-            (4, 100),
-            "the tear counted row 3"
+            (3, 60),
+            "the tear wrote the pending bits only"
         );
         assert_eq!(q.audit(0).unwrap().stateless, vec![3]);
+        assert!(
+            !q.is_unsharded(0, 3).unwrap(),
+            "row 3's unrecorded result was cut off"
+        );
 
         let rep = q.repair(0, &shard0()).unwrap();
         assert_eq!(rep.back_to_pending, 1);
@@ -1669,15 +1890,18 @@ mod tests {
     }
 
     /// Rows a shard file holds are recorded as in that shard whatever the queue said (a torn
-    /// `mark_sharded` drops `r` keys before it writes `s` keys), and `next_shard` moves past it;
+    /// `mark_sharded` moves the results log's start before it writes `s` keys), and
+    /// `next_shard` moves past it;
     /// a row recorded twice keeps its most advanced state; rows past the scan position (a
     /// torn enqueue) are dropped so intake reads them again.
     #[test]
     fn the_repair_trusts_shard_files_then_the_most_advanced_state() {
         let dir = tempfile::tempdir().unwrap();
         let q = six_items(dir.path());
-        // Row 2 went into shard 1, but only `r` removal and the counters were written.
-        q.tree.remove(key(b'r', 0, 2)).unwrap();
+        // Row 2 went into shard 1, but only the counters (the log's start past it) were
+        // written, not its `s` key.
+        let end = q.state(0).unwrap().results_end;
+        q.lock_results().get_mut(&0).unwrap().forget([2], end);
         // Row 4 is pending and failed at once; row 7 is past the scan position.
         q.tree
             .insert(
@@ -1753,6 +1977,21 @@ mod tests {
         assert_eq!(back, marked);
     }
 
+    /// A copy of a fixture queue, opened (and so migrated) by this code, in the current format.
+    fn open_fixture(name: &str) -> (tempfile::TempDir, Queue) {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
+        copy_dir(&fixture, dir.path());
+        let q = Queue::open(dir.path()).unwrap();
+        assert_eq!(
+            q.tree.get(b"v").unwrap().unwrap().as_ref(),
+            &FORMAT_VERSION.to_be_bytes()
+        );
+        (dir, q)
+    }
+
     fn copy_dir(from: &Path, to: &Path) {
         std::fs::create_dir_all(to).unwrap();
         for e in std::fs::read_dir(from).unwrap() {
@@ -1766,20 +2005,14 @@ mod tests {
     }
 
     /// The queue records are a compatibility boundary: a queue written by the format-1 code
-    /// (`tests/fixtures/queue-v1`, see SOURCES) opens, is migrated to item blocks, and keeps
-    /// every item, state, counter and id; its old per-item keys are gone; work goes on, and
-    /// the next open does not migrate again.
+    /// (`tests/fixtures/queue-v1`, see SOURCES) opens, is migrated to item blocks and then
+    /// to the results log (format 3), and keeps every item, state, counter, id and
+    /// unsharded result; its old per-item and result keys are gone; work goes on, and the
+    /// next open does not migrate again.
     #[test]
     fn a_format_1_queue_is_migrated_with_every_item_and_state() {
-        let dir = tempfile::tempdir().unwrap();
-        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/queue-v1");
-        copy_dir(&fixture, dir.path());
-        let q = Queue::open(dir.path()).unwrap();
-        assert_eq!(
-            q.tree.get(b"v").unwrap().unwrap().as_ref(),
-            &2u32.to_be_bytes()
-        );
-        for p in [b'i', b'p', b'k'] {
+        let (dir, q) = open_fixture("queue-v1");
+        for p in [b'i', b'p', b'k', b'r'] {
             assert_eq!(
                 q.tree.scan_prefix([p]).count(),
                 0,
@@ -1836,19 +2069,11 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![2]
         );
+        assert_eq!(q.unsharded(0).unwrap()[0].id, "a2");
+        assert!(q.is_unsharded(0, 2).unwrap() && !q.is_unsharded(0, 1).unwrap());
+        assert!(a.results_end > 0);
         assert_eq!(q.failures(0, 10).unwrap()[0].0, 4);
-        let audit = q.audit(0).unwrap();
-        assert_eq!(
-            (
-                audit.items,
-                audit.pending,
-                audit.unsharded,
-                audit.sharded,
-                audit.failed
-            ),
-            (8, 4, 1, 2, 1)
-        );
-        assert!(audit.stateless.is_empty());
+        assert_eq!(audit_counts(&q, 0), (8, 4, 1, 2, 1));
         let mut ids = Vec::new();
         q.for_each_id(0, |id, row| {
             ids.push((String::from_utf8_lossy(id).into_owned(), row))
@@ -1863,6 +2088,70 @@ mod tests {
         assert_eq!(q.pending_rows(0, None, 100).unwrap(), vec![6, 7, 8]);
         assert_eq!(q.state(0).unwrap().completion_tokens, 110);
         assert_eq!(q.item(0, 8).unwrap().unwrap().id, "a8");
+        let rows: Vec<u64> = q.unsharded(0).unwrap().iter().map(|r| r.row).collect();
+        assert_eq!(rows, vec![2, 5]);
+    }
+
+    /// The queue records are a compatibility boundary: a queue written by the format-2 code
+    /// (`tests/fixtures/queue-v2`, see SOURCES) opens and its unsharded results (sled `r`
+    /// records) move to the results log, exactly (text, token ids, counts), with every
+    /// other state and counter kept and no `r` key left; the next result goes after them,
+    /// the archive's order; a reopen does not migrate again.
+    #[test]
+    fn a_format_2_queue_is_migrated_with_its_results_in_the_log() {
+        let (dir, q) = open_fixture("queue-v2");
+        assert_eq!(q.tree.scan_prefix([b'r']).count(), 0, "old r keys left");
+        let a = q.state(0).unwrap();
+        assert_eq!(
+            (
+                a.items,
+                a.done,
+                a.failed,
+                a.rejected,
+                a.sharded,
+                a.next_shard
+            ),
+            (6, 3, 1, 1, 2, 1)
+        );
+        assert_eq!((a.completion_tokens, a.prompt_tokens), (6, 9));
+        let ra = q.unsharded(0).unwrap();
+        assert_eq!(ra.len(), 1);
+        assert_eq!(
+            (
+                ra[0].id.as_str(),
+                ra[0].row,
+                ra[0].completion.as_str(),
+                ra[0].completion_token_ids.clone(),
+                ra[0].finish_reason.as_str()
+            ),
+            ("a2", 2, "two ü \"quoted\"", Some(vec![13, 14, 15]), "stop")
+        );
+        let rb = q.unsharded(1).unwrap();
+        assert_eq!(
+            (
+                rb.len(),
+                rb[0].id.as_str(),
+                rb[0].completion_token_ids.clone()
+            ),
+            (1, "b1", Some(vec![20, 21, 22, 23]))
+        );
+        assert!(q.is_unsharded(0, 2).unwrap() && !q.is_unsharded(0, 0).unwrap());
+        assert_eq!(q.sharded_rows(0).unwrap(), vec![(0, 0), (1, 0)]);
+        assert_eq!(q.failures(0, 10).unwrap()[0].0, 4);
+        assert_eq!(q.pending_rows(0, None, 10).unwrap(), vec![5, 6]);
+        assert_eq!(q.pending_rows(1, None, 10).unwrap(), vec![0, 2]);
+        assert_eq!(audit_counts(&q, 0), (6, 2, 1, 2, 1));
+        assert_eq!(q.commit(&[done(5, 50)]).unwrap(), vec![true]);
+        q.flush().unwrap();
+        drop(q);
+        let q = Queue::open(dir.path()).unwrap();
+        let rows: Vec<u64> = q.unsharded(0).unwrap().iter().map(|r| r.row).collect();
+        assert_eq!(rows, vec![2, 5]);
+        assert_eq!(q.state(0).unwrap().completion_tokens, 56);
+        q.mark_sharded(0, 1, &[2, 5]).unwrap();
+        assert!(q.unsharded(0).unwrap().is_empty());
+        let s = q.state(0).unwrap();
+        assert_eq!(s.results_start, s.results_end);
     }
 
     /// Item records read back exactly — with and without messages and prompt ids, empty

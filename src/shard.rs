@@ -121,8 +121,8 @@ fn leaf_path(name: &str) -> ColumnPath {
 }
 
 /// One completed item: a row of a shard, and also the durable result record the queue
-/// keeps in sled until the row is in a shard (so the serde field names are a compatibility
-/// boundary: renaming one breaks existing queues).
+/// keeps in its results log until the row is in a shard (so the serde field names are a
+/// compatibility boundary: renaming one breaks existing queues).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ShardRow {
     /// Item id (SPEC §3).

@@ -941,7 +941,7 @@ async fn a_read_only_output_stops_the_run_and_the_next_run_resumes_exactly() {
     .await;
 }
 
-/// The queue's own disk full (data_dir on a small tmpfs that results fill up), three
+/// The queue's own disk full (data_dir on a small tmpfs that unsharded results fill up), three
 /// runs at once: each stops with exit 1 and a message naming data_dir and the cause, and
 /// once its disk is grown, the next run resumes exactly. Regression: after ENOSPC sled
 /// may never return from a flush; the run's last flush hung forever (about one run in
@@ -973,6 +973,10 @@ async fn a_full_queue_disk_stops_the_run_and_the_next_run_resumes_exactly() {
         let cfg = one_dataset_config(&d, &mock.url, "completions", false, n);
         edit_config(&cfg, "data_dir = \"data\"", "data_dir = \"q/data\"");
         edit_config(&cfg, "max_tokens = 200", "max_tokens = 5000");
+        // One shard for the whole run: results stay in the queue's results log until the
+        // end (with 25-row shards the log gives its space back as it goes, and 4 MiB
+        // would not fill).
+        edit_config(&cfg, "max_rows = 25", "max_rows = 1000");
         // Distinct prompts per run, so the mock log tells them apart.
         let text = std::fs::read_to_string(d.join("p.jsonl"))
             .unwrap()

@@ -1,0 +1,365 @@
+//! The results log: each dataset's done results, appended as they complete, until they are
+//! in a shard (queue format 3).
+//!
+//! A result used to be a sled record (`r`) written at its commit and removed when its shard
+//! was sealed: two writes of ~1.5 KB through sled's pages per completion, the largest share
+//! of the client's CPU at thousands of completions per second (BENCHMARKS.md, scenario 1).
+//! Now the committer appends the batch's results to `data_dir/results/<ds>.log` and syncs
+//! it *before* the queue records the batch; the dataset's counters record where the log's
+//! recorded part ends (`results_end`) and where its unsharded part starts
+//! (`results_start`). Bytes past `results_end` (a kill between the append and the queue's
+//! batch) are cut off when the log is opened, and their items are still pending.
+//!
+//! Record: `len` (u32 LE) · xxHash64 of the payload (u64 LE) · payload (the [`ShardRow`]
+//! as JSON). Every read checks the checksum; a damaged log is named with its offset.
+//!
+//! Invariant: the log is only appended to; the part before `results_start` holds only rows
+//! already in shards and is given back to the file system (a hole punched) as shards are
+//! sealed, so the log's disk use stays about one shard's worth of rows.
+
+use crate::blocks::{BlockError, BlockFile};
+use crate::shard::ShardRow;
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// Bytes before a record's payload.
+const HEADER: usize = 12;
+
+/// One dataset's log and, in memory, where each of its unsharded results is.
+pub struct ResultLog {
+    file: BlockFile,
+    read: std::fs::File,
+    /// Unsharded results: offset → (row, record length).
+    by_offset: BTreeMap<u64, (u64, u32)>,
+    /// Unsharded results: row → offset (a row completed again, after a repair put it back
+    /// to pending, has its newest record here).
+    by_row: HashMap<u64, u64>,
+    /// Up to here the file's blocks have been given back (hole punched).
+    punched: u64,
+}
+
+/// Frames a result as a log record.
+pub fn encode_record(row: &ShardRow) -> Vec<u8> {
+    // Invariant: ShardRow serializes infallibly (no maps with non-string keys).
+    let payload = serde_json::to_vec(row).expect("results serialize");
+    let mut v = Vec::with_capacity(HEADER + payload.len());
+    v.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    v.extend_from_slice(&twox_hash::XxHash64::oneshot(0, &payload).to_le_bytes());
+    v.extend_from_slice(&payload);
+    v
+}
+
+impl ResultLog {
+    /// The log of dataset `ds` under `data_dir`.
+    pub fn path(data_dir: &Path, ds: u16) -> PathBuf {
+        data_dir.join("results").join(format!("{ds}.log"))
+    }
+
+    /// Opens (or creates) the log, cutting off bytes past `end`, and indexes the records in
+    /// `start..end` (the queue then [forgets](ResultLog::forget) those in another state).
+    pub fn open(path: PathBuf, start: u64, end: u64) -> Result<ResultLog, BlockError> {
+        let file = BlockFile::open(path.clone(), end)?;
+        let read = std::fs::File::open(&path).map_err(|source| BlockError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let mut log = ResultLog {
+            file,
+            read,
+            by_offset: BTreeMap::new(),
+            by_row: HashMap::new(),
+            punched: 0,
+        };
+        let mut found = Vec::new();
+        log.scan(start, end, |offset, len, row| {
+            found.push((offset, row.row, len));
+            Ok(())
+        })?;
+        log.recorded(found);
+        Ok(log)
+    }
+
+    fn insert(&mut self, offset: u64, row: u64, len: u32) {
+        if let Some(old) = self.by_row.insert(row, offset) {
+            self.by_offset.remove(&old);
+        }
+        self.by_offset.insert(offset, (row, len));
+    }
+
+    /// Decodes the records in `start..end` in order: (offset, record length, row).
+    fn scan(
+        &self,
+        start: u64,
+        end: u64,
+        mut f: impl FnMut(u64, u32, ShardRow) -> Result<(), BlockError>,
+    ) -> Result<(), BlockError> {
+        if end <= start {
+            return Ok(());
+        }
+        let bytes = self.read_at(start, (end - start) as usize)?;
+        let mut at = 0usize;
+        while at < bytes.len() {
+            let (row, len) = self.decode(start + at as u64, &bytes[at..])?;
+            f(start + at as u64, len, row)?;
+            at += len as usize;
+        }
+        Ok(())
+    }
+
+    fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, BlockError> {
+        let mut bytes = vec![0u8; len];
+        self.read
+            .read_exact_at(&mut bytes, offset)
+            .map_err(|e| self.corrupt(offset, format!("cannot read {len} bytes: {e}")))?;
+        Ok(bytes)
+    }
+
+    fn corrupt(&self, offset: u64, detail: String) -> BlockError {
+        BlockError::Corrupt {
+            path: self.file.file_path().to_path_buf(),
+            offset,
+            detail,
+        }
+    }
+
+    /// The record at the start of `b` (which is at `offset` in the file), and its length.
+    fn decode(&self, offset: u64, b: &[u8]) -> Result<(ShardRow, u32), BlockError> {
+        if b.len() < HEADER {
+            return Err(self.corrupt(offset, "a result record is cut short".into()));
+        }
+        let n = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes")) as usize;
+        let want = u64::from_le_bytes(b[4..12].try_into().expect("8 bytes"));
+        let Some(payload) = b.get(HEADER..HEADER + n) else {
+            return Err(self.corrupt(offset, format!("a result record of {n} bytes is cut short")));
+        };
+        let h = twox_hash::XxHash64::oneshot(0, payload);
+        if h != want {
+            return Err(self.corrupt(
+                offset,
+                format!("checksum {h:016x} is not the recorded {want:016x}"),
+            ));
+        }
+        let row = serde_json::from_slice(payload)
+            .map_err(|e| self.corrupt(offset, format!("bad result record: {e}")))?;
+        Ok((row, (HEADER + n) as u32))
+    }
+
+    /// Appends records ([`encode_record`]) and syncs the file; returns each one's offset.
+    /// Not indexed until [`ResultLog::recorded`] (once the queue has recorded them).
+    pub fn append(&self, records: &[&[u8]]) -> Result<Vec<u64>, BlockError> {
+        self.file.append(records)
+    }
+
+    /// Indexes appended records once the queue has recorded them.
+    pub fn recorded(&mut self, records: impl IntoIterator<Item = (u64, u64, u32)>) {
+        for (offset, row, len) in records {
+            self.insert(offset, row, len);
+        }
+    }
+
+    /// Whether `row`'s result is here, unsharded.
+    pub fn contains(&self, row: u64) -> bool {
+        self.by_row.contains_key(&row)
+    }
+
+    /// How many unsharded results there are.
+    pub fn len(&self) -> usize {
+        self.by_row.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_row.is_empty()
+    }
+
+    /// Every unsharded row (any order).
+    pub fn rows(&self) -> impl Iterator<Item = u64> + '_ {
+        self.by_row.keys().copied()
+    }
+
+    /// The unsharded results, in the order they completed.
+    pub fn read_all(&self) -> Result<Vec<ShardRow>, BlockError> {
+        let (Some((&first, _)), Some((&last, &(_, len)))) = (
+            self.by_offset.first_key_value(),
+            self.by_offset.last_key_value(),
+        ) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::with_capacity(self.by_offset.len());
+        self.scan(first, last + u64::from(len), |offset, _, row| {
+            if self.by_offset.contains_key(&offset) {
+                out.push(row);
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Forgets rows (now in a shard, or given another state by a repair); returns where the
+    /// unsharded part now starts (`end` when none is left).
+    pub fn forget(&mut self, rows: impl IntoIterator<Item = u64>, end: u64) -> u64 {
+        for row in rows {
+            if let Some(o) = self.by_row.remove(&row) {
+                self.by_offset.remove(&o);
+            }
+        }
+        self.start(end)
+    }
+
+    /// Where the unsharded part starts (`end` when none is left).
+    pub fn start(&self, end: u64) -> u64 {
+        self.by_offset.first_key_value().map_or(end, |(&o, _)| o)
+    }
+
+    /// Gives the file system back the blocks wholly before `start` (best effort: a file
+    /// system that cannot punch holes keeps them until the queue is removed).
+    pub fn release_before(&mut self, start: u64) {
+        const PAGE: u64 = 1 << 20;
+        let upto = start / PAGE * PAGE;
+        if upto <= self.punched {
+            return;
+        }
+        use std::os::fd::AsRawFd;
+        // SAFETY: fallocate on a file descriptor we own; it changes no memory of ours.
+        let r = unsafe {
+            libc::fallocate(
+                self.file.raw().as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                self.punched as libc::off_t,
+                (upto - self.punched) as libc::off_t,
+            )
+        };
+        if r != 0 {
+            tracing::debug!(path = %self.file.file_path().display(), error = %std::io::Error::last_os_error(),
+                "cannot give back the sharded part of the results log");
+        }
+        // Tried once either way: not again for every shard.
+        self.punched = upto;
+    }
+
+    /// Cuts the file back to `end` (a repair that put results back to pending).
+    pub fn truncate(&self, end: u64) -> Result<(), BlockError> {
+        self.file.truncate(end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(r: u64, text: &str) -> ShardRow {
+        ShardRow {
+            completion: text.into(),
+            completion_token_ids: Some(vec![1, 2, r as u32]),
+            ..ShardRow::for_tests(format!("id{r}"), "a", r)
+        }
+    }
+
+    /// Appends `rows` and indexes them, as the queue's commit does; returns the new end.
+    fn append(log: &mut ResultLog, rows: &[ShardRow]) -> u64 {
+        let recs: Vec<Vec<u8>> = rows.iter().map(encode_record).collect();
+        let refs: Vec<&[u8]> = recs.iter().map(|r| &r[..]).collect();
+        let offsets = log.append(&refs).unwrap();
+        let end = offsets.last().unwrap() + recs.last().unwrap().len() as u64;
+        log.recorded(
+            offsets
+                .into_iter()
+                .zip(rows.iter().zip(&recs))
+                .map(|(o, (r, rec))| (o, r.row, rec.len() as u32)),
+        );
+        end
+    }
+
+    /// Results read back in the order they completed, exactly; a row completed again keeps
+    /// only its newest result; reopening indexes what lies between start and end, and a
+    /// tail past the recorded end (a kill before the queue recorded it) is cut off.
+    #[test]
+    fn results_read_back_in_order_and_an_unrecorded_tail_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = ResultLog::path(dir.path(), 3);
+        let mut log = ResultLog::open(path.clone(), 0, 0).unwrap();
+        let end = append(&mut log, &[row(5, "five"), row(2, "two ü")]);
+        let end2 = append(&mut log, &[row(9, "nine"), row(5, "five again")]);
+        let got: Vec<(u64, String)> = log
+            .read_all()
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.row, r.completion))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (2, "two ü".to_string()),
+                (9, "nine".into()),
+                (5, "five again".into())
+            ]
+        );
+        assert_eq!(log.read_all().unwrap()[0], row(2, "two ü"));
+        assert!(log.contains(9) && !log.contains(1));
+        // Row 2 sharded: the unsharded part now starts at row 9's record.
+        let start = log.forget([2], end2);
+        assert_eq!(start, end);
+        drop(log);
+        // A kill after the next append, before the queue recorded it.
+        let mut log = ResultLog::open(path.clone(), start, end2).unwrap();
+        append(&mut log, &[row(11, "never recorded")]);
+        drop(log);
+        let log = ResultLog::open(path.clone(), start, end2).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), end2);
+        let rows: Vec<u64> = log.read_all().unwrap().iter().map(|r| r.row).collect();
+        assert_eq!(rows, vec![9, 5]);
+        assert_eq!(log.len(), 2);
+    }
+
+    /// A damaged or missing record is an error naming the file and the offset, never a
+    /// result read wrong.
+    #[test]
+    fn a_damaged_log_is_named_with_its_offset() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = ResultLog::path(dir.path(), 0);
+        let mut log = ResultLog::open(path.clone(), 0, 0).unwrap();
+        let first = append(&mut log, &[row(1, "one")]);
+        let end = append(&mut log, &[row(2, "two")]);
+        drop(log);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = first as usize + HEADER + 5;
+        bytes[at] ^= 0x20;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = ResultLog::open(path.clone(), 0, end)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains(&path.display().to_string()) && err.contains(&first.to_string()),
+            "{err}"
+        );
+        assert!(err.contains("checksum"), "{err}");
+        // Shorter than the queue records: refused, not read as fewer results.
+        std::fs::write(&path, &bytes[..first as usize]).unwrap();
+        assert!(ResultLog::open(path, 0, end).is_err());
+    }
+
+    /// The sharded part of the log is given back to the file system: the file's allocated
+    /// blocks shrink while the unsharded results after it still read back.
+    #[test]
+    fn the_sharded_part_is_given_back() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = ResultLog::path(dir.path(), 0);
+        let mut log = ResultLog::open(path.clone(), 0, 0).unwrap();
+        let big = "x".repeat(64 << 10);
+        let rows: Vec<ShardRow> = (0..64).map(|r| row(r, &big)).collect();
+        let end = append(&mut log, &rows);
+        let before = std::fs::metadata(&path).unwrap().blocks();
+        let start = log.forget(0..60, end);
+        log.release_before(start);
+        let after = std::fs::metadata(&path).unwrap().blocks();
+        assert!(
+            after * 2 < before,
+            "allocated 512-byte blocks {before} -> {after}"
+        );
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), end);
+        let left: Vec<u64> = log.read_all().unwrap().iter().map(|r| r.row).collect();
+        assert_eq!(left, vec![60, 61, 62, 63]);
+    }
+}
