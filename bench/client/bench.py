@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Issue 7, client scenarios: `make bench-overhead`, `bench-stream`, `bench-throughput`.
 
-  overhead    scenario 1: instant mock (huge capacity, ~100-token completions); spool vs
+  overhead    scenario 1: instant mock (`--instant`: every request answered at once, no
+              5 ms scheduler tick; ~100-token completions); spool vs
               bench/client/baseline.py at several concurrencies: completions/s end to end
               and client CPU seconds per 1000 completions (the client process only:
               getrusage of the waited-for child, never the mock).
@@ -94,7 +95,7 @@ def overhead(a):
         for client in a.clients:
             d = pathlib.Path(tempfile.mkdtemp(prefix=f"spool-bench-{client}-{c}-"))
             write_prompts(d / "prompts.jsonl", a.prompts)
-            mock, url = start_mock(["--capacity-tps", "1e12", "--per-request-tps", "1e12",
+            mock, url = start_mock(["--instant", "--capacity-tps", "1e12", "--per-request-tps", "1e12",
                                     "--mean-tokens", str(a.tokens), "--sigma", "0",
                                     "--context-len", "100000"], d / "mock.log")
             try:

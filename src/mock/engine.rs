@@ -66,6 +66,8 @@ pub(crate) struct Engine {
     per_request_tps: f64,
     time_scale: f64,
     counters: Arc<Counters>,
+    /// Every request is done as it joins (`--instant`): no batch, no ticker.
+    pub(crate) instant: bool,
 }
 
 /// A handler's ticket for one generation; dropping it takes the request out of the batch.
@@ -122,6 +124,7 @@ impl Engine {
             per_request_tps,
             time_scale,
             counters,
+            instant: false,
         }
     }
 
@@ -152,6 +155,19 @@ impl Engine {
         } else {
             None
         };
+        if terminal.is_none() && self.instant {
+            drop(g);
+            self.counters.add_tokens(u64::from(total));
+            let (_tx, rx) = watch::channel(Progress {
+                produced: total,
+                state: JobState::Done,
+            });
+            return Job {
+                id: None,
+                rx,
+                engine: Arc::clone(self),
+            };
+        }
         if let Some(state) = terminal {
             let (_tx, rx) = watch::channel(Progress { produced: 0, state });
             return Job {
@@ -372,6 +388,30 @@ mod tests {
         }
         assert_eq!(p.produced, 50);
         assert_eq!(e.active(), 0);
+    }
+
+    /// `--instant`: a request is done with all its tokens the moment it joins, without a
+    /// ticker or a batch, and its tokens are counted.
+    #[test]
+    fn an_instant_engine_answers_at_once() {
+        let counters = Arc::new(Counters::new());
+        let mut e = Engine::new(850.0, 60.0, 1.0, counters.clone());
+        e.instant = true;
+        let e = Arc::new(e);
+        let mut job = e.insert(70, None, Instant::now());
+        assert_eq!(
+            job.current(),
+            Progress {
+                produced: 70,
+                state: JobState::Done
+            }
+        );
+        assert_eq!(e.active(), 0);
+        assert!(!lock(&e.inner).ticker_running);
+        assert_eq!(
+            counters.tokens.load(std::sync::atomic::Ordering::Relaxed),
+            70
+        );
     }
 
     #[test]

@@ -14,7 +14,8 @@
 //!   same output.
 //! - **Speed.** A scheduler ticks every 5 ms and gives each request in flight
 //!   `min(per_request_tps, capacity_tps / n_in_flight) × time_scale` tokens per second;
-//!   tokens reach clients only through ticks, so the first token waits for one.
+//!   tokens reach clients only through ticks, so the first token waits for one. With
+//!   `--instant` there is no scheduler: every request has all its tokens at once.
 //! - **Faults.** Per generation request, from an RNG seeded by `seed` (independent of the
 //!   outputs): 500, 429 with `Retry-After`, hang, malformed body/event, connection cut
 //!   half way.
@@ -98,6 +99,10 @@ pub struct MockConfig {
     /// Model name reported by the server.
     #[arg(long, default_value = "mock-model")]
     pub model: String,
+    /// Answer every request at once, all its tokens in one step: no capacity model, no
+    /// ticker (for measuring a client's own overhead, `make bench-overhead`).
+    #[arg(long)]
+    pub instant: bool,
     /// Stream SGLang deltas (`--incremental-streaming-output`) instead of cumulative output.
     #[arg(long)]
     pub incremental: bool,
@@ -144,6 +149,7 @@ impl Default for MockConfig {
             time_scale: 1.0,
             context_len: 32768,
             model: "mock-model".into(),
+            instant: false,
             incremental: false,
             no_token_ids: false,
             no_usage: false,
@@ -351,12 +357,14 @@ impl MockState {
     pub fn new(cfg: MockConfig) -> anyhow::Result<Arc<Self>> {
         cfg.validate()?;
         let counters = Arc::new(Counters::new());
-        let engine = Arc::new(Engine::new(
+        let mut engine = Engine::new(
             cfg.capacity_tps,
             cfg.per_request_tps,
             cfg.time_scale,
             Arc::clone(&counters),
-        ));
+        );
+        engine.instant = cfg.instant;
+        let engine = Arc::new(engine);
         let log = cfg.log.as_deref().map(LogSink::open).transpose()?;
         Ok(Arc::new(Self {
             lengths: LengthModel::new(cfg.mean_tokens, cfg.sigma, cfg.min_tokens, cfg.seed)?,
