@@ -21,11 +21,14 @@ import urllib.request
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # SPOOL_BENCH_BIN: another build (e.g. the binary before a change, for before/after rows).
 BIN = pathlib.Path(os.environ.get("SPOOL_BENCH_BIN", ROOT / "target" / "release" / "spool")).resolve()
+# SPOOL_BENCH_MOCK_BIN: the binary whose `mock-server` is used (default BIN), so that builds
+# before and after a change are measured against the same mock.
+MOCK_BIN = pathlib.Path(os.environ.get("SPOOL_BENCH_MOCK_BIN", BIN)).resolve()
 TICK = os.sysconf("SC_CLK_TCK")
 
 
 def start_mock(args, log):
-    p = subprocess.Popen([str(BIN), "mock-server", "--addr", "127.0.0.1:0", *args],
+    p = subprocess.Popen([str(MOCK_BIN), "mock-server", "--addr", "127.0.0.1:0", *args],
                          stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
     line = p.stdout.readline()
     if not line.startswith("listening on "):
