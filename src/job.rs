@@ -57,7 +57,22 @@ pub struct RunSummary {
 }
 
 /// Runs the job until every dataset is finished or `shutdown` resolves.
+///
+/// The job runs as a task of the runtime, not on the caller's thread (`block_on`): the
+/// dispatch loop then spawns each request's task onto its own worker's queue instead of the
+/// runtime's shared one, which had to wake a worker thread for nearly every request.
 pub async fn run(
+    cfg: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<RunSummary> {
+    match tokio::spawn(run_job(cfg, shutdown)).await {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(anyhow::anyhow!("the job's task was cancelled: {e}")),
+    }
+}
+
+async fn run_job(
     cfg: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<RunSummary> {
