@@ -1,25 +1,27 @@
-//! Durable results → Parquet shards: the commit protocol between sled and the files.
+//! Durable results → Parquet shards: the commit protocol between the queue and the files.
 //!
-//! 1. A worker's result is committed to the queue (`r` record) and the queue is flushed
-//!    (fsync) *before* the row is handed to the archive.
+//! 1. A worker's result is committed to the queue (appended to the dataset's results log,
+//!    synced, then recorded with the counters) and the queue is flushed (fsync) *before*
+//!    the row is handed to the archive. "Unsharded" below: in the results log, recorded.
 //! 2. The archive appends rows to a temporary shard file; when the shard is full (or at
 //!    shutdown) it is closed, fsynced, renamed to `part-N.parquet` and the directory fsynced.
-//! 3. Only then are its rows moved from `r` to `s` (sharded, in shard N) and `next_shard`
-//!    set to N+1, in one queue batch, flushed.
+//! 3. Only then do its rows get `s` records (sharded, in shard N), `next_shard` N+1 and the
+//!    log's unsharded part a new start, in one queue batch, flushed.
 //!
 //! A crash before 2's rename leaves a temporary file (deleted by [`Archive::recover`]) and
-//! the rows still in `r` (written again into a new shard). A crash between the rename and 3
-//! leaves a complete `part-N.parquet` with N ≥ `next_shard`: recovery *adopts* it, moving
-//! exactly its rows from `r` to `s`. Hence:
+//! the rows still unsharded (written again into a new shard). A crash between the rename
+//! and 3 leaves a complete `part-N.parquet` with N ≥ `next_shard`: recovery *adopts* it,
+//! recording exactly its rows as sharded. Hence:
 //!
-//! Invariant: every done item is in exactly one of `r` (no shard yet) or `s` (exactly one
+//! Invariant: every done item is either unsharded (no shard yet) or in `s` (exactly one
 //! shard file); a `part-*.parquet` file is complete and its rows are never written again.
 //!
 //! Rows handed to [`Archive::add`] are buffered in memory and converted to Arrow in
 //! batches of up to [`APPEND_BATCH_ROWS`] (one Parquet row group), not one small batch per
 //! group commit: per-batch Arrow/Parquet overhead was a visible share of the client's CPU
 //! at thousands of completions per second (issue 7). The buffer holds only rows already
-//! durable in `r`, so a crash loses nothing (recovery seeds the archive from `r`), and a
+//! durable in the queue, so a crash loses nothing (recovery seeds the archive from the
+//! unsharded results), and a
 //! shard is sealed on the same limits as before: the buffer is written out before any
 //! limit is checked or the shard sealed.
 

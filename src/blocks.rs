@@ -279,8 +279,9 @@ impl BlockFile {
     }
 
     /// Opens (or creates) the file, cutting off bytes past `end` (an append the queue never
-    /// recorded). A file shorter than `end` has lost recorded items: an error.
-    pub fn open(path: PathBuf, end: u64) -> Result<BlockFile, BlockError> {
+    /// recorded; `what` names it for the log). A file shorter than `end` has lost recorded
+    /// data: an error.
+    pub fn open(path: PathBuf, end: u64, what: &str) -> Result<BlockFile, BlockError> {
         let io = |source| BlockError::Io {
             path: path.clone(),
             source,
@@ -301,12 +302,12 @@ impl BlockFile {
                 path: path.clone(),
                 offset: len,
                 detail: format!(
-                    "the file ends at byte {len}, but the queue records blocks up to byte {end}"
+                    "the file ends at byte {len}, but the queue records data up to byte {end}"
                 ),
             });
         }
         if len > end {
-            tracing::warn!(path = %path.display(), bytes = len - end, "cutting off an item append the queue never recorded (an interrupted enqueue)");
+            tracing::warn!(path = %path.display(), bytes = len - end, "cutting off {what} the queue never recorded");
             file.set_len(end).map_err(io)?;
             file.sync_all().map_err(io)?;
         }
@@ -441,7 +442,7 @@ mod tests {
     #[test]
     fn blocks_read_back_and_damage_is_caught() {
         let dir = tempfile::tempdir().unwrap();
-        let f = BlockFile::open(BlockFile::path(dir.path(), 3), 0).unwrap();
+        let f = BlockFile::open(BlockFile::path(dir.path(), 3), 0, "a test append").unwrap();
         let items = [(&b"a"[..], &b"{\"x\":1}"[..]), (b"bb", b""), (b"", b"rec3")];
         let bytes = encode_block(items.iter().copied());
         let offs = f.append(&[&[9; 5], &bytes]).unwrap();
@@ -489,16 +490,16 @@ mod tests {
     fn unrecorded_tails_are_cut_and_short_files_refused() {
         let dir = tempfile::tempdir().unwrap();
         let p = BlockFile::path(dir.path(), 0);
-        BlockFile::open(p.clone(), 0)
+        BlockFile::open(p.clone(), 0, "a test append")
             .unwrap()
             .append(&[&[1; 10], &[2; 7]])
             .unwrap();
-        let f = BlockFile::open(p.clone(), 10).unwrap();
+        let f = BlockFile::open(p.clone(), 10, "a test append").unwrap();
         assert_eq!(std::fs::metadata(&p).unwrap().len(), 10);
         assert_eq!(f.append(&[&[3; 2]]).unwrap(), vec![10]);
         drop(f);
         assert!(matches!(
-            BlockFile::open(p, 20),
+            BlockFile::open(p, 20, "a test append"),
             Err(BlockError::Corrupt { .. })
         ));
     }

@@ -755,6 +755,7 @@ impl Queue {
         let f = Arc::new(BlockFile::open(
             BlockFile::path(&self.path, ds),
             self.blocks_end(ds),
+            "an item append (an interrupted enqueue)",
         )?);
         files.insert(ds, f.clone());
         Ok(f)
@@ -1363,7 +1364,8 @@ impl Queue {
 
     /// Rebuilds a dataset's records and counters after a torn write, trusting, in order: the
     /// shard files (`in_shards`: every row they hold), then the most advanced state recorded
-    /// (`s` > `r` > `f` > pending); an item in no state lost its result and is pending again.
+    /// (`s` > unsharded result > `f` > pending); an item in no state lost its result and is
+    /// pending again.
     /// Blocks past the scan position (a torn enqueue) are dropped (intake reads them again).
     /// One batch, flushed.
     pub fn repair(

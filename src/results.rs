@@ -29,7 +29,6 @@ const HEADER: usize = 12;
 /// One dataset's log and, in memory, where each of its unsharded results is.
 pub struct ResultLog {
     file: BlockFile,
-    read: std::fs::File,
     /// Unsharded results: offset → (row, record length).
     by_offset: BTreeMap<u64, (u64, u32)>,
     /// Unsharded results: row → offset (a row completed again, after a repair put it back
@@ -59,14 +58,13 @@ impl ResultLog {
     /// Opens (or creates) the log, cutting off bytes past `end`, and indexes the records in
     /// `start..end` (the queue then [forgets](ResultLog::forget) those in another state).
     pub fn open(path: PathBuf, start: u64, end: u64) -> Result<ResultLog, BlockError> {
-        let file = BlockFile::open(path.clone(), end)?;
-        let read = std::fs::File::open(&path).map_err(|source| BlockError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let file = BlockFile::open(
+            path,
+            end,
+            "a result append (a kill before the queue recorded it)",
+        )?;
         let mut log = ResultLog {
             file,
-            read,
             by_offset: BTreeMap::new(),
             by_row: HashMap::new(),
             punched: 0,
@@ -109,7 +107,8 @@ impl ResultLog {
 
     fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, BlockError> {
         let mut bytes = vec![0u8; len];
-        self.read
+        self.file
+            .raw()
             .read_exact_at(&mut bytes, offset)
             .map_err(|e| self.corrupt(offset, format!("cannot read {len} bytes: {e}")))?;
         Ok(bytes)
@@ -225,8 +224,9 @@ impl ResultLog {
     /// Gives the file system back the blocks wholly before `start` (best effort: a file
     /// system that cannot punch holes keeps them until the queue is removed).
     pub fn release_before(&mut self, start: u64) {
-        const PAGE: u64 = 1 << 20;
-        let upto = start / PAGE * PAGE;
+        // Given back in whole MiB: fewer calls, and never a block still partly unsharded.
+        const GRAIN: u64 = 1 << 20;
+        let upto = start / GRAIN * GRAIN;
         if upto <= self.punched {
             return;
         }
