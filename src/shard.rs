@@ -121,8 +121,9 @@ fn leaf_path(name: &str) -> ColumnPath {
 }
 
 /// One completed item: a row of a shard, and also the durable result record the queue
-/// keeps in its results log until the row is in a shard (so the serde field names are a
-/// compatibility boundary: renaming one breaks existing queues).
+/// keeps in its results log until the row is in a shard (`results::encode_row`: its field
+/// order is a compatibility boundary, as are the serde field names, which format-2 queues
+/// stored as JSON and the migration reads).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ShardRow {
     /// Item id (SPEC §3).
