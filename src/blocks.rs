@@ -247,6 +247,86 @@ fn spans(bytes: &[u8], at: &mut usize, count: usize) -> Result<Vec<(usize, usize
     Ok(out)
 }
 
+/// Reads the binary records of the queue's files (items, results): little-endian integers,
+/// text and id lists as a u32 length (`u32::MAX`: absent) then the bytes or u32s. Errors
+/// say what does not add up, for the caller to name the file and offset.
+pub(crate) struct RecordReader<'a>(pub &'a [u8]);
+
+impl<'a> RecordReader<'a> {
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err(format!(
+                "record cut short ({} bytes left, {n} needed)",
+                self.0.len()
+            ));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    pub fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    pub fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    /// A length, `None` for the `u32::MAX` that marks an absent field.
+    pub fn len(&mut self) -> Result<Option<usize>, String> {
+        Ok(match self.u32()? {
+            u32::MAX => None,
+            n => Some(n as usize),
+        })
+    }
+
+    pub fn opt_text(&mut self, what: &str) -> Result<Option<String>, String> {
+        match self.len()? {
+            None => Ok(None),
+            Some(n) => String::from_utf8(self.take(n)?.to_vec())
+                .map(Some)
+                .map_err(|_| format!("{what} is not UTF-8")),
+        }
+    }
+
+    pub fn text(&mut self, what: &str) -> Result<String, String> {
+        self.opt_text(what)?.ok_or_else(|| format!("no {what}"))
+    }
+
+    /// Skips a text field without checking it (to reach a later field cheaply).
+    pub fn skip_text(&mut self) -> Result<(), String> {
+        if let Some(n) = self.len()? {
+            self.take(n)?;
+        }
+        Ok(())
+    }
+
+    pub fn opt_ids(&mut self, what: &str) -> Result<Option<Vec<u32>>, String> {
+        match self.len()? {
+            None => Ok(None),
+            Some(n) => Ok(Some(
+                self.take(n.checked_mul(4).ok_or(format!("too many {what}"))?)?
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                    .collect(),
+            )),
+        }
+    }
+
+    /// The end of a record: nothing may be left.
+    pub fn finish(self) -> Result<(), String> {
+        match self.0.len() {
+            0 => Ok(()),
+            n => Err(format!("{n} bytes after the record")),
+        }
+    }
+}
+
 /// Why a queue file (an item block file or a results log) could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum BlockError {

@@ -40,7 +40,8 @@
 //! ([`Queue::repair`]) before anything else touches them.
 
 use crate::blocks::{
-    encode_block, Bitmap, Block, BlockError, BlockFile, BlockRef, BLOCK_ITEMS, BLOCK_SPAN,
+    encode_block, Bitmap, Block, BlockError, BlockFile, BlockRef, RecordReader, BLOCK_ITEMS,
+    BLOCK_SPAN,
 };
 use crate::results::{encode_record, ResultLog};
 use crate::shard::ShardRow;
@@ -202,44 +203,12 @@ impl Item {
 
     /// Reads [`Item::encode_record`]'s bytes back; `Err` says what does not add up.
     pub fn decode_record(id: String, b: &[u8]) -> Result<Item, String> {
-        fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
-            if b.len() < n {
-                return Err(format!(
-                    "record truncated ({} bytes left, {n} needed)",
-                    b.len()
-                ));
-            }
-            let (head, rest) = b.split_at(n);
-            *b = rest;
-            Ok(head)
-        }
-        fn len(b: &mut &[u8]) -> Result<Option<usize>, String> {
-            let n = u32::from_le_bytes(take(b, 4)?.try_into().expect("4 bytes"));
-            Ok((n != u32::MAX).then_some(n as usize))
-        }
-        fn text(b: &mut &[u8], n: usize, what: &str) -> Result<String, String> {
-            String::from_utf8(take(b, n)?.to_vec()).map_err(|_| format!("{what} is not UTF-8"))
-        }
-        let mut b = b;
-        let hash: [u8; 16] = take(&mut b, 16)?.try_into().expect("16 bytes");
-        let n = len(&mut b)?.ok_or("no prompt")?;
-        let prompt = text(&mut b, n, "prompt")?;
-        let messages = match len(&mut b)? {
-            Some(n) => Some(text(&mut b, n, "messages")?),
-            None => None,
-        };
-        let prompt_ids = match len(&mut b)? {
-            Some(n) => Some(
-                take(&mut b, n.checked_mul(4).ok_or("too many prompt ids")?)?
-                    .chunks_exact(4)
-                    .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-                    .collect(),
-            ),
-            None => None,
-        };
-        if !b.is_empty() {
-            return Err(format!("{} bytes after the record", b.len()));
-        }
+        let mut r = RecordReader(b);
+        let hash: [u8; 16] = r.take(16)?.try_into().expect("16 bytes");
+        let prompt = r.text("prompt")?;
+        let messages = r.opt_text("messages")?;
+        let prompt_ids = r.opt_ids("prompt ids")?;
+        r.finish()?;
         Ok(Item {
             id,
             hash,
@@ -571,12 +540,10 @@ impl Queue {
             let ds = s.index;
             let mut keys = Vec::new();
             let mut records = Vec::new();
-            let mut rows = Vec::new();
             for kv in self.tree.scan_prefix(prefix(b'r', ds)) {
                 let (k, v) = kv?;
                 let row: ShardRow = decode(&k, &v)?;
-                records.push(encode_record(&row));
-                rows.push(row_of(&k));
+                records.push((row_of(&k), encode_record(&row)));
                 keys.push(k);
             }
             if keys.is_empty() {
@@ -587,18 +554,12 @@ impl Queue {
             let mut logs = self.lock_results();
             let log = logs.get_mut(&ds).ok_or_else(|| unknown(ds))?;
             self.writable()?;
-            let refs: Vec<&[u8]> = records.iter().map(|r| &r[..]).collect();
-            let offsets = log.append(&refs)?;
-            st.results_end = offsets[offsets.len() - 1] + records[records.len() - 1].len() as u64;
-            log.recorded(
-                offsets
-                    .iter()
-                    .zip(rows.iter().zip(&records))
-                    .map(|(&o, (&row, rec))| (o, row, rec.len() as u32)),
-            );
+            let appended = log.append(&records)?;
+            st.results_end = appended.end;
+            log.recorded(appended.records);
             // A row also recorded in another state (a torn format-2 write, which the
             // repair sorts out) is not unsharded.
-            let dead = self.dead_results(ds, rows.iter().copied())?;
+            let dead = self.dead_results(ds, records.iter().map(|(row, _)| *row))?;
             st.results_start = log.forget(dead, st.results_end);
             let mut w = Writes::default();
             for k in &keys {
@@ -834,23 +795,16 @@ impl Queue {
     /// when it failed.
     fn written<T>(&self, r: Result<T, sled::Error>) -> Result<T, QueueError> {
         r.map_err(|e| {
-            if !self.poisoned.swap(true, Ordering::SeqCst) {
-                mark_needs_repair(&self.path.join(REPAIR_MARKER));
-            }
+            self.poison();
             QueueError::Storage(e)
         })
     }
 
-    /// Passes a results-log append through, poisoning the queue when it failed, as a failed
-    /// sled write does: the run stops and the next one repairs (the unrecorded tail is cut
-    /// off at open either way).
-    fn appended<T>(&self, r: Result<T, BlockError>) -> Result<T, QueueError> {
-        r.map_err(|e| {
-            if !self.poisoned.swap(true, Ordering::SeqCst) {
-                mark_needs_repair(&self.path.join(REPAIR_MARKER));
-            }
-            QueueError::Items(e)
-        })
+    /// Stops every later write and leaves the repair marker (once).
+    fn poison(&self) {
+        if !self.poisoned.swap(true, Ordering::SeqCst) {
+            mark_needs_repair(&self.path.join(REPAIR_MARKER));
+        }
     }
 
     /// Applies a batch; the one door for batches, so a failure always poisons.
@@ -1216,19 +1170,18 @@ impl Queue {
         for (ds, recs) in &records {
             self.writable()?;
             let log = logs.get(ds).ok_or_else(|| unknown(*ds))?;
-            let bytes: Vec<&[u8]> = recs.iter().map(|(_, r)| &r[..]).collect();
-            let offsets = self.appended(log.append(&bytes))?;
+            let a = log.append(recs).map_err(|e| {
+                // A failed append poisons like a failed sled write: the run stops and the
+                // next one repairs (the unrecorded tail is cut off at open either way).
+                self.poison();
+                QueueError::Items(e)
+            })?;
             let s = changed.get_mut(ds).ok_or_else(|| unknown(*ds))?;
             if log.is_empty() {
-                s.results_start = offsets[0];
+                s.results_start = s.results_end;
             }
-            let at: Vec<(u64, u64, u32)> = offsets
-                .into_iter()
-                .zip(recs)
-                .map(|(o, (row, r))| (o, *row, r.len() as u32))
-                .collect();
-            s.results_end = at.last().map_or(s.results_end, |l| l.0 + u64::from(l.2));
-            appended.push((*ds, at));
+            s.results_end = a.end;
+            appended.push((*ds, a.records));
         }
         for s in changed.values() {
             batch.insert(meta_key(&s.name), encode(s));

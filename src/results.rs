@@ -20,11 +20,18 @@
 //! already in shards and is given back to the file system (a hole punched) as shards are
 //! sealed, so the log's disk use stays about one shard's worth of rows.
 
-use crate::blocks::{BlockError, BlockFile};
+use crate::blocks::{BlockError, BlockFile, RecordReader};
 use crate::shard::ShardRow;
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+/// What [`ResultLog::append`] wrote: each record's (offset, row, length), and the log's new
+/// end (the queue records it as `results_end`).
+pub struct Appended {
+    pub records: Vec<(u64, u64, u32)>,
+    pub end: u64,
+}
 
 /// Bytes before a record's payload.
 const HEADER: usize = 12;
@@ -112,53 +119,7 @@ pub fn encode_row(r: &ShardRow, v: &mut Vec<u8>) {
 
 /// Reads [`encode_row`]'s bytes back; `Err` says what does not add up.
 pub fn decode_row(b: &[u8]) -> Result<ShardRow, String> {
-    struct Rd<'a>(&'a [u8]);
-    impl<'a> Rd<'a> {
-        fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-            if self.0.len() < n {
-                return Err(format!(
-                    "record cut short ({} bytes left, {n} needed)",
-                    self.0.len()
-                ));
-            }
-            let (head, rest) = self.0.split_at(n);
-            self.0 = rest;
-            Ok(head)
-        }
-        fn u32(&mut self) -> Result<u32, String> {
-            Ok(u32::from_le_bytes(
-                self.take(4)?.try_into().expect("4 bytes"),
-            ))
-        }
-        fn u64(&mut self) -> Result<u64, String> {
-            Ok(u64::from_le_bytes(
-                self.take(8)?.try_into().expect("8 bytes"),
-            ))
-        }
-        fn opt_text(&mut self, what: &str) -> Result<Option<String>, String> {
-            match self.u32()? {
-                u32::MAX => Ok(None),
-                n => String::from_utf8(self.take(n as usize)?.to_vec())
-                    .map(Some)
-                    .map_err(|_| format!("{what} is not UTF-8")),
-            }
-        }
-        fn text(&mut self, what: &str) -> Result<String, String> {
-            self.opt_text(what)?.ok_or_else(|| format!("no {what}"))
-        }
-        fn ids(&mut self) -> Result<Option<Vec<u32>>, String> {
-            match self.u32()? {
-                u32::MAX => Ok(None),
-                n => Ok(Some(
-                    self.take((n as usize).checked_mul(4).ok_or("too many token ids")?)?
-                        .chunks_exact(4)
-                        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-                        .collect(),
-                )),
-            }
-        }
-    }
-    let mut r = Rd(b);
+    let mut r = RecordReader(b);
     let version = r.take(1)?[0];
     if version != ROW_V1 {
         return Err(format!("unknown result record version {version}"));
@@ -169,9 +130,9 @@ pub fn decode_row(b: &[u8]) -> Result<ShardRow, String> {
         row: r.u64()?,
         prompt: r.text("prompt")?,
         messages: r.opt_text("messages")?,
-        prompt_token_ids: r.ids()?,
+        prompt_token_ids: r.opt_ids("prompt token ids")?,
         completion: r.text("completion")?,
-        completion_token_ids: r.ids()?,
+        completion_token_ids: r.opt_ids("completion token ids")?,
         prompt_tokens: r.u32()?,
         completion_tokens: r.u32()?,
         finish_reason: r.text("finish reason")?,
@@ -185,10 +146,21 @@ pub fn decode_row(b: &[u8]) -> Result<ShardRow, String> {
         },
         completed_at_ms: r.u64()? as i64,
     };
-    if !r.0.is_empty() {
-        return Err(format!("{} bytes after the record", r.0.len()));
-    }
+    r.finish()?;
     Ok(row)
+}
+
+/// The row of an [`encode_row`] record, without decoding the rest (opening the log indexes
+/// every unsharded record; the archive decodes them in full once, when it is seeded).
+fn peek_row(b: &[u8]) -> Result<u64, String> {
+    let mut r = RecordReader(b);
+    let version = r.take(1)?[0];
+    if version != ROW_V1 {
+        return Err(format!("unknown result record version {version}"));
+    }
+    r.skip_text()?;
+    r.skip_text()?;
+    r.u64()
 }
 
 impl ResultLog {
@@ -212,8 +184,9 @@ impl ResultLog {
             punched: 0,
         };
         let mut found = Vec::new();
-        log.scan(start, end, |offset, len, row| {
-            found.push((offset, row.row, len));
+        log.scan(start, end, |offset, len, payload| {
+            let row = peek_row(payload).map_err(|e| log.bad_record(offset, e))?;
+            found.push((offset, row, len));
             Ok(())
         })?;
         log.recorded(found);
@@ -227,12 +200,13 @@ impl ResultLog {
         self.by_offset.insert(offset, (row, len));
     }
 
-    /// Decodes the records in `start..end` in order: (offset, record length, row).
+    /// The records in `start..end` in order, each checked against its checksum: (offset,
+    /// record length, payload).
     fn scan(
         &self,
         start: u64,
         end: u64,
-        mut f: impl FnMut(u64, u32, ShardRow) -> Result<(), BlockError>,
+        mut f: impl FnMut(u64, u32, &[u8]) -> Result<(), BlockError>,
     ) -> Result<(), BlockError> {
         if end <= start {
             return Ok(());
@@ -240,8 +214,8 @@ impl ResultLog {
         let bytes = self.read_at(start, (end - start) as usize)?;
         let mut at = 0usize;
         while at < bytes.len() {
-            let (row, len) = self.decode(start + at as u64, &bytes[at..])?;
-            f(start + at as u64, len, row)?;
+            let (payload, len) = self.payload(start + at as u64, &bytes[at..])?;
+            f(start + at as u64, len, payload)?;
             at += len as usize;
         }
         Ok(())
@@ -264,8 +238,13 @@ impl ResultLog {
         }
     }
 
-    /// The record at the start of `b` (which is at `offset` in the file), and its length.
-    fn decode(&self, offset: u64, b: &[u8]) -> Result<(ShardRow, u32), BlockError> {
+    fn bad_record(&self, offset: u64, e: String) -> BlockError {
+        self.corrupt(offset, format!("bad result record: {e}"))
+    }
+
+    /// The payload of the record at the start of `b` (which is at `offset` in the file),
+    /// checked against its checksum, and the record's length.
+    fn payload<'b>(&self, offset: u64, b: &'b [u8]) -> Result<(&'b [u8], u32), BlockError> {
         if b.len() < HEADER {
             return Err(self.corrupt(offset, "a result record is cut short".into()));
         }
@@ -281,26 +260,27 @@ impl ResultLog {
                 format!("checksum {h:016x} is not the recorded {want:016x}"),
             ));
         }
-        let row = decode_row(payload)
-            .map_err(|e| self.corrupt(offset, format!("bad result record: {e}")))?;
-        Ok((row, (HEADER + n) as u32))
+        Ok((payload, (HEADER + n) as u32))
     }
 
-    /// Appends records ([`encode_record`]) and syncs the file; returns each one's offset.
-    /// Not indexed until [`ResultLog::recorded`] (once the queue has recorded them).
-    pub fn append(&self, records: &[&[u8]]) -> Result<Vec<u64>, BlockError> {
-        // One write for the batch (a write per record was a syscall per completion).
-        let all = records.concat();
-        let start = self.file.append(&[&all])?[0];
-        let mut at = start;
-        Ok(records
+    /// Appends the records ([`encode_record`]) of `rows` ((row, record) each) and syncs the
+    /// file, in one write; returns (offset, row, length) of each and the new end. Not
+    /// indexed until [`ResultLog::recorded`] (once the queue has recorded them).
+    pub fn append(&self, rows: &[(u64, Vec<u8>)]) -> Result<Appended, BlockError> {
+        let mut all = Vec::with_capacity(rows.iter().map(|(_, r)| r.len()).sum());
+        for (_, r) in rows {
+            all.extend_from_slice(r);
+        }
+        let mut at = self.file.append(&[&all])?[0];
+        let records = rows
             .iter()
-            .map(|r| {
+            .map(|(row, r)| {
                 let o = at;
                 at += r.len() as u64;
-                o
+                (o, *row, r.len() as u32)
             })
-            .collect())
+            .collect();
+        Ok(Appended { records, end: at })
     }
 
     /// Indexes appended records once the queue has recorded them.
@@ -338,9 +318,9 @@ impl ResultLog {
             return Ok(Vec::new());
         };
         let mut out = Vec::with_capacity(self.by_offset.len());
-        self.scan(first, last + u64::from(len), |offset, _, row| {
+        self.scan(first, last + u64::from(len), |offset, _, payload| {
             if self.by_offset.contains_key(&offset) {
-                out.push(row);
+                out.push(decode_row(payload).map_err(|e| self.bad_record(offset, e))?);
             }
             Ok(())
         })?;
@@ -410,17 +390,10 @@ mod tests {
 
     /// Appends `rows` and indexes them, as the queue's commit does; returns the new end.
     fn append(log: &mut ResultLog, rows: &[ShardRow]) -> u64 {
-        let recs: Vec<Vec<u8>> = rows.iter().map(encode_record).collect();
-        let refs: Vec<&[u8]> = recs.iter().map(|r| &r[..]).collect();
-        let offsets = log.append(&refs).unwrap();
-        let end = offsets.last().unwrap() + recs.last().unwrap().len() as u64;
-        log.recorded(
-            offsets
-                .into_iter()
-                .zip(rows.iter().zip(&recs))
-                .map(|(o, (r, rec))| (o, r.row, rec.len() as u32)),
-        );
-        end
+        let recs: Vec<(u64, Vec<u8>)> = rows.iter().map(|r| (r.row, encode_record(r))).collect();
+        let a = log.append(&recs).unwrap();
+        log.recorded(a.records);
+        a.end
     }
 
     /// Results read back in the order they completed, exactly; a row completed again keeps
