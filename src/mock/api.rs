@@ -371,6 +371,52 @@ pub(crate) struct Render {
     pub incremental: bool,
 }
 
+/// vLLM's `usage` object.
+#[derive(serde::Serialize)]
+struct Usage {
+    prompt_tokens: u32,
+    total_tokens: u64,
+    completion_tokens: u32,
+    prompt_tokens_details: (),
+}
+
+/// A whole `/v1/completions` or `/v1/chat/completions` body, as vLLM orders its fields.
+#[derive(serde::Serialize)]
+struct FullBody<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [FullChoice<'a>; 1],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_token_ids: Option<&'a [u32]>,
+}
+
+#[derive(serde::Serialize)]
+struct FullChoice<'a> {
+    index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<FullMessage<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a String>,
+    logprobs: (),
+    finish_reason: &'static str,
+    stop_reason: (),
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_ids: Option<&'a [u32]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_token_ids: Option<&'a [u32]>,
+}
+
+#[derive(serde::Serialize)]
+struct FullMessage<'a> {
+    role: &'static str,
+    content: &'a str,
+    tool_calls: &'static [u8],
+}
+
 impl Render {
     fn prompt_tokens(&self) -> u32 {
         self.prompt_ids.len() as u32
@@ -394,14 +440,18 @@ impl Render {
         }
     }
 
-    fn usage_value(&self, completion: u32) -> Value {
+    fn usage_of(&self, completion: u32) -> Usage {
         let p = self.prompt_tokens();
-        json!({
-            "prompt_tokens": p,
-            "total_tokens": u64::from(p) + u64::from(completion),
-            "completion_tokens": completion,
-            "prompt_tokens_details": null
-        })
+        Usage {
+            prompt_tokens: p,
+            total_tokens: u64::from(p) + u64::from(completion),
+            completion_tokens: completion,
+            prompt_tokens_details: (),
+        }
+    }
+
+    fn usage_value(&self, completion: u32) -> Value {
+        json!(self.usage_of(completion))
     }
 
     fn sglang_body(
@@ -425,53 +475,47 @@ impl Render {
         })
     }
 
-    /// The whole non-streaming body for output `ids`.
-    pub(crate) fn full(&self, ids: &[u32], finish: FinishOut, latency_s: f64) -> Value {
+    /// The whole non-streaming body for output `ids`, serialised. OpenAI-style bodies are
+    /// written from borrowed structs in the same field order as the `Value` they replace:
+    /// building a `Value` per response was a third of the mock's CPU with instant
+    /// responses, which the overhead benchmark's clients share a machine with.
+    pub(crate) fn full(&self, ids: &[u32], finish: FinishOut, latency_s: f64) -> Vec<u8> {
         let n = ids.len() as u32;
-        match self.api {
-            Api::Generate => self.sglang_body(ids, n, Some(finish), latency_s),
+        let body = match self.api {
+            Api::Generate => serde_json::to_vec(&self.sglang_body(ids, n, Some(finish), latency_s)),
             Api::Completions | Api::Chat => {
-                let mut choice = Map::new();
-                choice.insert("index".into(), json!(0));
-                if self.api == Api::Chat {
-                    choice.insert(
-                        "message".into(),
-                        json!({"role": "assistant", "content": detokenize(ids), "tool_calls": []}),
-                    );
-                } else {
-                    choice.insert("text".into(), json!(detokenize(ids)));
-                }
-                choice.insert("logprobs".into(), Value::Null);
-                choice.insert("finish_reason".into(), json!(Self::openai_finish(finish)));
-                choice.insert("stop_reason".into(), Value::Null);
-                if self.token_ids {
-                    choice.insert("token_ids".into(), json!(ids));
-                    if self.api == Api::Completions {
-                        choice.insert("prompt_token_ids".into(), json!(self.prompt_ids));
-                    }
-                }
-                let mut body = Map::new();
-                body.insert("id".into(), json!(self.id));
-                body.insert(
-                    "object".into(),
-                    json!(if self.api == Api::Chat {
+                let text = detokenize(ids);
+                let chat = self.api == Api::Chat;
+                serde_json::to_vec(&FullBody {
+                    id: &self.id,
+                    object: if chat {
                         "chat.completion"
                     } else {
                         "text_completion"
-                    }),
-                );
-                body.insert("created".into(), json!(self.created));
-                body.insert("model".into(), json!(self.model));
-                body.insert("choices".into(), json!([Value::Object(choice)]));
-                if self.usage {
-                    body.insert("usage".into(), self.usage_value(n));
-                }
-                if self.token_ids && self.api == Api::Chat {
-                    body.insert("prompt_token_ids".into(), json!(self.prompt_ids));
-                }
-                Value::Object(body)
+                    },
+                    created: self.created,
+                    model: &self.model,
+                    choices: [FullChoice {
+                        index: 0,
+                        message: chat.then_some(FullMessage {
+                            role: "assistant",
+                            content: &text,
+                            tool_calls: &[],
+                        }),
+                        text: (!chat).then_some(&text),
+                        logprobs: (),
+                        finish_reason: Self::openai_finish(finish),
+                        stop_reason: (),
+                        token_ids: self.token_ids.then_some(ids),
+                        prompt_token_ids: (self.token_ids && !chat).then_some(&self.prompt_ids[..]),
+                    }],
+                    usage: self.usage.then(|| self.usage_of(n)),
+                    prompt_token_ids: (self.token_ids && chat).then_some(&self.prompt_ids[..]),
+                })
             }
-        }
+        };
+        // Serialising plain structs and a `Value` to a Vec cannot fail.
+        body.unwrap_or_default()
     }
 
     fn openai_chunk(&self, choice: Map<String, Value>, extra: Option<(&str, Value)>) -> Value {
@@ -630,7 +674,7 @@ mod tests {
             chat.prelude()[0]["choices"][0]["delta"]["role"],
             "assistant"
         );
-        let full = chat.full(&[9], FinishOut::Length, 0.0);
+        let full: Value = serde_json::from_slice(&chat.full(&[9], FinishOut::Length, 0.0)).unwrap();
         assert_eq!(full["object"], "chat.completion");
         assert_eq!(full["choices"][0]["message"]["content"], " w9");
         assert_eq!(full["usage"]["completion_tokens"], 1);

@@ -277,24 +277,28 @@ async fn unary(
             let body = render.full(&plan.ids, plan.finish.into(), latency);
             if fault == Fault::Malformed {
                 rec.outcome = Some(Outcome::Malformed);
-                let text = body.to_string().into_bytes();
-                let half = Bytes::copy_from_slice(&text[..text.len() / 2]);
+                let half = Bytes::copy_from_slice(&body[..body.len() / 2]);
                 return (StatusCode::OK, [(CONTENT_TYPE, "application/json")], half)
                     .into_response();
             }
             rec.outcome = Some(Outcome::Ok);
-            Json(body).into_response()
+            json_bytes(body)
         }
         JobState::Aborted => {
             rec.outcome = Some(Outcome::Aborted);
             let upto = (p.produced as usize).min(total);
-            Json(render.full(&plan.ids[..upto], FinishOut::Abort, latency)).into_response()
+            json_bytes(render.full(&plan.ids[..upto], FinishOut::Abort, latency))
         }
         JobState::Shutdown | JobState::Running => {
             rec.outcome = Some(Outcome::Dropped);
             cut_connection()
         }
     }
+}
+
+/// A 200 with an already serialised JSON body.
+fn json_bytes(body: Vec<u8>) -> Response {
+    (StatusCode::OK, [(CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 enum Phase {

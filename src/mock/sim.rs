@@ -9,8 +9,6 @@
 //!   length and the same ids on every attempt, and a capped plan is a prefix of the
 //!   uncapped one (lengths are drawn before ids from the same stream).
 
-use std::fmt::Write as _;
-
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
@@ -76,10 +74,11 @@ fn word_id(word: &str) -> u32 {
 
 /// Text of a run of token ids: the concatenation of `" w{t}"`.
 pub(crate) fn detokenize(ids: &[u32]) -> String {
-    let mut s = String::with_capacity(ids.len() * 6);
+    let mut s = String::with_capacity(ids.len() * 8);
+    let mut buf = itoa::Buffer::new();
     for id in ids {
-        // Writing to a String cannot fail.
-        let _ = write!(s, " w{id}");
+        s.push_str(" w");
+        s.push_str(buf.format(*id));
     }
     s
 }
