@@ -5,16 +5,16 @@
 //!    the row is handed to the archive. "Unsharded" below: in the results log, recorded.
 //! 2. The archive appends rows to a temporary shard file; when the shard is full (or at
 //!    shutdown) it is closed, fsynced, renamed to `part-N.parquet` and the directory fsynced.
-//! 3. Only then do its rows get `s` records (sharded, in shard N), `next_shard` N+1 and the
-//!    log's unsharded part a new start, in one queue batch, flushed.
+//! 3. Only then are its rows recorded as sharded (`S` records: shard N's rows), `next_shard`
+//!    N+1 and the log's unsharded part a new start, in one queue batch, flushed.
 //!
 //! A crash before 2's rename leaves a temporary file (deleted by [`Archive::recover`]) and
 //! the rows still unsharded (written again into a new shard). A crash between the rename
 //! and 3 leaves a complete `part-N.parquet` with N ≥ `next_shard`: recovery *adopts* it,
 //! recording exactly its rows as sharded. Hence:
 //!
-//! Invariant: every done item is either unsharded (no shard yet) or in `s` (exactly one
-//! shard file); a `part-*.parquet` file is complete and its rows are never written again.
+//! Invariant: every done item is either unsharded (no shard yet) or sharded (listed by an
+//! `S` record of exactly one shard file); a `part-*.parquet` file is complete and its rows are never written again.
 //!
 //! Rows handed to [`Archive::add`] are buffered in memory and converted to Arrow in
 //! batches of up to [`APPEND_BATCH_ROWS`] (one Parquet row group), not one small batch per

@@ -10,16 +10,18 @@
 //! | `m` name | [`DatasetState`] (JSON) | counters of a dataset |
 //! | `B` ds first_row | [`BlockRef`] | a block of items in `items/<ds>.blocks`, and which rows they are |
 //! | `P` ds first_row | bitmap over the block's rows | which of its items are pending (absent: none) |
-//! | `s` ds row | shard (u64 BE) | done and in shard N |
+//! | `S` ds shard first_row | the shard's rows from `first_row` (varint deltas, ≤ [`SHARD_RECORD_ROWS`]) | done and in shard N |
 //! | `f` ds row | [`Failure`] (JSON) | failed permanently |
 //!
 //! `ds` is the dataset's u16 index (BE), `row` its 0-based line (u64 BE), so scans run in
-//! file order. Results done but not yet in a shard are in the dataset's results log
-//! ([`crate::results`], `results/<ds>.log`), between the counters' `results_start` and
-//! `results_end`. An item is in exactly one of pending (its `P` bit), the results log, `s`,
-//! `f`. Format 1 stored each item under its own keys (`i` item, `p` pending, `k` id index);
-//! format 2 stored unsharded results in sled (`r` ds row → [`ShardRow`] as JSON). Older
-//! formats are migrated when the queue is opened ([`Queue::open`]).
+//! file order; `shard` is u64 BE. Results done but not yet in a shard are in the dataset's
+//! results log ([`crate::results`], `results/<ds>.log`), between the counters'
+//! `results_start` and `results_end`. An item is in exactly one of pending (its `P` bit),
+//! the results log, an `S` record, `f`. Format 1 stored each item under its own keys (`i`
+//! item, `p` pending, `k` id index); format 2 stored unsharded results in sled (`r` ds row →
+//! [`ShardRow`] as JSON); formats 2 and 3 stored one `s` ds row → shard record per sharded
+//! item (a sealed 10,000-row shard was 10,000 sled inserts, ~10 % of a run's CPU with
+//! instant responses). Older formats are migrated when the queue is opened ([`Queue::open`]).
 //!
 //! Invariants: counters change only in the same batch as the items they count, so they are
 //! never recomputed by scanning; an outcome is applied only to an item that is still pending
@@ -89,7 +91,11 @@ const CACHE_BYTES: u64 = 64 << 20;
 /// Version of the record layout above; bump on any incompatible change. 1: one record per
 /// item (`i`, `p`, `k`); 2: item blocks; 3: the results log (older ones are migrated by
 /// [`Queue::open`]).
-pub const FORMAT_VERSION: u32 = 3;
+pub const FORMAT_VERSION: u32 = 4;
+
+/// Most rows one `S` record lists (a 10,000-row shard takes three): each value stays a few
+/// KiB, far below the size at which sled 0.34 writes a value to a blob file of its own.
+pub const SHARD_RECORD_ROWS: usize = 4096;
 
 /// Blocks also end once their records hold this many bytes (long conversations), so a block
 /// read to dispatch one item stays small.
@@ -334,6 +340,76 @@ fn key(prefix: u8, ds: u16, row: u64) -> [u8; 11] {
     k
 }
 
+/// Key of the `S` record listing `shard`'s rows from `first_row`.
+fn shard_key(ds: u16, shard: u64, first_row: u64) -> [u8; 19] {
+    let mut k = [0u8; 19];
+    k[0] = b'S';
+    k[1..3].copy_from_slice(&ds.to_be_bytes());
+    k[3..11].copy_from_slice(&shard.to_be_bytes());
+    k[11..19].copy_from_slice(&first_row.to_be_bytes());
+    k
+}
+
+/// Adds the `S` records of `shard` holding `rows` (any order, no repeats) to `batch`.
+fn put_shard_rows(batch: &mut Writes, ds: u16, shard: u64, rows: &[u64]) {
+    let mut rows = rows.to_vec();
+    rows.sort_unstable();
+    for chunk in rows.chunks(SHARD_RECORD_ROWS) {
+        let mut v = Vec::with_capacity(chunk.len() * 2);
+        for pair in chunk.windows(2) {
+            put_varint(&mut v, pair[1] - pair[0]);
+        }
+        batch.insert(shard_key(ds, shard, chunk[0]), v);
+    }
+}
+
+fn put_varint(out: &mut Vec<u8>, mut n: u64) {
+    while n >= 0x80 {
+        out.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+/// The shard and the rows of an `S` record.
+fn decode_shard_record(k: &[u8], v: &[u8]) -> Result<(u64, Vec<u64>), QueueError> {
+    let bad = |detail: &str| QueueError::Corrupt {
+        key: format!("S{}/{:?}", k.get(1..3).map_or(0, ds_of_bytes), k.get(3..)),
+        detail: detail.into(),
+    };
+    if k.len() != 19 {
+        return Err(bad("bad shard record key"));
+    }
+    let shard = u64::from_be_bytes(k[3..11].try_into().expect("8 bytes"));
+    let mut row = u64::from_be_bytes(k[11..19].try_into().expect("8 bytes"));
+    let mut rows = vec![row];
+    let (mut n, mut shift) = (0u64, 0u32);
+    for &b in v {
+        if shift > 63 {
+            return Err(bad("varint too long"));
+        }
+        n |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            row = row
+                .checked_add(n)
+                .filter(|_| n > 0)
+                .ok_or_else(|| bad("rows not ascending"))?;
+            rows.push(row);
+            (n, shift) = (0, 0);
+        } else {
+            shift += 7;
+        }
+    }
+    if shift != 0 {
+        return Err(bad("cut varint"));
+    }
+    Ok((shard, rows))
+}
+
+fn ds_of_bytes(b: &[u8]) -> u16 {
+    u16::from_be_bytes([b[0], b[1]])
+}
+
 fn prefix(p: u8, ds: u16) -> [u8; 3] {
     let b = ds.to_be_bytes();
     [p, b[0], b[1]]
@@ -467,11 +543,17 @@ impl Queue {
         if found < 2 {
             q.migrate_v1()?;
         }
+        if found < 4 {
+            q.migrate_v3()?;
+        }
         for s in q.states() {
             q.open_results(&s)?;
         }
         if found < 3 {
             q.migrate_v2()?;
+        }
+        if found < 4 {
+            q.record_format(FORMAT_VERSION)?;
         }
         Ok(q)
     }
@@ -506,6 +588,16 @@ impl Queue {
         ds: u16,
         rows: impl Iterator<Item = u64>,
     ) -> Result<Vec<u64>, QueueError> {
+        let rows: Vec<u64> = rows.collect();
+        let mut sharded = std::collections::HashSet::new();
+        if !rows.is_empty() {
+            let wanted: std::collections::HashSet<u64> = rows.iter().copied().collect();
+            for kv in self.tree.scan_prefix(prefix(b'S', ds)) {
+                let (k, v) = kv?;
+                let (_, in_shard) = decode_shard_record(&k, &v)?;
+                sharded.extend(in_shard.into_iter().filter(|r| wanted.contains(r)));
+            }
+        }
         let mut dead = Vec::new();
         for row in rows {
             let live = match self.block_of(ds, row) {
@@ -513,7 +605,7 @@ impl Queue {
                     !self
                         .pending_bits(ds, &r)?
                         .is_some_and(|b| b.get(row - r.first_row))
-                        && !self.tree.contains_key(key(b's', ds, row))?
+                        && !sharded.contains(&row)
                         && !self.tree.contains_key(key(b'f', ds, row))?
                 }
                 _ => false,
@@ -570,12 +662,60 @@ impl Queue {
             states.insert(ds, st);
             moved += keys.len() as u64;
         }
-        self.record_format(FORMAT_VERSION)?;
+        self.record_format(3)?;
         tracing::info!(
             results = moved,
             seconds = format!("{:.2}", t.elapsed().as_secs_f64()),
             "queue migrated from format 2 to format 3 (results log)"
         );
+        Ok(())
+    }
+
+    /// Rewrites the `s` ds row → shard records of formats 2 and 3 as `S` records, one
+    /// atomic batch per [`SHARD_RECORD_ROWS`] `s` records (their `S` records in, they out).
+    /// Resumable: an interrupted run left the rest as `s`, and rows already listed by an
+    /// `S` record of the same shard are merged, not repeated. The caller records the format.
+    fn migrate_v3(&self) -> Result<(), QueueError> {
+        let t = std::time::Instant::now();
+        let mut moved = 0u64;
+        for s in self.states() {
+            let ds = s.index;
+            let mut chunk: Vec<(sled::IVec, u64, u64)> = Vec::new();
+            let mut scan = self.tree.scan_prefix(prefix(b's', ds));
+            loop {
+                let next = scan.next().transpose()?;
+                if let Some((k, v)) = &next {
+                    chunk.push((k.clone(), row_of(k), row_of_bytes(v)));
+                }
+                if chunk.len() < SHARD_RECORD_ROWS && next.is_some() {
+                    continue;
+                }
+                if chunk.is_empty() {
+                    break;
+                }
+                let mut by_shard: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+                let mut w = Writes::default();
+                for (k, row, shard) in chunk.drain(..) {
+                    by_shard.entry(shard).or_default().push(row);
+                    w.remove(k);
+                    moved += 1;
+                }
+                for (shard, rows) in by_shard {
+                    put_shard_rows(&mut w, ds, shard, &rows);
+                }
+                self.apply(w)?;
+                if next.is_none() {
+                    break;
+                }
+            }
+        }
+        if moved > 0 {
+            tracing::info!(
+                items = moved,
+                seconds = format!("{:.2}", t.elapsed().as_secs_f64()),
+                "queue migrated to format 4 (one record per shard's rows)"
+            );
+        }
         Ok(())
     }
 
@@ -1222,9 +1362,7 @@ impl Queue {
         let mut states = self.lock_states();
         let mut s = known(&states, ds)?;
         let mut batch = Writes::default();
-        for row in rows {
-            batch.insert(key(b's', ds, *row), shard.to_be_bytes());
-        }
+        put_shard_rows(&mut batch, ds, shard, rows);
         s.sharded += rows.len() as u64;
         s.next_shard = s.next_shard.max(shard + 1);
         let mut logs = self.lock_results();
@@ -1247,10 +1385,12 @@ impl Queue {
     /// Every (row, shard) of a dataset's sharded items, in file order (verify).
     pub fn sharded_rows(&self, ds: u16) -> Result<Vec<(u64, u64)>, QueueError> {
         let mut out = Vec::new();
-        for kv in self.tree.scan_prefix(prefix(b's', ds)) {
+        for kv in self.tree.scan_prefix(prefix(b'S', ds)) {
             let (k, v) = kv?;
-            out.push((row_of(&k), row_of_bytes(&v)));
+            let (shard, rows) = decode_shard_record(&k, &v)?;
+            out.extend(rows.into_iter().map(|r| (r, shard)));
         }
+        out.sort_unstable();
         Ok(out)
     }
 
@@ -1317,8 +1457,8 @@ impl Queue {
 
     /// Rebuilds a dataset's records and counters after a torn write, trusting, in order: the
     /// shard files (`in_shards`: every row they hold), then the most advanced state recorded
-    /// (`s` > unsharded result > `f` > pending); an item in no state lost its result and is
-    /// pending again.
+    /// (sharded > unsharded result > `f` > pending); an item in no state lost its result and
+    /// is pending again. The dataset's `S` records are rewritten whole from what is kept.
     /// Blocks past the scan position (a torn enqueue) are dropped (intake reads them again).
     /// One batch, flushed.
     pub fn repair(
@@ -1379,19 +1519,26 @@ impl Queue {
             }
             result_tokens.insert(r.row, (r.prompt_tokens, r.completion_tokens));
         }
-        for (p, bit) in [(b's', S), (b'f', F)] {
-            for kv in self.tree.scan_prefix(prefix(p, ds)) {
-                let (k, v) = kv?;
-                let row = row_of(&k);
-                match rows.get_mut(&row) {
-                    Some(bits) => *bits |= bit,
-                    None => batch.remove(&k),
-                }
-                if p == b's' {
-                    shard_of.insert(row, row_of_bytes(&v));
+        // The `S` records are rewritten whole from the states kept (below).
+        for kv in self.tree.scan_prefix(prefix(b'S', ds)) {
+            let (k, v) = kv?;
+            let (shard, in_shard) = decode_shard_record(&k, &v)?;
+            batch.remove(&k);
+            for row in in_shard {
+                if let Some(bits) = rows.get_mut(&row) {
+                    *bits |= S;
+                    shard_of.insert(row, shard);
                 }
             }
         }
+        for kv in self.tree.scan_prefix(prefix(b'f', ds)) {
+            let (k, _) = kv?;
+            match rows.get_mut(&row_of(&k)) {
+                Some(bits) => *bits |= F,
+                None => batch.remove(&k),
+            }
+        }
+        let mut shards: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
         let mut after = DatasetState {
             items: rows.len() as u64,
             done: 0,
@@ -1410,15 +1557,16 @@ impl Queue {
             let block = &kept[r_i];
             let keep = if let Some(f) = in_shards.get(&row) {
                 if bits & S == 0 || shard_of.get(&row) != Some(&f.shard) {
-                    batch.insert(key(b's', ds, row), f.shard.to_be_bytes());
                     rep.marked_sharded += 1;
                 }
+                shards.entry(f.shard).or_default().push(row);
                 after.prompt_tokens += u64::from(f.prompt_tokens);
                 after.completion_tokens += u64::from(f.completion_tokens);
                 after.next_shard = after.next_shard.max(f.shard + 1);
                 S
-            } else if bits & S != 0 {
+            } else if let Some(&shard) = shard_of.get(&row) {
                 rep.sharded_without_file += 1;
+                shards.entry(shard).or_default().push(row);
                 S
             } else if bits & R != 0 {
                 let (p, c) = result_tokens.get(&row).copied().unwrap_or_default();
@@ -1443,11 +1591,12 @@ impl Queue {
                 forget.push(row);
                 rep.extra_states_removed += 1;
             }
-            for (p, bit) in [(b's', S), (b'f', F)] {
-                if bit != keep && bits & bit != 0 {
-                    batch.remove(key(p, ds, row));
-                    rep.extra_states_removed += 1;
-                }
+            if S != keep && bits & S != 0 {
+                rep.extra_states_removed += 1;
+            }
+            if F != keep && bits & F != 0 {
+                batch.remove(key(b'f', ds, row));
+                rep.extra_states_removed += 1;
             }
             if keep != P && bits & P != 0 {
                 rep.extra_states_removed += 1;
@@ -1461,6 +1610,9 @@ impl Queue {
                 F => after.failed += 1,
                 _ => {}
             }
+        }
+        for (shard, rows) in &shards {
+            put_shard_rows(&mut batch, ds, *shard, rows);
         }
         // Pending bitmaps as the kept states say, written where they differ.
         for r in &kept {
@@ -1515,12 +1667,14 @@ impl Queue {
                 a.unsharded += 1;
             }
         }
-        for (p, n) in [(b's', &mut a.sharded), (b'f', &mut a.failed)] {
-            for kv in self.tree.scan_prefix(prefix(p, ds)) {
-                let (k, _) = kv?;
-                stated.insert(row_of(&k));
-                *n += 1;
-            }
+        for (row, _) in self.sharded_rows(ds)? {
+            stated.insert(row);
+            a.sharded += 1;
+        }
+        for kv in self.tree.scan_prefix(prefix(b'f', ds)) {
+            let (k, _) = kv?;
+            stated.insert(row_of(&k));
+            a.failed += 1;
         }
         for r in &refs {
             for row in r.item_rows() {
@@ -1845,7 +1999,7 @@ mod tests {
     }
 
     /// Rows a shard file holds are recorded as in that shard whatever the queue said (a torn
-    /// `mark_sharded` moves the results log's start before it writes `s` keys), and
+    /// `mark_sharded` moves the results log's start before it writes `S` records), and
     /// `next_shard` moves past it;
     /// a row recorded twice keeps its most advanced state; rows past the scan position (a
     /// torn enqueue) are dropped so intake reads them again.
@@ -1854,7 +2008,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let q = six_items(dir.path());
         // Row 2 went into shard 1, but only the counters (the log's start past it) were
-        // written, not its `s` key.
+        // written, not its `S` record.
         let end = q.state(0).unwrap().results_end;
         q.lock_results().get_mut(&0).unwrap().forget([2], end);
         // Row 4 is pending and failed at once; row 7 is past the scan position.
@@ -1960,14 +2114,14 @@ mod tests {
     }
 
     /// The queue records are a compatibility boundary: a queue written by the format-1 code
-    /// (`tests/fixtures/queue-v1`, see SOURCES) opens, is migrated to item blocks and then
-    /// to the results log (format 3), and keeps every item, state, counter, id and
+    /// (`tests/fixtures/queue-v1`, see SOURCES) opens, is migrated to item blocks, to the
+    /// results log and to `S` records (format 4), and keeps every item, state, counter, id and
     /// unsharded result; its old per-item and result keys are gone; work goes on, and the
     /// next open does not migrate again.
     #[test]
     fn a_format_1_queue_is_migrated_with_every_item_and_state() {
         let (dir, q) = open_fixture("queue-v1");
-        for p in [b'i', b'p', b'k', b'r'] {
+        for p in [b'i', b'p', b'k', b'r', b's'] {
             assert_eq!(
                 q.tree.scan_prefix([p]).count(),
                 0,
@@ -2056,6 +2210,7 @@ mod tests {
     fn a_format_2_queue_is_migrated_with_its_results_in_the_log() {
         let (dir, q) = open_fixture("queue-v2");
         assert_eq!(q.tree.scan_prefix([b'r']).count(), 0, "old r keys left");
+        assert_eq!(q.tree.scan_prefix([b's']).count(), 0, "old s keys left");
         let a = q.state(0).unwrap();
         assert_eq!(
             (
@@ -2107,6 +2262,81 @@ mod tests {
         assert!(q.unsharded(0).unwrap().is_empty());
         let s = q.state(0).unwrap();
         assert_eq!(s.results_start, s.results_end);
+    }
+
+    /// A real format-3 queue (`tests/fixtures/queue-v3`, see SOURCES: shard 0's rows
+    /// marked out of row order, shard 1, unsharded results, a failure, pending rows) opens
+    /// with its per-row `s` records rewritten as one `S` record per shard — every row in its
+    /// shard, no `s` key left — and every other state and counter kept; a shard sealed
+    /// after the migration and a reopen (no second migration) keep it so.
+    #[test]
+    fn a_format_3_queue_is_migrated_with_one_record_per_shard() {
+        let (dir, q) = open_fixture("queue-v3");
+        assert_eq!(q.tree.scan_prefix([b's']).count(), 0, "old s keys left");
+        assert_eq!(q.tree.scan_prefix(prefix(b'S', 0)).count(), 2);
+        let want: Vec<(u64, u64)> = (0..250).map(|r| (r, u64::from(r >= 200))).collect();
+        assert_eq!(q.sharded_rows(0).unwrap(), want);
+        let a = q.state(0).unwrap();
+        assert_eq!(
+            (a.items, a.done, a.failed, a.sharded, a.next_shard),
+            (300, 260, 1, 250, 2)
+        );
+        let tokens: u64 = (0..260u64).map(|r| r % 7 + 1).sum();
+        assert_eq!((a.completion_tokens, a.prompt_tokens), (tokens, 520));
+        let waiting = q.unsharded(0).unwrap();
+        let rows: Vec<u64> = waiting.iter().map(|r| r.row).collect();
+        assert_eq!(rows, (250..260).collect::<Vec<_>>());
+        assert_eq!(
+            (
+                waiting[3].completion.as_str(),
+                waiting[3].completion_token_ids.clone()
+            ),
+            ("c253", Some(vec![253, 7]))
+        );
+        assert_eq!(q.failures(0, 10).unwrap()[0].0, 270);
+        assert_eq!(q.pending_rows(0, None, 100).unwrap().len(), 39);
+        assert_eq!(audit_counts(&q, 0), (300, 39, 10, 250, 1));
+        q.mark_sharded(0, 2, &(250..260).collect::<Vec<_>>())
+            .unwrap();
+        drop(q);
+        let q = Queue::open(dir.path()).unwrap();
+        assert_eq!(q.sharded_rows(0).unwrap().len(), 260);
+        assert_eq!(q.sharded_rows(0).unwrap()[255], (255, 2));
+        assert!(q.unsharded(0).unwrap().is_empty());
+        assert_eq!(audit_counts(&q, 0), (300, 39, 0, 260, 1));
+    }
+
+    /// A shard's rows, in any order and with any gaps, read back from its `S` records
+    /// sorted — split every [`SHARD_RECORD_ROWS`] rows — and a damaged record (a cut or
+    /// overlong varint, rows not ascending, a short key) is an error, not other rows.
+    #[test]
+    fn shard_records_round_trip_and_damage_is_refused() {
+        let mut rows: Vec<u64> = (0..10_000u64).map(|i| i * 3).collect();
+        rows.push(1 << 40);
+        rows.push(u64::MAX);
+        rows.reverse();
+        let mut w = Writes::default();
+        put_shard_rows(&mut w, 7, 42, &rows);
+        assert_eq!(w.0.len(), rows.len().div_ceil(SHARD_RECORD_ROWS));
+        let mut back = Vec::new();
+        for (k, v) in &w.0 {
+            assert_eq!(ds_of(k), 7);
+            let (shard, part) = decode_shard_record(k, v.as_deref().unwrap()).unwrap();
+            assert_eq!(shard, 42);
+            assert!(part.len() <= SHARD_RECORD_ROWS);
+            back.extend(part);
+        }
+        rows.sort_unstable();
+        assert_eq!(back, rows);
+        let k = shard_key(0, 1, 10);
+        assert_eq!(
+            decode_shard_record(&k, &[2, 3]).unwrap(),
+            (1, vec![10, 12, 15])
+        );
+        for bad in [&[2, 0x80][..], &[0][..], &[0xff; 11][..]] {
+            assert!(decode_shard_record(&k, bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(decode_shard_record(&k[..18], &[]).is_err());
     }
 
     /// Item records read back exactly — with and without messages and prompt ids, empty

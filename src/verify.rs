@@ -13,20 +13,21 @@
 //!   queue enqueued at that `row`, and when `completion_token_ids` is present its length
 //!   equals `completion_tokens` (the pair the budget counts; `prompt_token_ids` may
 //!   legitimately differ from a server-counted `prompt_tokens`, so it is not checked);
-//! - exactly-once: every item the queue records as sharded (`s` records) is in exactly one
+//! - exactly-once: every item the queue records as sharded (`S` records) is in exactly one
 //!   row of exactly one shard, the one the queue names; no shard row is an item the queue
 //!   does not have as sharded (except in a shard the next `spool run` would adopt);
 //! - shard indices ≥ the dataset's `next_shard` (a crash between the rename and the queue
 //!   update) are reported, with whether `spool run` can adopt them;
 //! - the durable counters `done`, `sharded` and `completion_tokens` equal what the scan
-//!   counts (rows found in shards plus results waiting in the queue's `r` records).
+//!   counts (rows found in shards plus results waiting in the queue's results log).
 //!
-//! Done items whose result is durable in the queue but not yet in a shard (`r` records,
+//! Done items whose result is durable in the queue but not yet in a shard (the results log,
 //! normal after a kill: the next run writes them) are not problems; they are counted in
 //! [`VerifyReport::waiting_for_shard`].
 //!
 //! Invariants relied on (see `archive.rs` and `queue.rs`): an item is in exactly one of the
-//! queue's `p`, `r`, `s`, `f` states; an `s` record names the shard file holding the row; a
+//! queue's states (pending, unsharded, sharded, failed); an `S` record names the shard file
+//! holding its rows; a
 //! `part-*.parquet` name is only ever given to a complete file; shards of a dataset are
 //! numbered below its `next_shard` once the queue has recorded them.
 //!
