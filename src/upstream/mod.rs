@@ -10,6 +10,7 @@
 //! partial output is dropped; no response body is buffered past `max_response_bytes`;
 //! the API key is sent as a header and never appears in an error or a log line.
 
+mod h1;
 mod openai;
 mod sglang;
 mod sse;
@@ -159,6 +160,9 @@ pub type TokenSink<'a> = &'a (dyn Fn(u32) + Send + Sync);
 #[derive(Clone)]
 pub struct Upstream {
     client: reqwest::Client,
+    /// Whole-body requests to `http://` servers (see `h1`); streams use `client`.
+    h1: std::sync::Arc<h1::H1Client>,
+    request_timeout: Duration,
     api: Api,
     model: String,
     api_key: Option<String>,
@@ -204,8 +208,15 @@ impl Upstream {
                 url: String::new(),
                 detail: e.to_string(),
             })?;
+        let connect_timeout = Duration::from_secs(10).min(o.request_timeout);
         Ok(Self {
             client,
+            h1: std::sync::Arc::new(h1::H1Client::new(
+                o.pool_size,
+                connect_timeout,
+                o.api_key.as_deref(),
+            )),
+            request_timeout: o.request_timeout,
             api: o.api,
             model: o.model,
             api_key: o.api_key,
@@ -253,6 +264,40 @@ impl Upstream {
             Api::Completions => "/v1/completions",
             Api::Chat => "/v1/chat/completions",
         };
+        if !self.stream && h1::H1Client::serves(base) {
+            let body = match self.api {
+                Api::Sglang => serde_json::to_vec(&sglang::body(req, false)),
+                Api::Completions | Api::Chat => serde_json::to_vec(&openai::request_body(
+                    req,
+                    &self.model,
+                    false,
+                    self.api == Api::Chat,
+                )),
+            }
+            .map_err(|e| UpstreamError::Malformed(format!("request: {e}")))?;
+            let exchange = self
+                .h1
+                .post_json(base, path, req.rid, body, self.max_response_bytes);
+            let reply = tokio::time::timeout(self.request_timeout, exchange)
+                .await
+                .map_err(|_| UpstreamError::Timeout)??;
+            if !reply.status.is_success() {
+                return Err(status_error(
+                    reply.status.as_u16(),
+                    reply.headers.get(reqwest::header::RETRY_AFTER),
+                    &reply.body,
+                ));
+            }
+            let mut g = match self.api {
+                Api::Sglang => sglang::parse_full(&reply.body)?,
+                Api::Completions | Api::Chat => {
+                    openai::parse_full(&reply.body, self.api == Api::Chat)?
+                }
+            };
+            sink(g.completion_tokens.unwrap_or(0));
+            g.latency_ms = started.elapsed().as_millis().min(u32::MAX as u128) as u32;
+            return Ok(g);
+        }
         let url = format!("{}{}", base.trim_end_matches('/'), path);
         let rb = match self.api {
             Api::Sglang => self.post(&url, &sglang::body(req, self.stream)),
@@ -463,17 +508,24 @@ async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, Upst
     if status.is_success() {
         return Ok(resp);
     }
-    let retry_after = resp
-        .headers()
-        .get(reqwest::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()));
+    let retry_after = resp.headers().get(reqwest::header::RETRY_AFTER).cloned();
     let body = read_prefix(resp, 64 << 10).await;
-    Err(UpstreamError::Status {
-        code: status.as_u16(),
-        message: error_message(&body),
-        retry_after,
-    })
+    Err(status_error(status.as_u16(), retry_after.as_ref(), &body))
+}
+
+/// A non-2xx answer as an error: the server's message and its `Retry-After`.
+fn status_error(
+    code: u16,
+    retry_after: Option<&reqwest::header::HeaderValue>,
+    body: &[u8],
+) -> UpstreamError {
+    UpstreamError::Status {
+        code,
+        message: error_message(body),
+        retry_after: retry_after
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, std::time::SystemTime::now())),
+    }
 }
 
 /// The human part of an error body: vLLM/OpenAI `{"message"}` or `{"error": {"message"}}`.

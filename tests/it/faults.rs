@@ -465,55 +465,58 @@ async fn a_permanent_4xx_is_not_retried_and_its_reason_is_shown() {
 /// Every server down from the start: dispatch pauses, no attempt is burned, the log says
 /// so once per interval (shortened to 300 ms by `SPOOL_DOWN_LOG_INTERVAL_MS`; a minute
 /// by default), and when a server starts listening on the port the run resumes by itself
-/// and completes with every item answered at its first attempt.
+/// and completes with every item answered at its first attempt — streaming (reqwest) and
+/// whole responses (`upstream::h1`) alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_servers_down_pauses_burns_nothing_and_resumes_by_itself() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("mock.log");
-    let port = Reserved::new();
-    let n = 40;
-    let cfg = one_dataset_config(dir.path(), &port.url(), "sglang", true, n);
-    // Two attempts only: had a refused connection burned one, items would fail.
-    edit_config(&cfg, "max_attempts = 4", "max_attempts = 2");
-    let interval_ms = 300u64;
-    let mut p = Proc::spawn(
-        &cfg,
-        &["run"],
-        &[("SPOOL_DOWN_LOG_INTERVAL_MS", &interval_ms.to_string())],
-    );
-    let down = "no inference server reachable";
-    let t0 = Instant::now();
-    p.wait_for(down, 4, Duration::from_secs(30)).await;
-    let paused_for = t0.elapsed();
-    let lines_while_down = p.count(down);
-    // Once per interval, not once per refused connection (16 workers retrying).
-    let most = paused_for.as_millis() as u64 / interval_ms + 2;
-    assert!(
-        lines_while_down as u64 <= most,
-        "{lines_while_down} lines in {paused_for:?}"
-    );
-    assert!(!p.stderr().contains("failed permanently"), "{}", p.stderr());
+    for stream in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("mock.log");
+        let port = Reserved::new();
+        let n = 40;
+        let cfg = one_dataset_config(dir.path(), &port.url(), "sglang", stream, n);
+        // Two attempts only: had a refused connection burned one, items would fail.
+        edit_config(&cfg, "max_attempts = 4", "max_attempts = 2");
+        let interval_ms = 300u64;
+        let mut p = Proc::spawn(
+            &cfg,
+            &["run"],
+            &[("SPOOL_DOWN_LOG_INTERVAL_MS", &interval_ms.to_string())],
+        );
+        let down = "no inference server reachable";
+        let t0 = Instant::now();
+        p.wait_for(down, 4, Duration::from_secs(30)).await;
+        let paused_for = t0.elapsed();
+        let lines_while_down = p.count(down);
+        // Once per interval, not once per refused connection (16 workers retrying).
+        let most = paused_for.as_millis() as u64 / interval_ms + 2;
+        assert!(
+            lines_while_down as u64 <= most,
+            "{lines_while_down} lines in {paused_for:?}"
+        );
+        assert!(!p.stderr().contains("failed permanently"), "{}", p.stderr());
 
-    let (state, stop) = port.serve_mock(MockConfig {
-        log: Some(log.clone()),
-        ..fast_mock()
-    });
-    let (status, _) = p.wait(Duration::from_secs(60)).await;
-    assert_eq!(status.code(), Some(0), "{}", p.stderr());
-    assert!(
-        p.stderr().contains("server back in rotation"),
-        "{}",
-        p.stderr()
-    );
-    let rows = shard_rows(&dir.path().join("out"), "a");
-    assert_exactly_once(&rows, &ids("p", n));
-    assert!(
-        rows.iter().all(|r| r.attempts == 1),
-        "a refused connection counted as an attempt"
-    );
-    assert_eq!(mock_log(&log).len(), n, "one request per item");
-    assert!(state.stats().requests >= n as u64);
-    stop.cancel();
+        let (state, stop) = port.serve_mock(MockConfig {
+            log: Some(log.clone()),
+            ..fast_mock()
+        });
+        let (status, _) = p.wait(Duration::from_secs(60)).await;
+        assert_eq!(status.code(), Some(0), "{}", p.stderr());
+        assert!(
+            p.stderr().contains("server back in rotation"),
+            "{}",
+            p.stderr()
+        );
+        let rows = shard_rows(&dir.path().join("out"), "a");
+        assert_exactly_once(&rows, &ids("p", n));
+        assert!(
+            rows.iter().all(|r| r.attempts == 1),
+            "a refused connection counted as an attempt"
+        );
+        assert_eq!(mock_log(&log).len(), n, "one request per item");
+        assert!(state.stats().requests >= n as u64);
+        stop.cancel();
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -566,47 +569,50 @@ async fn a_stream_cut_half_way_is_retried_and_its_partial_output_discarded() {
 }
 
 /// A request that hangs is cut by `request_timeout_s` (0.5 s here): the mock sees the
-/// client give up after ~0.5 s, the item is retried, and the run completes.
+/// client give up after ~0.5 s, the item is retried, and the run completes — streaming
+/// (reqwest) and whole responses (`upstream::h1`) alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_request_is_cut_by_request_timeout_and_retried() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("mock.log");
-    let mock = Mock::start(MockConfig {
-        hang: 0.3,
-        seed: 5,
-        log: Some(log.clone()),
-        ..fast_mock()
-    })
-    .await;
-    let n = 30;
-    let cfg = one_dataset_config(dir.path(), &mock.url, "sglang", true, n);
-    edit_config(&cfg, "request_timeout_s = 20", "request_timeout_s = 0.5");
-    edit_config(&cfg, "max_attempts = 4", "max_attempts = 12");
-    let s = run_to_end(&cfg).await;
-    assert_eq!(s.report.datasets[0].done, n as u64);
-    // The mock logs a hang when the client hangs up; wait for every one to be logged.
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        mock.state.wait_until(|s| s.in_flight == 0),
-    )
-    .await
-    .unwrap();
-    let hangs: Vec<LogLine> = mock_log(&log)
-        .into_iter()
-        .filter(|l| l.outcome == "hang")
-        .collect();
-    assert!(hangs.len() >= 3, "too few hangs: {}", hangs.len());
-    for h in &hangs {
-        assert!(
-            (450..3000).contains(&h.latency_ms),
-            "a hang was cut after {} ms, not by the 0.5 s timeout",
-            h.latency_ms
-        );
+    for stream in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("mock.log");
+        let mock = Mock::start(MockConfig {
+            hang: 0.3,
+            seed: 5,
+            log: Some(log.clone()),
+            ..fast_mock()
+        })
+        .await;
+        let n = 30;
+        let cfg = one_dataset_config(dir.path(), &mock.url, "sglang", stream, n);
+        edit_config(&cfg, "request_timeout_s = 20", "request_timeout_s = 0.5");
+        edit_config(&cfg, "max_attempts = 4", "max_attempts = 12");
+        let s = run_to_end(&cfg).await;
+        assert_eq!(s.report.datasets[0].done, n as u64);
+        // The mock logs a hang when the client hangs up; wait for every one to be logged.
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            mock.state.wait_until(|s| s.in_flight == 0),
+        )
+        .await
+        .unwrap();
+        let hangs: Vec<LogLine> = mock_log(&log)
+            .into_iter()
+            .filter(|l| l.outcome == "hang")
+            .collect();
+        assert!(hangs.len() >= 3, "too few hangs: {}", hangs.len());
+        for h in &hangs {
+            assert!(
+                (450..3000).contains(&h.latency_ms),
+                "a hang was cut after {} ms, not by the 0.5 s timeout",
+                h.latency_ms
+            );
+        }
+        let rows = shard_rows(&dir.path().join("out"), "a");
+        assert_exactly_once(&rows, &ids("p", n));
+        let retries: u32 = rows.iter().map(|r| r.attempts - 1).sum();
+        assert_eq!(retries as usize, hangs.len());
     }
-    let rows = shard_rows(&dir.path().join("out"), "a");
-    assert_exactly_once(&rows, &ids("p", n));
-    let retries: u32 = rows.iter().map(|r| r.attempts - 1).sum();
-    assert_eq!(retries as usize, hangs.len());
 }
 
 // ---------------------------------------------------------------------------------------

@@ -94,23 +94,7 @@ async fn the_api_key_never_appears_in_logs_status_or_files() {
         let mut rows = std::fs::read_to_string(dir.path().join("p.jsonl")).unwrap();
         rows.push_str("{not json\n");
         std::fs::write(dir.path().join("p.jsonl"), rows).unwrap();
-        let cfg = write_config(
-            dir.path(),
-            &mock.url,
-            "sglang",
-            true,
-            &[Ds {
-                name: "a",
-                file: "p.jsonl",
-                budget: None,
-            }],
-            "",
-        );
-        edit_config(
-            &cfg,
-            "max_attempts = 4",
-            "max_attempts = 12\napi_key_env = \"SPOOL_TEST_API_KEY\"",
-        );
+        let cfg = keyed_config(dir.path(), &mock.url, "sglang", true, 12);
         let mut env = env.to_vec();
         env.push(("SPOOL_TEST_API_KEY", &key));
         let mut p = Proc::spawn(&cfg, &["run", "-vv"], &env);
@@ -124,18 +108,47 @@ async fn the_api_key_never_appears_in_logs_status_or_files() {
 
 /// A server that rejects the key and echoes the `Authorization` header in its 401 body:
 /// the key was sent (the server saw it) but the stored reason shows `***` in its place,
-/// and the key is in no log line, status output or file.
+/// and the key is in no log line, status output or file — streaming (reqwest) and whole
+/// responses (`upstream::h1`) alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_echoing_the_key_in_an_error_does_not_leak_it() {
-    let key = key();
-    let server = HandServer::start(Reply::EchoAuth).await;
-    let dir = tempfile::tempdir().unwrap();
-    write_prompts(&dir.path().join("p.jsonl"), "p", 3);
+    for stream in [true, false] {
+        let key = key();
+        let server = HandServer::start(Reply::EchoAuth).await;
+        let dir = tempfile::tempdir().unwrap();
+        write_prompts(&dir.path().join("p.jsonl"), "p", 3);
+        let cfg = keyed_config(dir.path(), &server.url, "chat", stream, 4);
+        let mut p = Proc::spawn(&cfg, &["run", "-vv"], &[("SPOOL_TEST_API_KEY", &key)]);
+        let (status, _) = p.wait(Duration::from_secs(60)).await;
+        assert_eq!(status.code(), Some(3), "{}", p.stderr());
+        assert!(
+            server
+                .auth
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|a| a == &format!("Bearer {key}")),
+            "the key was sent"
+        );
+        let st = String::from_utf8_lossy(&spool(&cfg, &["status"], &[]).stdout).into_owned();
+        assert!(st.contains("HTTP 401") && st.contains("Bearer ***"), "{st}");
+        assert_no_key(&key, dir.path(), &cfg, &p.stderr());
+    }
+}
+
+/// A one-dataset config (`p.jsonl`) whose API key comes from `SPOOL_TEST_API_KEY`.
+fn keyed_config(
+    dir: &Path,
+    url: &str,
+    api: &str,
+    stream: bool,
+    max_attempts: u32,
+) -> std::path::PathBuf {
     let cfg = write_config(
-        dir.path(),
-        &server.url,
-        "chat",
-        true,
+        dir,
+        url,
+        api,
+        stream,
         &[Ds {
             name: "a",
             file: "p.jsonl",
@@ -146,23 +159,9 @@ async fn a_server_echoing_the_key_in_an_error_does_not_leak_it() {
     edit_config(
         &cfg,
         "max_attempts = 4",
-        "max_attempts = 4\napi_key_env = \"SPOOL_TEST_API_KEY\"",
+        &format!("max_attempts = {max_attempts}\napi_key_env = \"SPOOL_TEST_API_KEY\""),
     );
-    let mut p = Proc::spawn(&cfg, &["run", "-vv"], &[("SPOOL_TEST_API_KEY", &key)]);
-    let (status, _) = p.wait(Duration::from_secs(60)).await;
-    assert_eq!(status.code(), Some(3), "{}", p.stderr());
-    assert!(
-        server
-            .auth
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|a| a == &format!("Bearer {key}")),
-        "the key was sent"
-    );
-    let st = String::from_utf8_lossy(&spool(&cfg, &["status"], &[]).stdout).into_owned();
-    assert!(st.contains("HTTP 401") && st.contains("Bearer ***"), "{st}");
-    assert_no_key(&key, dir.path(), &cfg, &p.stderr());
+    cfg
 }
 
 /// Every path under `dir`, with its length and modification time.
