@@ -308,7 +308,7 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
         Command::MockServer(mcfg) => {
             let mcfg = mcfg.clone();
             runtime()?.block_on(async move {
-                let listener = tokio::net::TcpListener::bind(&mcfg.addr)
+                let listener = spool::mock::bind(&mcfg.addr)
                     .await
                     .with_context(|| format!("cannot bind {}", mcfg.addr))?;
                 let addr = listener.local_addr()?;

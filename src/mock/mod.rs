@@ -482,6 +482,30 @@ pub fn router(state: Arc<MockState>) -> Router {
         .with_state(state)
 }
 
+/// Connections a listener of [`bind`] queues before they are accepted.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds `addr` for `spool mock-server` with a listen queue of [`LISTEN_BACKLOG`] (as
+/// uvicorn's 2048 and nginx's 511 are set explicitly): tokio's default of 1024 overflowed
+/// when a client opened 1,024 connections at once (`bench-overhead`), and each dropped SYN
+/// cost that request a 1 s retransmission (`nstat`: `TcpExtListenOverflows`).
+pub async fn bind(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
+    let mut last = None;
+    for a in tokio::net::lookup_host(addr).await? {
+        let socket = if a.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(a).and_then(|()| socket.listen(LISTEN_BACKLOG)) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other(format!("{addr}: no address"))))
+}
+
 /// Serves a fresh mock configured by `cfg` on `listener` until `shutdown` resolves.
 /// Binds nothing itself, so tests pass a port-0 listener.
 pub async fn serve(
@@ -526,6 +550,34 @@ pub async fn serve_state(
 mod tests {
     use super::*;
     use clap::Parser;
+
+    /// A burst of 1,100 connections to a listener that has accepted none of them yet all
+    /// complete their handshake: the queue holds more than tokio's default 1,024, whose
+    /// overflow dropped SYNs and cost the requests behind them a 1 s retransmission.
+    #[tokio::test]
+    async fn the_listener_queues_a_burst_of_connections() {
+        let listener = bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let held = tokio::task::spawn_blocking(move || {
+            let mut held = Vec::new();
+            for i in 0..1100 {
+                match std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(3))
+                {
+                    Ok(c) => held.push(c),
+                    Err(e) if e.raw_os_error() == Some(24) => {
+                        eprintln!("SKIPPED after {i}: too few file descriptors (ulimit -n)");
+                        return None;
+                    }
+                    Err(e) => panic!("connection {i} not queued: {e}"),
+                }
+            }
+            Some(held.len())
+        })
+        .await
+        .unwrap();
+        assert!(held.is_none_or(|n| n == 1100));
+        drop(listener);
+    }
 
     #[derive(Parser)]
     struct Cli {
