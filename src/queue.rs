@@ -373,15 +373,18 @@ fn put_varint(out: &mut Vec<u8>, mut n: u64) {
 
 /// The shard and the rows of an `S` record.
 fn decode_shard_record(k: &[u8], v: &[u8]) -> Result<(u64, Vec<u64>), QueueError> {
-    let bad = |detail: &str| QueueError::Corrupt {
-        key: format!("S{}/{:?}", k.get(1..3).map_or(0, ds_of_bytes), k.get(3..)),
-        detail: detail.into(),
-    };
     if k.len() != 19 {
-        return Err(bad("bad shard record key"));
+        return Err(QueueError::Corrupt {
+            key: format!("S {k:02x?}"),
+            detail: "bad shard record key".into(),
+        });
     }
     let shard = u64::from_be_bytes(k[3..11].try_into().expect("8 bytes"));
     let mut row = u64::from_be_bytes(k[11..19].try_into().expect("8 bytes"));
+    let bad = |detail: &str| QueueError::Corrupt {
+        key: format!("S{}/shard {shard}/row {}", ds_of(k), row_of_bytes(&k[11..])),
+        detail: detail.into(),
+    };
     let mut rows = vec![row];
     let (mut n, mut shift) = (0u64, 0u32);
     for &b in v {
@@ -404,10 +407,6 @@ fn decode_shard_record(k: &[u8], v: &[u8]) -> Result<(u64, Vec<u64>), QueueError
         return Err(bad("cut varint"));
     }
     Ok((shard, rows))
-}
-
-fn ds_of_bytes(b: &[u8]) -> u16 {
-    u16::from_be_bytes([b[0], b[1]])
 }
 
 fn prefix(p: u8, ds: u16) -> [u8; 3] {

@@ -3,9 +3,10 @@
 //! per request one `Request` built from parts known in advance.
 //!
 //! reqwest's per-request machinery — URL parsing and URL → URI conversion, its retry and
-//! redirect layers, the legacy pool's checkout, header-map copies — was ~15 % of the
-//! client's CPU with instant responses (issue 7). Streaming requests, health checks and the
-//! start-up probes keep using reqwest.
+//! redirect layers, the legacy pool's checkout, header-map copies — was ~19 % of the
+//! client's samples with instant responses (issue 7); this client cut CPU per completion
+//! by 27 % (BENCHMARKS.md). Streaming requests, health checks and the start-up probes keep
+//! using reqwest.
 //!
 //! Invariants: a connection goes back to its pool only after its response was read to the
 //! end and hyper still has it open; a request on a pooled connection that hyper hands back
