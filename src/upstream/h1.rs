@@ -9,10 +9,10 @@
 //! using reqwest.
 //!
 //! Invariants: a connection goes back to its pool only after its response was read to the
-//! end and hyper still has it open; a request on a pooled connection that hyper hands back
-//! unsent, or that the connection closes under before any answer (the server closed it
-//! while it was idle), is sent once more on a new connection, and nothing else is retried
-//! here (attempts are the worker's); no body is buffered past the caller's cap.
+//! end and hyper still has it open; a request on a reused connection that hyper hands back
+//! unsent, or whose connection dies before any answer (a server closing it as idle), is
+//! sent once more, at once, on a new connection — at most once per call, and nothing else
+//! is retried here (attempts are the worker's); no body is buffered past the caller's cap.
 
 use super::{root_cause, UpstreamError};
 use bytes::Bytes;
@@ -229,10 +229,11 @@ impl H1Client {
             }
             match sender.try_send_request(request()?).await {
                 Ok(r) => break r,
-                // Unsent, or the connection closed before any answer: the server closed
-                // it while it was idle (it does not close one with a request in progress),
-                // so the request is sent again on a new connection — the case Go's
-                // `net/http` retries for any method (`errServerClosedIdle`).
+                // Unsent, or the reused connection died before any answer — nearly always
+                // a server closing it as idle while the request was on its way: sent once
+                // more on a new connection, as curl does ("Connection died, retrying a
+                // fresh connect"). A server that had received it may generate it twice;
+                // the item still commits once, and a second failure is the worker's.
                 Err(e)
                     if reused && (e.message().is_some() || e.error().is_incomplete_message()) =>
                 {

@@ -82,11 +82,14 @@ async fn drained(mock: &Mock) {
     .expect("mock drains after the client died");
 }
 
-/// One chaos round; panics on any violation, returns the figures.
+/// One chaos round; panics on any violation, returns the figures. Odd seeds stream
+/// (reqwest), even seeds ask for whole responses (`upstream::h1`), so both paths meet the
+/// kills and the faults over runs.
 async fn chaos_round(seed: u64, kills: usize, per_dataset: usize) -> Figures {
     let t0 = Instant::now();
+    let stream = seed % 2 == 1;
     eprintln!(
-        "chaos round: seed {seed} (SPOOL_CRASH_SEED={seed} to repeat), {kills} kills, {per_dataset} items per dataset"
+        "chaos round: seed {seed} (SPOOL_CRASH_SEED={seed} to repeat), {kills} kills, {per_dataset} items per dataset, stream={stream}"
     );
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
@@ -114,7 +117,7 @@ async fn chaos_round(seed: u64, kills: usize, per_dataset: usize) -> Figures {
         dir.path(),
         &mock.url,
         "sglang",
-        true,
+        stream,
         &[
             Ds {
                 name: "alpha",
@@ -334,7 +337,7 @@ async fn chaos_round(seed: u64, kills: usize, per_dataset: usize) -> Figures {
     figures.secs = t0.elapsed().as_secs_f64();
     let regenerated = oks_total.values().filter(|n| **n > 1).count();
     eprintln!(
-        "chaos: seed={seed} kills={:?} items={} rows={} requests={} outcomes={:?} \
+        "chaos: seed={seed} stream={stream} kills={:?} items={} rows={} requests={} outcomes={:?} \
          completed_again_after_a_kill={regenerated} lost=0 duplicated=0 verify=clean secs={:.0}",
         figures.kills,
         figures.items,
