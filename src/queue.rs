@@ -672,40 +672,30 @@ impl Queue {
 
     /// Rewrites the `s` ds row → shard records of formats 2 and 3 as `S` records, one
     /// atomic batch per [`SHARD_RECORD_ROWS`] `s` records (their `S` records in, they out).
-    /// Resumable: an interrupted run left the rest as `s`, and rows already listed by an
-    /// `S` record of the same shard are merged, not repeated. The caller records the format.
+    /// Resumable: an interrupted run left the rest as `s`, and no row is ever in both (each
+    /// batch moves its rows whole). The caller records the format.
     fn migrate_v3(&self) -> Result<(), QueueError> {
         let t = std::time::Instant::now();
         let mut moved = 0u64;
         for s in self.states() {
             let ds = s.index;
-            let mut chunk: Vec<(sled::IVec, u64, u64)> = Vec::new();
-            let mut scan = self.tree.scan_prefix(prefix(b's', ds));
-            loop {
-                let next = scan.next().transpose()?;
-                if let Some((k, v)) = &next {
-                    chunk.push((k.clone(), row_of(k), row_of_bytes(v)));
-                }
-                if chunk.len() < SHARD_RECORD_ROWS && next.is_some() {
-                    continue;
-                }
-                if chunk.is_empty() {
-                    break;
-                }
+            let mut scan = self.tree.scan_prefix(prefix(b's', ds)).peekable();
+            while scan.peek().is_some() {
                 let mut by_shard: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
                 let mut w = Writes::default();
-                for (k, row, shard) in chunk.drain(..) {
-                    by_shard.entry(shard).or_default().push(row);
-                    w.remove(k);
+                for kv in scan.by_ref().take(SHARD_RECORD_ROWS) {
+                    let (k, v) = kv?;
+                    by_shard
+                        .entry(row_of_bytes(&v))
+                        .or_default()
+                        .push(row_of(&k));
+                    w.remove(&k);
                     moved += 1;
                 }
                 for (shard, rows) in by_shard {
                     put_shard_rows(&mut w, ds, shard, &rows);
                 }
                 self.apply(w)?;
-                if next.is_none() {
-                    break;
-                }
             }
         }
         if moved > 0 {

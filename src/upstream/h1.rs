@@ -21,7 +21,7 @@ use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 type Sender = SendRequest<Full<Bytes>>;
@@ -39,12 +39,15 @@ struct Target {
 impl Target {
     /// `None` for anything but `http://` (left to reqwest).
     fn parse(base: &str) -> Option<Target> {
+        if !H1Client::serves(base) {
+            return None;
+        }
         let rest = base.strip_prefix("http://")?;
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, ""),
         };
-        if authority.is_empty() || authority.contains('@') {
+        if authority.is_empty() {
             return None;
         }
         let has_port = match authority.rfind(']') {
@@ -66,7 +69,7 @@ impl Target {
 
 /// One server's idle connections.
 struct Pool {
-    target: Target,
+    target: Arc<Target>,
     idle: Vec<Sender>,
 }
 
@@ -110,16 +113,12 @@ impl H1Client {
         self.pools.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// An idle connection to `base` that hyper still has open, and the request target and
-    /// `Host` for it; `None` for the connection when there is none.
-    fn checkout(
-        &self,
-        base: &str,
-        path: &str,
-    ) -> Option<(Option<Sender>, String, HeaderValue, String)> {
+    /// The server's target, and an idle connection to it that hyper still has open (`None`
+    /// when there is none); `None` altogether when `base` is not plain `http://`.
+    fn checkout(&self, base: &str) -> Option<(Arc<Target>, Option<Sender>)> {
         let mut pools = self.lock();
         if !pools.contains_key(base) {
-            let target = Target::parse(base)?;
+            let target = Arc::new(Target::parse(base)?);
             pools.insert(
                 base.to_string(),
                 Pool {
@@ -136,13 +135,7 @@ impl H1Client {
                 break;
             }
         }
-        let t = &pool.target;
-        Some((
-            sender,
-            format!("{}{path}", t.prefix),
-            t.host.clone(),
-            t.connect.clone(),
-        ))
+        Some((pool.target.clone(), sender))
     }
 
     fn checkin(&self, base: &str, sender: Sender) {
@@ -190,18 +183,19 @@ impl H1Client {
         body: Vec<u8>,
         cap: u64,
     ) -> Result<Reply, UpstreamError> {
-        let Some((pooled, target, host, addr)) = self.checkout(base, path) else {
+        let Some((t, pooled)) = self.checkout(base) else {
             return Err(UpstreamError::Connect {
                 url: base.to_string(),
                 detail: "not an http:// URL".into(),
             });
         };
+        let uri = format!("{}{path}", t.prefix);
         let body = Bytes::from(body);
         let request = || {
             let mut b = Request::builder()
                 .method(Method::POST)
-                .uri(target.as_str())
-                .header(HOST, host.clone())
+                .uri(uri.as_str())
+                .header(HOST, t.host.clone())
                 .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             if let Ok(v) = HeaderValue::from_str(rid) {
                 b = b.header("x-request-id", v);
@@ -215,14 +209,14 @@ impl H1Client {
         let mut reused = pooled.is_some();
         let mut sender = match pooled {
             Some(s) => s,
-            None => self.connect(base, &addr).await?,
+            None => self.connect(base, &t.connect).await?,
         };
         let response = loop {
             if sender.ready().await.is_err() {
                 // Closed while idle: a new connection, as if there had been none.
                 if reused {
                     reused = false;
-                    sender = self.connect(base, &addr).await?;
+                    sender = self.connect(base, &t.connect).await?;
                     continue;
                 }
                 return Err(UpstreamError::StreamCut("connection closed".into()));
@@ -238,7 +232,7 @@ impl H1Client {
                     if reused && (e.message().is_some() || e.error().is_incomplete_message()) =>
                 {
                     reused = false;
-                    sender = self.connect(base, &addr).await?;
+                    sender = self.connect(base, &t.connect).await?;
                 }
                 Err(e) => return Err(UpstreamError::StreamCut(root_cause(e.error()))),
             }
