@@ -645,6 +645,17 @@ fn archive_loop(
     Ok(())
 }
 
+/// Most results applied to the queue in one batch (one fsync).
+const COMMIT_MAX: usize = 1024;
+/// A batch smaller than this waits up to [`COMMIT_LINGER`] for more results.
+const COMMIT_MIN: usize = 64;
+/// How long a small batch waits for company before it is committed. At thousands of
+/// completions per second the per-batch cost (a blocking-pool hop, a results-log append
+/// and its fdatasync, a sled batch and its flush) is a visible share of the client's CPU
+/// (−11 % per completion at c = 256, BENCHMARKS.md "Fifth pass"); at the rates of a real
+/// GPU server (a few per second) it only delays the acknowledgement by this much.
+const COMMIT_LINGER: Duration = Duration::from_millis(2);
+
 async fn commit_loop(
     mut rx: mpsc::UnboundedReceiver<Finished>,
     queue: Arc<Queue>,
@@ -653,7 +664,21 @@ async fn commit_loop(
     dmetrics: Vec<DatasetMetrics>,
 ) -> Result<()> {
     let mut buf = Vec::new();
-    while rx.recv_many(&mut buf, 512).await > 0 {
+    while rx.recv_many(&mut buf, COMMIT_MAX).await > 0 {
+        // Group commit: a batch smaller than COMMIT_MIN waits up to COMMIT_LINGER for
+        // more results, so a fast server's completions share one batch and one fsync.
+        // Nothing is acknowledged earlier: the wait only delays the acknowledgement (a
+        // worker's slot is already free again), it never skips the fsync.
+        if buf.len() < COMMIT_MIN {
+            let deadline = tokio::time::Instant::now() + COMMIT_LINGER;
+            while buf.len() < COMMIT_MIN {
+                let room = COMMIT_MAX - buf.len();
+                match tokio::time::timeout_at(deadline, rx.recv_many(&mut buf, room)).await {
+                    Ok(n) if n > 0 => {}
+                    _ => break,
+                }
+            }
+        }
         let mut metas = Vec::with_capacity(buf.len());
         let mut outcomes = Vec::with_capacity(buf.len());
         for f in buf.drain(..) {
