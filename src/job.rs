@@ -648,13 +648,13 @@ fn archive_loop(
 /// Most results applied to the queue in one batch (one fsync).
 const COMMIT_MAX: usize = 1024;
 /// A batch smaller than this waits up to [`COMMIT_LINGER`] for more results.
-const COMMIT_MIN: usize = 64;
+const COMMIT_MIN: usize = 256;
 /// How long a small batch waits for company before it is committed. At thousands of
 /// completions per second the per-batch cost (a blocking-pool hop, a results-log append
 /// and its fdatasync, a sled batch and its flush) is a visible share of the client's CPU
-/// (−11 % per completion at c = 256, BENCHMARKS.md "Fifth pass"); at the rates of a real
+/// (BENCHMARKS.md "Fifth pass"); at the rates of a real
 /// GPU server (a few per second) it only delays the acknowledgement by this much.
-const COMMIT_LINGER: Duration = Duration::from_millis(2);
+const COMMIT_LINGER: Duration = Duration::from_millis(5);
 
 async fn commit_loop(
     mut rx: mpsc::UnboundedReceiver<Finished>,
