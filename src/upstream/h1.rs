@@ -1,37 +1,53 @@
 //! A keep-alive HTTP/1.1 client for whole-body (non-streaming) generation requests to
-//! `http://` servers, on hyper's connection API: per server a pool of idle connections, and
-//! per request one `Request` built from parts known in advance.
+//! `http://` servers: per server a pool of idle connections; each request is one buffer
+//! (head and body, written at once) and its answer is read in the calling task, the head
+//! parsed by `httparse` and the body framed by `Content-Length`, `chunked` or the
+//! connection's end.
 //!
 //! reqwest's per-request machinery — URL parsing and URL → URI conversion, its retry and
 //! redirect layers, the legacy pool's checkout, header-map copies — was ~19 % of the
-//! client's samples with instant responses (issue 7); this client cut CPU per completion
-//! by 27 % (BENCHMARKS.md). Streaming requests, health checks and the start-up probes keep
-//! using reqwest.
+//! client's samples with instant responses (issue 7); hyper's connection API in its place
+//! cut CPU per completion by 27 %, and reading the answer in the caller's task instead of
+//! hyper's connection task (a channel and two task wake-ups per request) cut it again
+//! (BENCHMARKS.md, fourth and fifth passes). Streaming requests, health checks and the
+//! start-up probes keep using reqwest.
 //!
 //! Invariants: a connection goes back to its pool only after its response was read to the
-//! end and hyper still has it open; a request on a reused connection that hyper hands back
-//! unsent, or whose connection dies before any answer (a server closing it as idle), is
-//! sent once more, at once, on a new connection — at most once per call, and nothing else
-//! is retried here (attempts are the worker's); no body is buffered past the caller's cap.
+//! end with nothing after it, from an HTTP/1.1 server that did not say `Connection: close`,
+//! and one idle for over a second is used only if the server has sent nothing on it since;
+//! a request on a reused connection that fails before any byte of an answer arrives (a
+//! server closing it as idle) is sent once more, at once, on a new connection — at most
+//! once per call, and nothing else is retried here (attempts are the worker's); no body is
+//! buffered past the caller's cap; a request given up (its future dropped) closes its
+//! connection.
 
 use super::{root_cause, UpstreamError};
-use bytes::Bytes;
-use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
-use http::{HeaderMap, Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
+use http::header::HeaderValue;
+use http::StatusCode;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
-type Sender = SendRequest<Full<Bytes>>;
+/// Most bytes of a response head (status line and headers) before it is refused.
+const HEAD_MAX: usize = 64 << 10;
+/// Most headers in a response head.
+const HEADERS_MAX: usize = 100;
+/// How much of an error body is kept (for its message).
+const ERROR_BODY_MAX: u64 = 64 << 10;
+/// A connection idle longer than this is checked before it is used: a server's idle
+/// timeout (seconds) may have closed it, or sent an unasked answer (`408`) before closing,
+/// which must not be read as the next request's. Under load connections idle microseconds
+/// and the check (one `recv`) is skipped.
+const IDLE_CHECK_AFTER: Duration = Duration::from_secs(1);
 
 /// A server's address split once: where to connect and what to put in each request.
 struct Target {
     /// `host:port` to connect to (port 80 when the URL has none).
     connect: String,
     /// The `Host` header.
-    host: HeaderValue,
+    host: String,
     /// A path prefix of the base URL (`http://h:8000/prefix`), without the trailing `/`.
     prefix: String,
 }
@@ -47,7 +63,7 @@ impl Target {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, ""),
         };
-        if authority.is_empty() {
+        if authority.is_empty() || !header_safe(authority) || !header_safe(path) {
             return None;
         }
         let has_port = match authority.rfind(']') {
@@ -61,22 +77,30 @@ impl Target {
         };
         Some(Target {
             connect,
-            host: HeaderValue::from_str(authority).ok()?,
+            host: authority.to_string(),
             prefix: path.trim_end_matches('/').to_string(),
         })
     }
 }
 
+/// Whether `v` can go into a request head as is: visible ASCII, spaces and tabs (what
+/// `http::HeaderValue::from_str` accepts), so no CR or LF can split the head.
+fn header_safe(v: &str) -> bool {
+    v.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b))
+}
+
 /// One server's idle connections.
 struct Pool {
     target: Arc<Target>,
-    idle: Vec<Sender>,
+    /// Idle connections and since when.
+    idle: Vec<(TcpStream, Instant)>,
 }
 
 /// A response read to the end.
 pub(crate) struct Reply {
     pub status: StatusCode,
-    pub headers: HeaderMap,
+    /// The `Retry-After` header, for a 429 or 503.
+    pub retry_after: Option<HeaderValue>,
     pub body: Vec<u8>,
 }
 
@@ -86,20 +110,32 @@ pub(crate) struct H1Client {
     /// Idle connections kept per server (the run's concurrency).
     max_idle: usize,
     connect_timeout: Duration,
-    authorization: Option<HeaderValue>,
+    /// [`IDLE_CHECK_AFTER`]; zero in tests.
+    idle_check_after: Duration,
+    /// `authorization: Bearer …\r\n`, or empty. Never logged.
+    authorization: String,
+}
+
+/// How an exchange on one connection ended, when it did not end with a reply.
+enum Failure {
+    /// The connection failed before any byte of an answer arrived: on a reused connection
+    /// the request goes once more on a new one.
+    BeforeAnswer(String),
+    /// Anything else: the caller's error as is.
+    Other(UpstreamError),
 }
 
 impl H1Client {
     pub(crate) fn new(max_idle: usize, connect_timeout: Duration, api_key: Option<&str>) -> Self {
-        let authorization = api_key.and_then(|k| {
-            let mut v = HeaderValue::from_str(&format!("Bearer {k}")).ok()?;
-            v.set_sensitive(true);
-            Some(v)
-        });
+        let authorization = match api_key {
+            Some(k) if header_safe(k) => format!("authorization: Bearer {k}\r\n"),
+            _ => String::new(),
+        };
         H1Client {
             pools: Mutex::new(HashMap::new()),
             max_idle,
             connect_timeout,
+            idle_check_after: IDLE_CHECK_AFTER,
             authorization,
         }
     }
@@ -113,9 +149,9 @@ impl H1Client {
         self.pools.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The server's target, and an idle connection to it that hyper still has open (`None`
-    /// when there is none); `None` altogether when `base` is not plain `http://`.
-    fn checkout(&self, base: &str) -> Option<(Arc<Target>, Option<Sender>)> {
+    /// The server's target, and an idle connection to it (`None` when there is none);
+    /// `None` altogether when `base` is not plain `http://`.
+    fn checkout(&self, base: &str) -> Option<(Arc<Target>, Option<TcpStream>)> {
         let mut pools = self.lock();
         if !pools.contains_key(base) {
             let target = Arc::new(Target::parse(base)?);
@@ -128,48 +164,34 @@ impl H1Client {
             );
         }
         let pool = pools.get_mut(base)?;
-        let mut sender = None;
-        while let Some(s) = pool.idle.pop() {
-            if !s.is_closed() {
-                sender = Some(s);
-                break;
+        while let Some((stream, since)) = pool.idle.pop() {
+            if since.elapsed() < self.idle_check_after || still_open(&stream) {
+                return Some((pool.target.clone(), Some(stream)));
             }
         }
-        Some((pool.target.clone(), sender))
+        Some((pool.target.clone(), None))
     }
 
-    fn checkin(&self, base: &str, sender: Sender) {
-        if sender.is_closed() {
-            return;
-        }
+    fn checkin(&self, base: &str, stream: TcpStream) {
         if let Some(pool) = self.lock().get_mut(base) {
             if pool.idle.len() < self.max_idle {
-                pool.idle.push(sender);
+                pool.idle.push((stream, Instant::now()));
             }
         }
     }
 
-    async fn connect(&self, base: &str, addr: &str) -> Result<Sender, UpstreamError> {
+    async fn connect(&self, base: &str, addr: &str) -> Result<TcpStream, UpstreamError> {
         let unreachable = |detail: String| UpstreamError::Connect {
             url: base.to_string(),
             detail,
         };
-        let stream =
-            tokio::time::timeout(self.connect_timeout, tokio::net::TcpStream::connect(addr))
-                .await
-                .map_err(|_| unreachable("connect timed out".into()))?
-                .map_err(|e| unreachable(e.to_string()))?;
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| unreachable("connect timed out".into()))?
+            .map_err(|e| unreachable(e.to_string()))?;
         // Small requests and answers: never wait for Nagle.
         let _ = stream.set_nodelay(true);
-        let (sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .map_err(|e| unreachable(root_cause(&e)))?;
-        tokio::spawn(async move {
-            // Ends when the server or the last `Sender` closes it; nothing to report.
-            let _ = conn.await;
-        });
-        Ok(sender)
+        Ok(stream)
     }
 
     /// POSTs a JSON `body` to `base` + `path` and reads the answer to the end, at most `cap`
@@ -189,98 +211,287 @@ impl H1Client {
                 detail: "not an http:// URL".into(),
             });
         };
-        let uri = format!("{}{path}", t.prefix);
-        let body = Bytes::from(body);
-        let request = || {
-            let mut b = Request::builder()
-                .method(Method::POST)
-                .uri(uri.as_str())
-                .header(HOST, t.host.clone())
-                .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            if let Ok(v) = HeaderValue::from_str(rid) {
-                b = b.header("x-request-id", v);
-            }
-            if let Some(a) = &self.authorization {
-                b = b.header(AUTHORIZATION, a.clone());
-            }
-            b.body(Full::new(body.clone()))
-                .map_err(|e| UpstreamError::Malformed(format!("request: {e}")))
-        };
+        if !header_safe(path) {
+            return Err(UpstreamError::Malformed(format!("request path {path:?}")));
+        }
+        let mut request = Vec::with_capacity(256 + body.len());
+        request.extend_from_slice(b"POST ");
+        request.extend_from_slice(t.prefix.as_bytes());
+        request.extend_from_slice(path.as_bytes());
+        request.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+        request.extend_from_slice(t.host.as_bytes());
+        request.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
+        request.extend_from_slice(itoa::Buffer::new().format(body.len()).as_bytes());
+        request.extend_from_slice(b"\r\n");
+        if header_safe(rid) {
+            request.extend_from_slice(b"x-request-id: ");
+            request.extend_from_slice(rid.as_bytes());
+            request.extend_from_slice(b"\r\n");
+        }
+        request.extend_from_slice(self.authorization.as_bytes());
+        request.extend_from_slice(b"\r\n");
+        request.extend_from_slice(&body);
+
         let mut reused = pooled.is_some();
-        let mut sender = match pooled {
+        let mut stream = match pooled {
             Some(s) => s,
             None => self.connect(base, &t.connect).await?,
         };
-        let response = loop {
-            if sender.ready().await.is_err() {
-                // Closed while idle: a new connection, as if there had been none.
-                if reused {
+        loop {
+            match exchange(&mut stream, &request, cap).await {
+                Ok((reply, reusable)) => {
+                    if reusable {
+                        self.checkin(base, stream);
+                    }
+                    return Ok(reply);
+                }
+                // Nearly always a server closing an idle connection while the request was
+                // on its way: sent once more on a new connection, as curl does
+                // ("Connection died, retrying a fresh connect"). A server that had received
+                // it may generate it twice; the item still commits once, and a second
+                // failure is the worker's.
+                Err(Failure::BeforeAnswer(_)) if reused => {
                     reused = false;
-                    sender = self.connect(base, &t.connect).await?;
+                    stream = self.connect(base, &t.connect).await?;
+                }
+                Err(Failure::BeforeAnswer(detail)) => return Err(UpstreamError::StreamCut(detail)),
+                Err(Failure::Other(e)) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Whether an idle connection has had nothing from the server: no end, no bytes.
+fn still_open(stream: &TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(stream.try_read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+/// Reads more of the answer into `buf`; 0 at the connection's end.
+async fn fill(stream: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    buf.reserve(16 << 10);
+    stream.read_buf(buf).await
+}
+
+/// Sends `request` on `stream` and reads one answer; the reply, and whether the connection
+/// can carry another request.
+async fn exchange(
+    stream: &mut TcpStream,
+    request: &[u8],
+    cap: u64,
+) -> Result<(Reply, bool), Failure> {
+    let cut = |what: &str, e: Option<std::io::Error>| match e {
+        Some(e) => Failure::Other(UpstreamError::StreamCut(format!(
+            "{what}: {}",
+            root_cause(&e)
+        ))),
+        None => Failure::Other(UpstreamError::StreamCut(format!(
+            "connection closed {what}"
+        ))),
+    };
+    let malformed = |detail: String| Failure::Other(UpstreamError::Malformed(detail));
+    stream
+        .write_all(request)
+        .await
+        .map_err(|e| Failure::BeforeAnswer(root_cause(&e)))?;
+    let mut buf: Vec<u8> = Vec::new();
+
+    // The head, after any 1xx interim answers.
+    let (status, retry_after, head_len, framing, keep_alive) = loop {
+        let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
+        let mut resp = httparse::Response::new(&mut headers);
+        match resp.parse(&buf) {
+            Ok(httparse::Status::Complete(n)) => {
+                let code = resp.code.unwrap_or(0);
+                let status = StatusCode::from_u16(code)
+                    .map_err(|_| malformed(format!("response status {code}")))?;
+                if status.is_informational() && code != 101 {
+                    buf.drain(..n);
                     continue;
                 }
-                return Err(UpstreamError::StreamCut("connection closed".into()));
-            }
-            match sender.try_send_request(request()?).await {
-                Ok(r) => break r,
-                // Unsent, or the reused connection died before any answer — nearly always
-                // a server closing it as idle while the request was on its way: sent once
-                // more on a new connection, as curl does ("Connection died, retrying a
-                // fresh connect"). A server that had received it may generate it twice;
-                // the item still commits once, and a second failure is the worker's.
-                Err(e)
-                    if reused && (e.message().is_some() || e.error().is_incomplete_message()) =>
-                {
-                    reused = false;
-                    sender = self.connect(base, &t.connect).await?;
-                }
-                Err(e) => return Err(UpstreamError::StreamCut(root_cause(e.error()))),
-            }
-        };
-        let (parts, mut incoming) = response.into_parts();
-        let ok = parts.status.is_success();
-        let content_length = parts
-            .headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if ok && content_length.is_some_and(|n| n > cap) {
-            return Err(UpstreamError::TooLarge(cap));
-        }
-        let keep = if ok { cap } else { 64 << 10 };
-        let mut out = Vec::with_capacity(content_length.unwrap_or(0).min(keep) as usize);
-        let mut complete = true;
-        while let Some(frame) = incoming.frame().await {
-            let frame = match frame {
-                Ok(f) => f,
-                Err(e) if ok => return Err(UpstreamError::StreamCut(root_cause(&e))),
-                // An error body is only for its message: what arrived is enough.
-                Err(_) => {
-                    complete = false;
-                    break;
-                }
-            };
-            if let Ok(chunk) = frame.into_data() {
-                if (out.len() + chunk.len()) as u64 > keep {
-                    if ok {
-                        return Err(UpstreamError::TooLarge(cap));
+                let mut framing = if code == 204 || code == 304 {
+                    Framing::Length(0)
+                } else {
+                    Framing::UntilClose
+                };
+                let mut keep_alive = resp.version == Some(1);
+                let mut retry_after = None;
+                for h in resp.headers.iter() {
+                    if h.name.eq_ignore_ascii_case("content-length") {
+                        if matches!(framing, Framing::Chunked) {
+                            continue;
+                        }
+                        let n = std::str::from_utf8(h.value)
+                            .ok()
+                            .and_then(|v| v.trim().parse::<u64>().ok())
+                            .ok_or_else(|| malformed("response content-length".into()))?;
+                        framing = Framing::Length(n);
+                    } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                        let chunked =
+                            h.value.rsplit(|&b| b == b',').next().is_some_and(|last| {
+                                last.trim_ascii().eq_ignore_ascii_case(b"chunked")
+                            });
+                        if !chunked {
+                            return Err(malformed("response transfer-encoding".into()));
+                        }
+                        framing = Framing::Chunked;
+                    } else if h.name.eq_ignore_ascii_case("connection") {
+                        if h.value
+                            .split(|&b| b == b',')
+                            .any(|v| v.trim_ascii().eq_ignore_ascii_case(b"close"))
+                        {
+                            keep_alive = false;
+                        }
+                    } else if h.name.eq_ignore_ascii_case("retry-after") {
+                        retry_after = HeaderValue::from_bytes(h.value).ok();
                     }
-                    out.extend_from_slice(&chunk[..(keep as usize).saturating_sub(out.len())]);
-                    complete = false;
+                }
+                break (status, retry_after, n, framing, keep_alive);
+            }
+            Ok(httparse::Status::Partial) if buf.len() > HEAD_MAX => {
+                return Err(malformed(format!("response head over {HEAD_MAX} bytes")));
+            }
+            Ok(httparse::Status::Partial) => match fill(stream, &mut buf).await {
+                Ok(0) if buf.is_empty() => {
+                    return Err(Failure::BeforeAnswer("connection closed".into()))
+                }
+                Ok(0) => return Err(cut("in the response head", None)),
+                Ok(_) => {}
+                Err(e) if buf.is_empty() => return Err(Failure::BeforeAnswer(root_cause(&e))),
+                Err(e) => return Err(cut("in the response head", Some(e))),
+            },
+            Err(e) => return Err(malformed(format!("response head: {e}"))),
+        }
+    };
+
+    let ok = status.is_success();
+    let keep = if ok { cap } else { ERROR_BODY_MAX };
+    let reply = |body: Vec<u8>| Reply {
+        status,
+        retry_after: retry_after.clone(),
+        body,
+    };
+    match framing {
+        Framing::Length(n) => {
+            if ok && n > cap {
+                return Err(Failure::Other(UpstreamError::TooLarge(cap)));
+            }
+            let want = n.min(keep) as usize;
+            let end = head_len + want;
+            while buf.len() < end {
+                match fill(stream, &mut buf).await {
+                    Ok(0) if ok => return Err(cut("before the body ended", None)),
+                    Err(e) if ok => return Err(cut("in the body", Some(e))),
+                    // An error body is only for its message: what arrived is enough.
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+            let complete = want as u64 == n && buf.len() == end;
+            buf.truncate(end);
+            buf.drain(..head_len);
+            Ok((reply(buf), keep_alive && complete))
+        }
+        Framing::UntilClose => {
+            let mut body = buf.split_off(head_len);
+            loop {
+                if body.len() as u64 > keep {
+                    if ok {
+                        return Err(Failure::Other(UpstreamError::TooLarge(cap)));
+                    }
+                    body.truncate(keep as usize);
                     break;
                 }
-                out.extend_from_slice(&chunk);
+                match fill(stream, &mut body).await {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if ok => return Err(cut("in the body", Some(e))),
+                    Err(_) => break,
+                }
             }
+            Ok((reply(body), false))
         }
-        if complete {
-            self.checkin(base, sender);
+        Framing::Chunked => {
+            let mut body = Vec::new();
+            let mut pos = head_len;
+            let complete = loop {
+                // The chunk-size line.
+                let line_end = loop {
+                    if let Some(i) = buf[pos..].windows(2).position(|w| w == b"\r\n") {
+                        break pos + i;
+                    }
+                    if buf.len() - pos > 4096 {
+                        return Err(malformed("response chunk size line".into()));
+                    }
+                    match fill(stream, &mut buf).await {
+                        Ok(0) => return Err(cut("in a chunked body", None)),
+                        Ok(_) => {}
+                        Err(e) => return Err(cut("in a chunked body", Some(e))),
+                    }
+                };
+                let size = std::str::from_utf8(&buf[pos..line_end])
+                    .ok()
+                    .and_then(|l| {
+                        let hex = l.split(';').next().unwrap_or("").trim();
+                        u64::from_str_radix(hex, 16).ok()
+                    })
+                    .ok_or_else(|| malformed("response chunk size".into()))?;
+                pos = line_end + 2;
+                if size == 0 {
+                    // Trailers, up to the empty line.
+                    loop {
+                        if let Some(i) = buf[pos..].windows(2).position(|w| w == b"\r\n") {
+                            let empty = i == 0;
+                            pos += i + 2;
+                            if empty {
+                                break;
+                            }
+                            continue;
+                        }
+                        if buf.len() - pos > HEAD_MAX {
+                            return Err(malformed("response trailers".into()));
+                        }
+                        match fill(stream, &mut buf).await {
+                            Ok(0) => return Err(cut("in the trailers", None)),
+                            Ok(_) => {}
+                            Err(e) => return Err(cut("in the trailers", Some(e))),
+                        }
+                    }
+                    break buf.len() == pos;
+                }
+                if body.len() as u64 + size > keep {
+                    if ok {
+                        return Err(Failure::Other(UpstreamError::TooLarge(cap)));
+                    }
+                    break false;
+                }
+                let size = size as usize;
+                while buf.len() < pos + size + 2 {
+                    match fill(stream, &mut buf).await {
+                        Ok(0) => return Err(cut("in a chunked body", None)),
+                        Ok(_) => {}
+                        Err(e) => return Err(cut("in a chunked body", Some(e))),
+                    }
+                }
+                body.extend_from_slice(&buf[pos..pos + size]);
+                if &buf[pos + size..pos + size + 2] != b"\r\n" {
+                    return Err(malformed("response chunk not ended by CRLF".into()));
+                }
+                pos += size + 2;
+                // What was taken is not kept twice.
+                buf.drain(..pos);
+                pos = 0;
+            };
+            Ok((reply(body), keep_alive && complete))
         }
-        Ok(Reply {
-            status: parts.status,
-            headers: parts.headers,
-            body: out,
-        })
     }
+}
+
+/// How a response body ends.
+enum Framing {
+    Length(u64),
+    Chunked,
+    UntilClose,
 }
 
 #[cfg(test)]
@@ -398,6 +609,58 @@ mod tests {
         );
     }
 
+    /// A server that answers on an idle connection unasked (a `408` as its idle timeout
+    /// fires) and closes it: the next request goes on a new connection and gets its own
+    /// answer, not the stale `408`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unasked_answer_on_an_idle_connection_is_not_taken_for_the_next() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (timed_out, timed_out_rx) = tokio::sync::oneshot::channel();
+        let (answered, answered_rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let mut timed_out = Some((answered_rx, timed_out));
+            loop {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                let mut buf = Vec::new();
+                let mut tmp = [0u8; 4096];
+                while !buf.ends_with(b"{}") {
+                    match sock.read(&mut tmp).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                    }
+                }
+                sock.write_all(ok(0).as_bytes()).await.unwrap();
+                if let Some((answered, t)) = timed_out.take() {
+                    // Once the client has read its answer (so the 408 cannot arrive with it).
+                    answered.await.unwrap();
+                    sock.write_all(b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+                        .await
+                        .unwrap();
+                    sock.shutdown().await.unwrap();
+                    t.send(()).unwrap();
+                }
+            }
+        });
+        let mut c = client();
+        c.idle_check_after = Duration::ZERO;
+        let first = c
+            .post_json(&url, "/generate", "r", b"{}".to_vec(), 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!(first.status.as_u16(), 200);
+        answered.send(()).unwrap();
+        timed_out_rx.await.unwrap();
+        let second = c
+            .post_json(&url, "/generate", "r", b"{}".to_vec(), 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!(
+            (second.status.as_u16(), second.body.as_slice()),
+            (200, &b"{\"ok\":true}"[..])
+        );
+    }
+
     /// A request given up half way (budget cancel, the request timeout, a hard stop) closes
     /// its connection, which is how an OpenAI-style server learns to stop generating; it
     /// does not go back to the pool.
@@ -452,7 +715,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(r.status.as_u16(), 429);
-        assert_eq!(r.headers.get("retry-after").unwrap(), "2");
+        assert_eq!(r.retry_after.unwrap(), "2");
         assert!(String::from_utf8_lossy(&r.body).contains("busy"));
         let (url, _, _) = serve(usize::MAX, ok).await;
         let e = client()
@@ -474,13 +737,144 @@ mod tests {
         );
     }
 
+    /// Bodies framed every way a server may frame them read back whole, and only a
+    /// connection that can carry another request is reused: `Content-Length` and
+    /// `chunked` (with a chunk extension and a trailer) keep it; `Connection: close` and an
+    /// HTTP/1.0 body ended by the connection's end do not; a `100 Continue` before the
+    /// answer is skipped.
+    #[tokio::test]
+    async fn answers_are_framed_by_length_chunks_or_the_connection_end() {
+        fn chunked(_: usize) -> String {
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4;x=1\r\n{\"ok\r\n7\r\n\":true}\r\n0\r\nx-trailer: 1\r\n\r\n".into()
+        }
+        fn close(_: usize) -> String {
+            "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 11\r\n\r\n{\"ok\":true}".into()
+        }
+        fn until_end(_: usize) -> String {
+            "HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n{\"ok\":true}".into()
+        }
+        fn interim(_: usize) -> String {
+            format!("HTTP/1.1 100 Continue\r\n\r\n{}", ok(0))
+        }
+        // (reply, per-connection answers the server gives, connections for 3 requests)
+        type Answer = fn(usize) -> String;
+        let cases: [(Answer, usize, usize); 4] = [
+            (chunked, usize::MAX, 1),
+            (interim, usize::MAX, 1),
+            // The server keeps it open, but said it would not.
+            (close, usize::MAX, 3),
+            (until_end, 1, 3),
+        ];
+        for (i, (reply, per_conn, want_conns)) in cases.into_iter().enumerate() {
+            let (url, conns, _) = serve(per_conn, reply).await;
+            let c = client();
+            for _ in 0..3 {
+                let r = c
+                    .post_json(&url, "/generate", "r", b"{}".to_vec(), 1 << 20)
+                    .await
+                    .unwrap_or_else(|e| panic!("case {i}: {e}"));
+                assert_eq!(
+                    (r.status.as_u16(), r.body.as_slice()),
+                    (200, &b"{\"ok\":true}"[..]),
+                    "case {i}"
+                );
+            }
+            assert_eq!(conns.load(Ordering::SeqCst), want_conns, "case {i}");
+        }
+    }
+
+    /// An answer that arrives one byte per segment (head, chunk sizes and body all split
+    /// anywhere) reads back the same as one that arrives at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answer_arriving_a_byte_at_a_time_is_read_whole() {
+        let replies = [
+            ok(0),
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nb\r\n{\"ok\":true}\r\n0\r\n\r\n"
+                .to_string(),
+        ];
+        for reply in replies {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}", listener.local_addr().unwrap());
+            let r2 = reply.clone();
+            tokio::spawn(async move {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                sock.set_nodelay(true).unwrap();
+                let mut buf = Vec::new();
+                let mut tmp = [0u8; 4096];
+                while !buf.ends_with(b"{}") {
+                    let n = sock.read(&mut tmp).await.unwrap();
+                    assert!(n > 0);
+                    buf.extend_from_slice(&tmp[..n]);
+                }
+                for b in r2.as_bytes() {
+                    sock.write_all(std::slice::from_ref(b)).await.unwrap();
+                    sock.flush().await.unwrap();
+                    tokio::task::yield_now().await;
+                }
+                // Keeps the connection open until the client is done with it.
+                let _ = sock.read(&mut tmp).await;
+            });
+            let r = client()
+                .post_json(&url, "/generate", "r", b"{}".to_vec(), 1 << 20)
+                .await
+                .unwrap_or_else(|e| panic!("{reply:?}: {e}"));
+            assert_eq!(r.body, b"{\"ok\":true}", "{reply:?}");
+        }
+    }
+
+    /// What is not an answer is an error naming what was wrong, never a body: a head that
+    /// is not HTTP, an answer cut before its `Content-Length`, a chunked 2xx body past the
+    /// cap.
+    #[tokio::test]
+    async fn broken_answers_are_errors_not_bodies() {
+        fn not_http(_: usize) -> String {
+            "SSH-2.0-OpenSSH_9.6\r\n\r\n".into()
+        }
+        fn short(_: usize) -> String {
+            "HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{\"ok\":".into()
+        }
+        fn big_chunks(_: usize) -> String {
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n8\r\n01234567\r\n8\r\n89abcdef\r\n0\r\n\r\n".into()
+        }
+        let (url, _, _) = serve(1, not_http).await;
+        let e = client()
+            .post_json(&url, "/generate", "r", b"{}".to_vec(), 1 << 20)
+            .await
+            .err();
+        assert!(
+            matches!(&e, Some(UpstreamError::Malformed(m)) if m.contains("response head")),
+            "{e:?}"
+        );
+        let (url, _, _) = serve(1, short).await;
+        let e = client()
+            .post_json(&url, "/generate", "r", b"{}".to_vec(), 1 << 20)
+            .await
+            .err();
+        assert!(
+            matches!(&e, Some(UpstreamError::StreamCut(m)) if m.contains("before the body ended")),
+            "{e:?}"
+        );
+        let (url, _, _) = serve(usize::MAX, big_chunks).await;
+        let c = client();
+        let r = c
+            .post_json(&url, "/generate", "r", b"{}".to_vec(), 16)
+            .await
+            .unwrap();
+        assert_eq!(r.body, b"0123456789abcdef");
+        let e = c
+            .post_json(&url, "/generate", "r", b"{}".to_vec(), 12)
+            .await
+            .err();
+        assert!(matches!(e, Some(UpstreamError::TooLarge(12))), "{e:?}");
+    }
+
     /// A base URL is split once into where to connect, the `Host` header and a path prefix;
     /// anything but plain `http://` is left to reqwest.
     #[test]
     fn targets_are_split_once_and_only_plain_http_is_taken() {
         let parts = |base: &str| {
             let t = Target::parse(base).unwrap();
-            (t.connect, t.host.to_str().unwrap().to_string(), t.prefix)
+            (t.connect, t.host, t.prefix)
         };
         assert_eq!(
             parts("http://127.0.0.1:30000"),

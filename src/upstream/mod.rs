@@ -284,7 +284,7 @@ impl Upstream {
             if !reply.status.is_success() {
                 return Err(status_error(
                     reply.status.as_u16(),
-                    reply.headers.get(reqwest::header::RETRY_AFTER),
+                    reply.retry_after.as_ref(),
                     &reply.body,
                 ));
             }
