@@ -1032,11 +1032,15 @@ impl Queue {
             return Ok(None);
         };
         let b = self.block(ds, &r)?;
-        let at = format!("{} row {row}", BlockFile::path(&self.path, ds).display());
         let id = String::from_utf8_lossy(b.id(i)).into_owned();
         Item::decode_record(id, b.record(i))
             .map(Some)
-            .map_err(|detail| QueueError::Corrupt { key: at, detail })
+            .map_err(|detail| QueueError::Corrupt {
+                // Built only for the error: a path and two strings per leased item were
+                // visible in the hot path's allocations.
+                key: format!("{} row {row}", BlockFile::path(&self.path, ds).display()),
+                detail,
+            })
     }
 
     /// The id of the item at `row` (without decoding its prompt).
