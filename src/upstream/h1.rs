@@ -200,7 +200,7 @@ impl H1Client {
     pub(crate) async fn post_json(
         &self,
         base: &str,
-        path: &str,
+        path: &'static str,
         rid: &str,
         body: Vec<u8>,
         cap: u64,
@@ -211,9 +211,8 @@ impl H1Client {
                 detail: "not an http:// URL".into(),
             });
         };
-        if !header_safe(path) {
-            return Err(UpstreamError::Malformed(format!("request path {path:?}")));
-        }
+        // One of the API's fixed paths, never input.
+        debug_assert!(header_safe(path), "{path:?}");
         let mut request = Vec::with_capacity(256 + body.len());
         request.extend_from_slice(b"POST ");
         request.extend_from_slice(t.prefix.as_bytes());
@@ -280,16 +279,6 @@ async fn exchange(
     request: &[u8],
     cap: u64,
 ) -> Result<(Reply, bool), Failure> {
-    let cut = |what: &str, e: Option<std::io::Error>| match e {
-        Some(e) => Failure::Other(UpstreamError::StreamCut(format!(
-            "{what}: {}",
-            root_cause(&e)
-        ))),
-        None => Failure::Other(UpstreamError::StreamCut(format!(
-            "connection closed {what}"
-        ))),
-    };
-    let malformed = |detail: String| Failure::Other(UpstreamError::Malformed(detail));
     stream
         .write_all(request)
         .await
@@ -297,59 +286,23 @@ async fn exchange(
     let mut buf: Vec<u8> = Vec::new();
 
     // The head, after any 1xx interim answers.
-    let (status, retry_after, head_len, framing, keep_alive) = loop {
+    let (head, head_len) = loop {
         let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
         let mut resp = httparse::Response::new(&mut headers);
         match resp.parse(&buf) {
             Ok(httparse::Status::Complete(n)) => {
                 let code = resp.code.unwrap_or(0);
                 let status = StatusCode::from_u16(code)
-                    .map_err(|_| malformed(format!("response status {code}")))?;
+                    .map_err(|_| malformed(&format!("response status {code}")))?;
                 if status.is_informational() && code != 101 {
                     buf.drain(..n);
                     continue;
                 }
-                let mut framing = if code == 204 || code == 304 {
-                    Framing::Length(0)
-                } else {
-                    Framing::UntilClose
-                };
-                let mut keep_alive = resp.version == Some(1);
-                let mut retry_after = None;
-                for h in resp.headers.iter() {
-                    if h.name.eq_ignore_ascii_case("content-length") {
-                        if matches!(framing, Framing::Chunked) {
-                            continue;
-                        }
-                        let n = std::str::from_utf8(h.value)
-                            .ok()
-                            .and_then(|v| v.trim().parse::<u64>().ok())
-                            .ok_or_else(|| malformed("response content-length".into()))?;
-                        framing = Framing::Length(n);
-                    } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
-                        let chunked =
-                            h.value.rsplit(|&b| b == b',').next().is_some_and(|last| {
-                                last.trim_ascii().eq_ignore_ascii_case(b"chunked")
-                            });
-                        if !chunked {
-                            return Err(malformed("response transfer-encoding".into()));
-                        }
-                        framing = Framing::Chunked;
-                    } else if h.name.eq_ignore_ascii_case("connection") {
-                        if h.value
-                            .split(|&b| b == b',')
-                            .any(|v| v.trim_ascii().eq_ignore_ascii_case(b"close"))
-                        {
-                            keep_alive = false;
-                        }
-                    } else if h.name.eq_ignore_ascii_case("retry-after") {
-                        retry_after = HeaderValue::from_bytes(h.value).ok();
-                    }
-                }
-                break (status, retry_after, n, framing, keep_alive);
+                let head = Head::read(status, resp.version, resp.headers)?;
+                break (head, n);
             }
             Ok(httparse::Status::Partial) if buf.len() > HEAD_MAX => {
-                return Err(malformed(format!("response head over {HEAD_MAX} bytes")));
+                return Err(malformed(&format!("response head over {HEAD_MAX} bytes")));
             }
             Ok(httparse::Status::Partial) => match fill(stream, &mut buf).await {
                 Ok(0) if buf.is_empty() => {
@@ -360,15 +313,21 @@ async fn exchange(
                 Err(e) if buf.is_empty() => return Err(Failure::BeforeAnswer(root_cause(&e))),
                 Err(e) => return Err(cut("in the response head", Some(e))),
             },
-            Err(e) => return Err(malformed(format!("response head: {e}"))),
+            Err(e) => return Err(malformed(&format!("response head: {e}"))),
         }
     };
 
+    let Head {
+        status,
+        retry_after,
+        framing,
+        keep_alive,
+    } = head;
     let ok = status.is_success();
     let keep = if ok { cap } else { ERROR_BODY_MAX };
-    let reply = |body: Vec<u8>| Reply {
+    let reply = move |body: Vec<u8>| Reply {
         status,
-        retry_after: retry_after.clone(),
+        retry_after,
         body,
     };
     match framing {
@@ -412,78 +371,163 @@ async fn exchange(
             Ok((reply(body), false))
         }
         Framing::Chunked => {
-            let mut body = Vec::new();
-            let mut pos = head_len;
-            let complete = loop {
-                // The chunk-size line.
-                let line_end = loop {
-                    if let Some(i) = buf[pos..].windows(2).position(|w| w == b"\r\n") {
-                        break pos + i;
-                    }
-                    if buf.len() - pos > 4096 {
-                        return Err(malformed("response chunk size line".into()));
-                    }
-                    match fill(stream, &mut buf).await {
-                        Ok(0) => return Err(cut("in a chunked body", None)),
-                        Ok(_) => {}
-                        Err(e) => return Err(cut("in a chunked body", Some(e))),
-                    }
-                };
-                let size = std::str::from_utf8(&buf[pos..line_end])
-                    .ok()
-                    .and_then(|l| {
-                        let hex = l.split(';').next().unwrap_or("").trim();
-                        u64::from_str_radix(hex, 16).ok()
-                    })
-                    .ok_or_else(|| malformed("response chunk size".into()))?;
-                pos = line_end + 2;
-                if size == 0 {
-                    // Trailers, up to the empty line.
-                    loop {
-                        if let Some(i) = buf[pos..].windows(2).position(|w| w == b"\r\n") {
-                            let empty = i == 0;
-                            pos += i + 2;
-                            if empty {
-                                break;
-                            }
-                            continue;
-                        }
-                        if buf.len() - pos > HEAD_MAX {
-                            return Err(malformed("response trailers".into()));
-                        }
-                        match fill(stream, &mut buf).await {
-                            Ok(0) => return Err(cut("in the trailers", None)),
-                            Ok(_) => {}
-                            Err(e) => return Err(cut("in the trailers", Some(e))),
-                        }
-                    }
-                    break buf.len() == pos;
-                }
-                if body.len() as u64 + size > keep {
-                    if ok {
-                        return Err(Failure::Other(UpstreamError::TooLarge(cap)));
-                    }
-                    break false;
-                }
-                let size = size as usize;
-                while buf.len() < pos + size + 2 {
-                    match fill(stream, &mut buf).await {
-                        Ok(0) => return Err(cut("in a chunked body", None)),
-                        Ok(_) => {}
-                        Err(e) => return Err(cut("in a chunked body", Some(e))),
-                    }
-                }
-                body.extend_from_slice(&buf[pos..pos + size]);
-                if &buf[pos + size..pos + size + 2] != b"\r\n" {
-                    return Err(malformed("response chunk not ended by CRLF".into()));
-                }
-                pos += size + 2;
-                // What was taken is not kept twice.
-                buf.drain(..pos);
-                pos = 0;
-            };
+            let (body, complete) = read_chunked(stream, buf, head_len, keep, ok).await?;
             Ok((reply(body), keep_alive && complete))
         }
+    }
+}
+
+/// A connection cut while an answer was read (`e`: the error, or none for its end).
+fn cut(what: &str, e: Option<std::io::Error>) -> Failure {
+    Failure::Other(UpstreamError::StreamCut(match e {
+        Some(e) => format!("{what}: {}", root_cause(&e)),
+        None => format!("connection closed {what}"),
+    }))
+}
+
+fn malformed(detail: &str) -> Failure {
+    Failure::Other(UpstreamError::Malformed(detail.to_string()))
+}
+
+/// Reads more of the answer; the connection's end or an error is `cut` (`what` says where).
+async fn more(stream: &mut TcpStream, buf: &mut Vec<u8>, what: &str) -> Result<(), Failure> {
+    match fill(stream, buf).await {
+        Ok(0) => Err(cut(what, None)),
+        Ok(_) => Ok(()),
+        Err(e) => Err(cut(what, Some(e))),
+    }
+}
+
+/// Where the line starting at `from` ends (its CR), reading more as needed; a line longer
+/// than `limit` is refused as `what`.
+async fn line_end(
+    stream: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    from: usize,
+    limit: usize,
+    what: &str,
+) -> Result<usize, Failure> {
+    loop {
+        if let Some(i) = buf[from..].windows(2).position(|w| w == b"\r\n") {
+            return Ok(from + i);
+        }
+        if buf.len() - from > limit {
+            return Err(malformed(what));
+        }
+        more(stream, buf, what).await?;
+    }
+}
+
+/// A `chunked` body whose first chunk starts at `buf[pos..]`: at most `keep` bytes of it
+/// (more is `TooLarge` for a 2xx, cut short for an error body), and whether it was read to
+/// its end with nothing after it.
+async fn read_chunked(
+    stream: &mut TcpStream,
+    mut buf: Vec<u8>,
+    mut pos: usize,
+    keep: u64,
+    ok: bool,
+) -> Result<(Vec<u8>, bool), Failure> {
+    let mut body = Vec::new();
+    loop {
+        let end = line_end(stream, &mut buf, pos, 4096, "in a chunk size line").await?;
+        let size = std::str::from_utf8(&buf[pos..end])
+            .ok()
+            .and_then(|l| u64::from_str_radix(l.split(';').next().unwrap_or("").trim(), 16).ok())
+            .ok_or_else(|| malformed("response chunk size"))?;
+        pos = end + 2;
+        if size == 0 {
+            // Trailers, up to the empty line.
+            loop {
+                let end = line_end(stream, &mut buf, pos, HEAD_MAX, "in the trailers").await?;
+                let empty = end == pos;
+                pos = end + 2;
+                if empty {
+                    return Ok((body, buf.len() == pos));
+                }
+            }
+        }
+        if body.len() as u64 + size > keep {
+            if ok {
+                return Err(Failure::Other(UpstreamError::TooLarge(keep)));
+            }
+            return Ok((body, false));
+        }
+        let size = size as usize;
+        while buf.len() < pos + size + 2 {
+            more(stream, &mut buf, "in a chunked body").await?;
+        }
+        body.extend_from_slice(&buf[pos..pos + size]);
+        if &buf[pos + size..pos + size + 2] != b"\r\n" {
+            return Err(malformed("response chunk not ended by CRLF"));
+        }
+        // What was taken is not kept twice.
+        buf.drain(..pos + size + 2);
+        pos = 0;
+    }
+}
+
+/// What an answer's head says about the answer.
+struct Head {
+    status: StatusCode,
+    /// The `Retry-After` header, for a 429 or 503.
+    retry_after: Option<HeaderValue>,
+    framing: Framing,
+    /// HTTP/1.1 without `Connection: close`.
+    keep_alive: bool,
+}
+
+impl Head {
+    /// The head of a final (not 1xx) answer: its framing, whether the connection stays
+    /// open, and `Retry-After`.
+    fn read(
+        status: StatusCode,
+        version: Option<u8>,
+        headers: &[httparse::Header<'_>],
+    ) -> Result<Head, Failure> {
+        let (mut length, mut chunked) = (None, false);
+        let mut keep_alive = version == Some(1);
+        let mut retry_after = None;
+        for h in headers {
+            if h.name.eq_ignore_ascii_case("content-length") {
+                let n = std::str::from_utf8(h.value)
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .ok_or_else(|| malformed("response content-length"))?;
+                length = Some(n);
+            } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                chunked = h
+                    .value
+                    .rsplit(|&b| b == b',')
+                    .next()
+                    .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+                if !chunked {
+                    return Err(malformed("response transfer-encoding"));
+                }
+            } else if h.name.eq_ignore_ascii_case("connection") {
+                if h.value
+                    .split(|&b| b == b',')
+                    .any(|v| v.trim_ascii().eq_ignore_ascii_case(b"close"))
+                {
+                    keep_alive = false;
+                }
+            } else if h.name.eq_ignore_ascii_case("retry-after") {
+                retry_after = HeaderValue::from_bytes(h.value).ok();
+            }
+        }
+        // RFC 9112 §6.3: no body after 204 or 304; chunked wins over a length.
+        let framing = match (status.as_u16(), chunked, length) {
+            (204 | 304, _, _) => Framing::Length(0),
+            (_, true, _) => Framing::Chunked,
+            (_, false, Some(n)) => Framing::Length(n),
+            (_, false, None) => Framing::UntilClose,
+        };
+        Ok(Head {
+            status,
+            retry_after,
+            framing,
+            keep_alive,
+        })
     }
 }
 
