@@ -287,24 +287,15 @@ async fn exchange(
 
     // The head, after any 1xx interim answers.
     let (head, head_len) = loop {
-        let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
-        let mut resp = httparse::Response::new(&mut headers);
-        match resp.parse(&buf) {
-            Ok(httparse::Status::Complete(n)) => {
-                let code = resp.code.unwrap_or(0);
-                let status = StatusCode::from_u16(code)
-                    .map_err(|_| malformed(&format!("response status {code}")))?;
-                if status.is_informational() && code != 101 {
-                    buf.drain(..n);
-                    continue;
-                }
-                let head = Head::read(status, resp.version, resp.headers)?;
-                break (head, n);
+        match Head::parse(&buf)? {
+            Parsed::Final(head, n) => break (head, n),
+            Parsed::Interim(n) => {
+                buf.drain(..n);
             }
-            Ok(httparse::Status::Partial) if buf.len() > HEAD_MAX => {
+            Parsed::Partial if buf.len() > HEAD_MAX => {
                 return Err(malformed(&format!("response head over {HEAD_MAX} bytes")));
             }
-            Ok(httparse::Status::Partial) => match fill(stream, &mut buf).await {
+            Parsed::Partial => match fill(stream, &mut buf).await {
                 Ok(0) if buf.is_empty() => {
                     return Err(Failure::BeforeAnswer("connection closed".into()))
                 }
@@ -313,7 +304,6 @@ async fn exchange(
                 Err(e) if buf.is_empty() => return Err(Failure::BeforeAnswer(root_cause(&e))),
                 Err(e) => return Err(cut("in the response head", Some(e))),
             },
-            Err(e) => return Err(malformed(&format!("response head: {e}"))),
         }
     };
 
@@ -468,6 +458,16 @@ async fn read_chunked(
 }
 
 /// What an answer's head says about the answer.
+/// What `Head::parse` found at the start of the buffer.
+enum Parsed {
+    /// A final answer's head and its length in bytes.
+    Final(Head, usize),
+    /// A 1xx interim answer of this many bytes, to be skipped.
+    Interim(usize),
+    /// Not all of a head yet.
+    Partial,
+}
+
 struct Head {
     status: StatusCode,
     /// The `Retry-After` header, for a 429 or 503.
@@ -478,6 +478,30 @@ struct Head {
 }
 
 impl Head {
+    /// The head at the start of `buf`, if all of it is there. A plain fn, not inlined into
+    /// the reading future: its header array (3 KiB) would otherwise be part of every
+    /// request's task, which tokio moves on spawn.
+    fn parse(buf: &[u8]) -> Result<Parsed, Failure> {
+        let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
+        let mut resp = httparse::Response::new(&mut headers);
+        match resp.parse(buf) {
+            Ok(httparse::Status::Complete(n)) => {
+                let code = resp.code.unwrap_or(0);
+                let status = StatusCode::from_u16(code)
+                    .map_err(|_| malformed(&format!("response status {code}")))?;
+                if status.is_informational() && code != 101 {
+                    return Ok(Parsed::Interim(n));
+                }
+                Ok(Parsed::Final(
+                    Head::read(status, resp.version, resp.headers)?,
+                    n,
+                ))
+            }
+            Ok(httparse::Status::Partial) => Ok(Parsed::Partial),
+            Err(e) => Err(malformed(&format!("response head: {e}"))),
+        }
+    }
+
     /// The head of a final (not 1xx) answer: its framing, whether the connection stays
     /// open, and `Retry-After`.
     fn read(

@@ -264,40 +264,65 @@ impl Upstream {
             Api::Completions => "/v1/completions",
             Api::Chat => "/v1/chat/completions",
         };
-        if !self.stream && h1::H1Client::serves(base) {
-            let body = match self.api {
-                Api::Sglang => serde_json::to_vec(&sglang::body(req, false)),
-                Api::Completions | Api::Chat => serde_json::to_vec(&openai::request_body(
-                    req,
-                    &self.model,
-                    false,
-                    self.api == Api::Chat,
-                )),
-            }
-            .map_err(|e| UpstreamError::Malformed(format!("request: {e}")))?;
-            let exchange = self
-                .h1
-                .post_json(base, path, req.rid, body, self.max_response_bytes);
-            let reply = tokio::time::timeout(self.request_timeout, exchange)
-                .await
-                .map_err(|_| UpstreamError::Timeout)??;
-            if !reply.status.is_success() {
-                return Err(status_error(
-                    reply.status.as_u16(),
-                    reply.retry_after.as_ref(),
-                    &reply.body,
-                ));
-            }
-            let mut g = match self.api {
-                Api::Sglang => sglang::parse_full(&reply.body)?,
-                Api::Completions | Api::Chat => {
-                    openai::parse_full(&reply.body, self.api == Api::Chat)?
-                }
-            };
-            sink(g.completion_tokens.unwrap_or(0));
-            g.latency_ms = started.elapsed().as_millis().min(u32::MAX as u128) as u32;
-            return Ok(g);
+        let mut g = if !self.stream && h1::H1Client::serves(base) {
+            self.whole_h1(base, path, req, sink).await?
+        } else {
+            // reqwest's futures are kilobytes: boxed, so that every item's task (moved by
+            // tokio on spawn and poll setup) stays small on the common h1 path.
+            Box::pin(self.via_reqwest(base, path, req, started, sink)).await?
+        };
+        g.latency_ms = started.elapsed().as_millis().min(u32::MAX as u128) as u32;
+        Ok(g)
+    }
+
+    /// A whole (non-streamed) answer over spool's own HTTP/1.1 client.
+    async fn whole_h1(
+        &self,
+        base: &str,
+        path: &'static str,
+        req: &GenerateRequest<'_>,
+        sink: TokenSink<'_>,
+    ) -> Result<Generation, UpstreamError> {
+        let body = match self.api {
+            Api::Sglang => serde_json::to_vec(&sglang::body(req, false)),
+            Api::Completions | Api::Chat => serde_json::to_vec(&openai::request_body(
+                req,
+                &self.model,
+                false,
+                self.api == Api::Chat,
+            )),
         }
+        .map_err(|e| UpstreamError::Malformed(format!("request: {e}")))?;
+        let exchange = self
+            .h1
+            .post_json(base, path, req.rid, body, self.max_response_bytes);
+        let reply = tokio::time::timeout(self.request_timeout, exchange)
+            .await
+            .map_err(|_| UpstreamError::Timeout)??;
+        if !reply.status.is_success() {
+            return Err(status_error(
+                reply.status.as_u16(),
+                reply.retry_after.as_ref(),
+                &reply.body,
+            ));
+        }
+        let g = match self.api {
+            Api::Sglang => sglang::parse_full(&reply.body)?,
+            Api::Completions | Api::Chat => openai::parse_full(&reply.body, self.api == Api::Chat)?,
+        };
+        sink(g.completion_tokens.unwrap_or(0));
+        Ok(g)
+    }
+
+    /// A streamed answer, or a whole one from an `https://` server, over reqwest.
+    async fn via_reqwest(
+        &self,
+        base: &str,
+        path: &'static str,
+        req: &GenerateRequest<'_>,
+        started: Instant,
+        sink: TokenSink<'_>,
+    ) -> Result<Generation, UpstreamError> {
         let url = format!("{}{}", base.trim_end_matches('/'), path);
         let rb = match self.api {
             Api::Sglang => self.post(&url, &sglang::body(req, self.stream)),
@@ -315,7 +340,7 @@ impl Upstream {
             .await
             .map_err(|e| map_reqwest(&url, e))?;
         let resp = check_status(resp).await?;
-        let mut g = if self.stream {
+        let g = if self.stream {
             let mut reader =
                 sse::Reader::new(resp, self.max_response_bytes, started, base.to_string());
             match self.api {
@@ -339,7 +364,6 @@ impl Upstream {
             sink(g.completion_tokens.unwrap_or(0));
             g
         };
-        g.latency_ms = started.elapsed().as_millis().min(u32::MAX as u128) as u32;
         Ok(g)
     }
 
