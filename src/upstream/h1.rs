@@ -457,7 +457,6 @@ async fn read_chunked(
     }
 }
 
-/// What an answer's head says about the answer.
 /// What `Head::parse` found at the start of the buffer.
 enum Parsed {
     /// A final answer's head and its length in bytes.
@@ -468,6 +467,7 @@ enum Parsed {
     Partial,
 }
 
+/// What an answer's head says about the answer.
 struct Head {
     status: StatusCode,
     /// The `Retry-After` header, for a 429 or 503.
