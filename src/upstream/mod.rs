@@ -267,8 +267,8 @@ impl Upstream {
         let mut g = if !self.stream && h1::H1Client::serves(base) {
             self.whole_h1(base, path, req, sink).await?
         } else {
-            // reqwest's futures are kilobytes: boxed, so that every item's task (moved by
-            // tokio on spawn and poll setup) stays small on the common h1 path.
+            // reqwest's futures are kilobytes: boxed, so that every item's task (its
+            // future is copied when tokio spawns it) stays small on the common h1 path.
             Box::pin(self.via_reqwest(base, path, req, started, sink)).await?
         };
         g.latency_ms = started.elapsed().as_millis().min(u32::MAX as u128) as u32;
@@ -306,9 +306,14 @@ impl Upstream {
                 &reply.body,
             ));
         }
+        self.parse_whole(&reply.body, sink)
+    }
+
+    /// A whole (non-streamed) answer's body, its completion tokens reported to `sink`.
+    fn parse_whole(&self, body: &[u8], sink: TokenSink<'_>) -> Result<Generation, UpstreamError> {
         let g = match self.api {
-            Api::Sglang => sglang::parse_full(&reply.body)?,
-            Api::Completions | Api::Chat => openai::parse_full(&reply.body, self.api == Api::Chat)?,
+            Api::Sglang => sglang::parse_full(body)?,
+            Api::Completions | Api::Chat => openai::parse_full(body, self.api == Api::Chat)?,
         };
         sink(g.completion_tokens.unwrap_or(0));
         Ok(g)
@@ -357,12 +362,7 @@ impl Upstream {
                 return Err(UpstreamError::TooLarge(self.max_response_bytes));
             }
             let bytes = read_capped(resp, self.max_response_bytes).await?;
-            let g = match self.api {
-                Api::Sglang => sglang::parse_full(&bytes)?,
-                Api::Completions | Api::Chat => openai::parse_full(&bytes, self.api == Api::Chat)?,
-            };
-            sink(g.completion_tokens.unwrap_or(0));
-            g
+            self.parse_whole(&bytes, sink)?
         };
         Ok(g)
     }
