@@ -3,8 +3,13 @@
 //! Invariants: every key is known (serde `deny_unknown_fields`), so a typo is an error naming
 //! the key and the file, never a silently ignored setting; every relative path is resolved
 //! against the config file's directory at load time, so nothing later depends on the cwd;
-//! dataset names are safe folder names (`[A-Za-z0-9_.-]+`, not `.` or `..`) and unique.
+//! dataset names are safe folder names (`[A-Za-z0-9_.-]+`, not `.` or `..`) and unique;
+//! every server URL is `http://` or `https://` with a host, written in the characters RFC
+//! 3986 allows (nothing is percent-encoded on the user's behalf, so the URL that is logged
+//! is the URL that is requested), without user info, query or fragment; `server.ca_cert`
+//! holds at least one usable CA certificate; an API key is header-safe.
 
+use crate::upstream::tls::TrustRoots;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -91,6 +96,10 @@ pub struct ServerConfig {
     /// Name of the env var holding the bearer token; the token itself is never in the config.
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// A PEM file of the CA(s) that sign the `https://` servers' certificates (a private
+    /// CA); when set, these are the only roots trusted. Absent: the system's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_cert: Option<PathBuf>,
     #[serde(default = "default_request_timeout")]
     pub request_timeout_s: f64,
     #[serde(default = "default_max_attempts")]
@@ -266,6 +275,7 @@ impl Default for ServerConfig {
             urls: default_urls(),
             model: default_model(),
             api_key_env: None,
+            ca_cert: None,
             request_timeout_s: default_request_timeout(),
             max_attempts: default_max_attempts(),
             stream: true,
@@ -389,6 +399,7 @@ impl Config {
         };
         self.data_dir = join(&self.data_dir);
         self.output_dir = join(&self.output_dir);
+        self.server.ca_cert = self.server.ca_cert.as_ref().map(join);
         if let Some(t) = &mut self.tokenizer {
             t.path = join(&t.path);
             t.chat_template = t.chat_template.as_ref().map(join);
@@ -398,7 +409,9 @@ impl Config {
         }
     }
 
-    fn invalid(&self, key: &str, detail: impl Into<String>) -> ConfigError {
+    /// An error naming this config's file and `key` (exit code 2), also for what is only
+    /// found out at start-up (a server's certificate refused).
+    pub fn invalid(&self, key: &str, detail: impl Into<String>) -> ConfigError {
         ConfigError::Invalid {
             path: self.source.clone(),
             key: key.into(),
@@ -410,11 +423,13 @@ impl Config {
         if self.server.urls.is_empty() {
             return Err(self.invalid("server.urls", "at least one URL is needed"));
         }
-        for u in &self.server.urls {
-            if !(u.starts_with("http://") || u.starts_with("https://")) {
-                return Err(self.invalid("server.urls", format!("`{u}` is not an http(s) URL")));
+        for (i, u) in self.server.urls.iter().enumerate() {
+            if let Err(why) = check_url(u) {
+                // Debug form: a space, tab or line break in the URL is visible.
+                return Err(self.invalid(&format!("server.urls[{i}]"), format!("{u:?}: {why}")));
             }
         }
+        self.trust_roots()?;
         if self.server.max_attempts == 0 {
             return Err(self.invalid("server.max_attempts", "must be at least 1"));
         }
@@ -469,18 +484,105 @@ impl Config {
         self.sampling.with(&d.sampling)
     }
 
-    /// The API key from the environment, if configured. Never logged.
+    /// The API key from the environment, if configured. Never logged. A key that cannot
+    /// go into an `Authorization` header as is (a space, a control character such as a
+    /// trailing newline, non-ASCII) is refused here rather than rejected by every request.
     pub fn api_key(&self) -> Result<Option<String>, ConfigError> {
         match &self.server.api_key_env {
             None => Ok(None),
             Some(var) => match std::env::var(var) {
-                Ok(v) if !v.is_empty() => Ok(Some(v)),
+                Ok(v) if !v.is_empty() => match v.bytes().position(|b| !(0x21..0x7f).contains(&b)) {
+                    None => Ok(Some(v)),
+                    Some(at) => Err(self.invalid(
+                        "server.api_key_env",
+                        format!(
+                            "the key in `{var}` has a character that cannot be sent in an HTTP header \
+                             (byte {at} of {}: {}); only visible ASCII is allowed",
+                            v.len(),
+                            byte_kind(v.as_bytes()[at])
+                        ),
+                    )),
+                },
                 _ => Err(self.invalid(
                     "server.api_key_env",
                     format!("environment variable `{var}` is not set"),
                 )),
             },
         }
+    }
+
+    /// The CAs `https://` servers are checked against: `server.ca_cert`'s, or the system's.
+    pub fn trust_roots(&self) -> Result<TrustRoots, ConfigError> {
+        match &self.server.ca_cert {
+            None => Ok(TrustRoots::System),
+            Some(p) => crate::upstream::tls::load_ca(p)
+                .map(TrustRoots::Only)
+                .map_err(|why| self.invalid("server.ca_cert", why)),
+        }
+    }
+}
+
+/// Why `url` cannot be a server's base URL (paths such as `/generate` are appended to it).
+fn check_url(url: &str) -> Result<(), String> {
+    let bytes = url.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        if !url_byte(b) {
+            return Err(format!(
+                "{} at byte {i} is not allowed in a URL (percent-encode it, e.g. a space as %20)",
+                byte_kind(b)
+            ));
+        }
+        if b == b'%'
+            && !(bytes.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+        {
+            return Err(format!(
+                "`%` at byte {i} does not start a percent-encoding (`%` and two hex digits)"
+            ));
+        }
+    }
+    let scheme = url.split_once("://").map(|(s, _)| s);
+    if !matches!(scheme, Some("http" | "https")) {
+        return Err(match scheme {
+            Some(s) if s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https") => {
+                "write the scheme in lower case (`http://` or `https://`)".into()
+            }
+            Some(s) => format!("scheme `{s}` is not supported (use http:// or https://)"),
+            None => "not an http:// or https:// URL".into(),
+        });
+    }
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("not a URL: {e}"))?;
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err("no host".into());
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(
+            "user info (`user:password@`) is not supported: it would be logged; use server.api_key_env"
+                .into(),
+        );
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(
+            "a `?query` or `#fragment` is not supported: API paths are appended to the URL".into(),
+        );
+    }
+    Ok(())
+}
+
+/// The bytes RFC 3986 allows in a URI: unreserved, reserved (gen- and sub-delims) and `%`.
+fn url_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~:/?#[]@!$&'()*+,;=%".contains(&b)
+}
+
+/// A byte named for an error message (the text around it may be a secret).
+fn byte_kind(b: u8) -> String {
+    match b {
+        b' ' => "a space".into(),
+        b'\t' => "a tab".into(),
+        b'\n' | b'\r' => "a line break".into(),
+        0..=0x1f | 0x7f => format!("control character 0x{b:02x}"),
+        0x80.. => "a non-ASCII character".into(),
+        _ => format!("`{}`", b as char),
     }
 }
 

@@ -168,15 +168,23 @@ async fn run_job(
                 completion_tokens_after = r.after.completion_tokens, "queue repaired");
         }
     }
-    let upstream = Upstream::new(UpstreamOptions {
-        api: cfg.server.api,
-        model: cfg.server.model.clone(),
-        api_key,
-        stream: cfg.server.stream,
-        request_timeout: Duration::from_secs_f64(cfg.server.request_timeout_s),
-        max_response_bytes: cfg.server.max_response_bytes,
-        pool_size: cfg.run.concurrency,
-    })?;
+    let upstream = Upstream::with_roots(
+        UpstreamOptions {
+            api: cfg.server.api,
+            model: cfg.server.model.clone(),
+            api_key,
+            stream: cfg.server.stream,
+            request_timeout: Duration::from_secs_f64(cfg.server.request_timeout_s),
+            max_response_bytes: cfg.server.max_response_bytes,
+            pool_size: cfg.run.concurrency,
+        },
+        &cfg.trust_roots()?,
+    )?;
+    // A certificate refused now would be refused all run: stop before queuing any work.
+    upstream
+        .check_tls(&cfg.server.urls, cfg.server.ca_cert.is_some())
+        .await
+        .map_err(|e| cfg.invalid("server.urls", e.to_string()))?;
     // Issue 6: the servers' context length (and a self-check, logged once), before intake.
     let probe_ids = builder
         .tokenizer()

@@ -102,6 +102,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.quiet, cli.verbose);
+    spool::upstream::tls::install_provider();
     match real_main(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

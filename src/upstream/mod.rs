@@ -14,6 +14,7 @@ mod h1;
 mod openai;
 mod sglang;
 mod sse;
+pub mod tls;
 
 use crate::config::{Api, Sampling};
 use std::time::{Duration, Instant};
@@ -195,9 +196,15 @@ pub struct UpstreamOptions {
 }
 
 impl Upstream {
-    /// Builds the shared HTTP client (keep-alive pool sized for the concurrency).
+    /// Builds the shared HTTP client (keep-alive pool sized for the concurrency), trusting
+    /// the system's CAs for `https://` servers.
     pub fn new(o: UpstreamOptions) -> Result<Self, UpstreamError> {
-        let client = reqwest::Client::builder()
+        Self::with_roots(o, &tls::TrustRoots::System)
+    }
+
+    /// [`Upstream::new`] trusting `roots` for `https://` servers (`server.ca_cert`).
+    pub fn with_roots(o: UpstreamOptions, roots: &tls::TrustRoots) -> Result<Self, UpstreamError> {
+        let client = tls::configure(reqwest::Client::builder(), roots)
             .no_proxy()
             .timeout(o.request_timeout)
             .connect_timeout(Duration::from_secs(10).min(o.request_timeout))
@@ -743,6 +750,7 @@ mod tests {
         assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
         let addr = listener.local_addr().unwrap();
         let _filler = std::net::TcpStream::connect(addr).unwrap();
+        tls::install_provider();
         let client = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(Duration::from_millis(200))

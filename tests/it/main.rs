@@ -19,4 +19,5 @@ mod security;
 mod shard_read;
 mod signals;
 mod template_golden;
+mod tls;
 mod verify;

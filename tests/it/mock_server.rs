@@ -59,6 +59,7 @@ impl Mock {
 }
 
 fn client() -> reqwest::Client {
+    spool::upstream::tls::install_provider();
     reqwest::Client::builder()
         .no_proxy()
         .build()

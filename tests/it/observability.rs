@@ -115,6 +115,7 @@ fn slow_mock() -> MockConfig {
 }
 
 fn client() -> reqwest::Client {
+    spool::upstream::tls::install_provider();
     reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(10))
