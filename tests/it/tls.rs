@@ -123,21 +123,19 @@ fn setup(dir: &Path, url: &str, stream: bool, n: usize, server_extra: &str) -> P
     cfg
 }
 
-/// `spool <args>` off the runtime's threads (the mock and the front run on them).
-async fn spool_async(cfg: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
-    let cfg = cfg.to_path_buf();
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let env: Vec<(String, String)> = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        spool(&cfg, &args, &env)
-    })
-    .await
-    .unwrap()
+/// `spool <args>` as a child process awaited on the runtime (the mock and the front run
+/// on it); a run that has not ended within a minute fails the test instead of hanging it.
+async fn spool_async(cfg: &Path, args: &[&str]) -> std::process::Output {
+    let child = tokio::process::Command::new(spool_bin())
+        .args(args)
+        .arg("-c")
+        .arg(cfg)
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(std::time::Duration::from_secs(60), child)
+        .await
+        .expect("spool did not end within 60 s")
+        .unwrap()
 }
 
 fn stderr(o: &std::process::Output) -> String {
@@ -157,7 +155,7 @@ async fn a_run_against_https_with_a_private_ca_completes_streaming_and_whole() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("ca.pem"), &pki.ca_pem).unwrap();
         let cfg = setup(dir.path(), &front.url, stream, 30, "ca_cert = \"ca.pem\"");
-        let o = spool_async(&cfg, &["run"], &[]).await;
+        let o = spool_async(&cfg, &["run"]).await;
         assert_eq!(o.status.code(), Some(0), "stream={stream}: {}", stderr(&o));
         let ids: Vec<String> = (0..30).map(|i| format!("t{i}")).collect();
         let rows = shard_rows(&dir.path().join("out"), "a");
@@ -189,7 +187,7 @@ async fn an_unknown_ca_stops_the_run_at_start_naming_the_url() {
     let front = TlsFront::start(&pki, &mock.url).await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = setup(dir.path(), &front.url, true, 5, "");
-    let o = spool_async(&cfg, &["run"], &[]).await;
+    let o = spool_async(&cfg, &["run"]).await;
     let e = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{e}");
     for part in [
@@ -219,7 +217,7 @@ async fn a_certificate_for_another_host_stops_the_run_naming_the_url() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("ca.pem"), &pki.ca_pem).unwrap();
     let cfg = setup(dir.path(), &front.url, false, 5, "ca_cert = \"ca.pem\"");
-    let o = spool_async(&cfg, &["run"], &[]).await;
+    let o = spool_async(&cfg, &["run"]).await;
     let e = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{e}");
     for part in ["TLS", "not valid for name", front.url.as_str()] {
