@@ -7,7 +7,7 @@
 //! certificate's fault and the URL; URLs, API keys and CA files that cannot work are
 //! refused at start (exit 2) naming the key.
 
-use crate::process::{assert_verify_clean, edit_config, spool};
+use crate::process::{assert_verify_clean, edit_config};
 use crate::support::*;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use std::path::{Path, PathBuf};
@@ -125,11 +125,12 @@ fn setup(dir: &Path, url: &str, stream: bool, n: usize, server_extra: &str) -> P
 
 /// `spool <args>` as a child process awaited on the runtime (the mock and the front run
 /// on it); a run that has not ended within a minute fails the test instead of hanging it.
-async fn spool_async(cfg: &Path, args: &[&str]) -> std::process::Output {
+async fn spool_async(cfg: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let child = tokio::process::Command::new(spool_bin())
         .args(args)
         .arg("-c")
         .arg(cfg)
+        .envs(env.iter().copied())
         .kill_on_drop(true)
         .output();
     tokio::time::timeout(std::time::Duration::from_secs(60), child)
@@ -155,7 +156,7 @@ async fn a_run_against_https_with_a_private_ca_completes_streaming_and_whole() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("ca.pem"), &pki.ca_pem).unwrap();
         let cfg = setup(dir.path(), &front.url, stream, 30, "ca_cert = \"ca.pem\"");
-        let o = spool_async(&cfg, &["run"]).await;
+        let o = spool_async(&cfg, &["run"], &[]).await;
         assert_eq!(o.status.code(), Some(0), "stream={stream}: {}", stderr(&o));
         let ids: Vec<String> = (0..30).map(|i| format!("t{i}")).collect();
         let rows = shard_rows(&dir.path().join("out"), "a");
@@ -187,7 +188,7 @@ async fn an_unknown_ca_stops_the_run_at_start_naming_the_url() {
     let front = TlsFront::start(&pki, &mock.url).await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = setup(dir.path(), &front.url, true, 5, "");
-    let o = spool_async(&cfg, &["run"]).await;
+    let o = spool_async(&cfg, &["run"], &[]).await;
     let e = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{e}");
     for part in [
@@ -217,7 +218,7 @@ async fn a_certificate_for_another_host_stops_the_run_naming_the_url() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("ca.pem"), &pki.ca_pem).unwrap();
     let cfg = setup(dir.path(), &front.url, false, 5, "ca_cert = \"ca.pem\"");
-    let o = spool_async(&cfg, &["run"]).await;
+    let o = spool_async(&cfg, &["run"], &[]).await;
     let e = stderr(&o);
     assert_eq!(o.status.code(), Some(2), "{e}");
     for part in ["TLS", "not valid for name", front.url.as_str()] {
@@ -304,8 +305,8 @@ fn tree(dir: &Path) -> Vec<PathBuf> {
 /// URLs that cannot work — a space, a tab, a line break, a control character, a stray
 /// `%`, non-ASCII, an unsupported scheme, an upper-case scheme, no host, user info, a
 /// query — each exit 2 naming the key (`server.urls[0]`) and why, and write nothing.
-#[test]
-fn urls_that_cannot_work_exit_2_naming_the_key() {
+#[tokio::test]
+async fn urls_that_cannot_work_exit_2_naming_the_key() {
     for (url, why) in [
         ("http://127.0.0.1:9/v 1", "a space"),
         ("http://127.0.0.1:9/v\\t1", "a tab"),
@@ -324,7 +325,7 @@ fn urls_that_cannot_work_exit_2_naming_the_key() {
         let cfg = refusal_config(dir.path());
         edit_config(&cfg, "http://127.0.0.1:9", url);
         let before = tree(dir.path());
-        let o = spool(&cfg, &["run"], &[]);
+        let o = spool_async(&cfg, &["run"], &[]).await;
         let e = stderr(&o);
         assert_eq!(o.status.code(), Some(2), "{url}: {e}");
         assert!(
@@ -338,8 +339,8 @@ fn urls_that_cannot_work_exit_2_naming_the_key() {
 /// An API key that cannot go into a header (a trailing newline, a space, non-ASCII):
 /// exit 2 naming `server.api_key_env` and the variable, and the key itself never shown.
 /// (Such keys used to be dropped silently, and every request answered 401.)
-#[test]
-fn api_keys_that_are_not_header_safe_exit_2_without_showing_the_key() {
+#[tokio::test]
+async fn api_keys_that_are_not_header_safe_exit_2_without_showing_the_key() {
     for (key, why) in [
         ("sk-SECRET1234\n", "a line break"),
         ("sk-SECRET 1234", "a space"),
@@ -352,7 +353,7 @@ fn api_keys_that_are_not_header_safe_exit_2_without_showing_the_key() {
             "max_attempts = 4",
             "max_attempts = 4\napi_key_env = \"SPOOL_TLS_TEST_KEY\"",
         );
-        let o = spool(&cfg, &["run"], &[("SPOOL_TLS_TEST_KEY", key)]);
+        let o = spool_async(&cfg, &["run"], &[("SPOOL_TLS_TEST_KEY", key)]).await;
         let e = stderr(&o);
         assert_eq!(o.status.code(), Some(2), "{key:?}: {e}");
         assert!(
@@ -365,8 +366,8 @@ fn api_keys_that_are_not_header_safe_exit_2_without_showing_the_key() {
 
 /// `server.ca_cert` naming a missing file, a file that is not PEM, or a PEM file with
 /// no certificate in it: exit 2 naming the key and the path, and nothing written.
-#[test]
-fn a_ca_cert_that_is_missing_or_not_pem_exits_2_naming_key_and_path() {
+#[tokio::test]
+async fn a_ca_cert_that_is_missing_or_not_pem_exits_2_naming_key_and_path() {
     let key = rcgen::KeyPair::generate().unwrap();
     for (name, contents, why) in [
         ("missing.pem", None, "cannot read"),
@@ -385,7 +386,7 @@ fn a_ca_cert_that_is_missing_or_not_pem_exits_2_naming_key_and_path() {
             std::fs::write(dir.path().join("certs").join(name), c).unwrap();
         }
         let before = tree(dir.path());
-        let o = spool(&cfg, &["run"], &[]);
+        let o = spool_async(&cfg, &["run"], &[]).await;
         let e = stderr(&o);
         assert_eq!(o.status.code(), Some(2), "{name}: {e}");
         let full = dir.path().join("certs").join(name);
