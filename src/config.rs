@@ -634,6 +634,26 @@ mod tests {
         }
     }
 
+    /// The URLs servers are really given pass: a port, a path prefix, a trailing slash,
+    /// IPv6, a percent-encoded byte, https; the rest of the rules are shown through the
+    /// binary (`tls::urls_that_cannot_work_exit_2_naming_the_key`).
+    #[test]
+    fn usual_server_urls_pass() {
+        for u in [
+            "http://127.0.0.1:30000",
+            "http://gpu-7.internal:8000/",
+            "https://api.example.com/v1-proxy/llm",
+            "http://[::1]:8000",
+            "http://h:1/a%20b",
+            "https://h",
+        ] {
+            assert_eq!(check_url(u), Ok(()), "{u}");
+        }
+        assert!(check_url("http://h/a b")
+            .unwrap_err()
+            .contains("a space at byte 10"));
+    }
+
     #[test]
     fn relative_paths_resolve_against_the_config_and_overrides_apply() {
         let c = load_str(

@@ -147,6 +147,8 @@ fn hint(fault: &str, custom_ca: bool) -> &'static str {
         }
     } else if fault.contains("not valid for name") {
         " (the certificate does not name the host in the URL: use a host name it lists)"
+    } else if fault.contains("corrupt message") {
+        " (the server does not answer in TLS: is it a plain http:// server?)"
     } else if fault.contains("CaUsedAsEndEntity") {
         " (the server presents a CA certificate as its own: it needs one signed by that CA)"
     } else if fault.contains("Expired") || fault.contains("NotValidYet") {

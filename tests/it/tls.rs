@@ -227,6 +227,23 @@ async fn a_certificate_for_another_host_stops_the_run_naming_the_url() {
     assert_eq!(mock.stats().requests, 0, "a request reached the server");
 }
 
+/// An `https://` URL for a server that speaks plain HTTP: exit 2 at start naming TLS, the
+/// URL and the likely cause, not an endless wait for a server that "cannot be reached".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_url_for_a_plain_http_server_stops_the_run_naming_the_url() {
+    let mock = Mock::start(fast_mock()).await;
+    let url = mock.url.replacen("http://", "https://", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = setup(dir.path(), &url, true, 5, "");
+    let o = spool_async(&cfg, &["run"], &[]).await;
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    for part in ["TLS", url.as_str(), "plain http://"] {
+        assert!(e.contains(part), "no `{part}` in: {e}");
+    }
+    assert_eq!(mock.stats().requests, 0, "a generation reached the server");
+}
+
 /// Through the library: a client trusting the private CA generates over TLS, whole and
 /// streaming; one trusting only the system's roots fails with an error naming the URL
 /// and the certificate (mid-run, a refused certificate reads as a connection that could
