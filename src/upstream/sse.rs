@@ -423,6 +423,36 @@ mod tests {
         assert_eq!(data(b"data: a:b\n\n"), ["a:b"]);
     }
 
+    /// Streams of the web-platform tests' `format-*` cases for EventSource, with the data
+    /// the browsers must deliver: field names matched exactly (NUL, case, a leading space
+    /// or `-`/`_` make another field), values kept byte for byte past the one space.
+    #[test]
+    fn web_platform_format_cases() {
+        let body = b"data:\0\ndata:  2\rData:1\ndata\0:2\ndata:1\r\0data:4\nda-ta:3\rdata_5\ndata:3\rdata:\r\n data:32\ndata:4\n\n";
+        assert_eq!(data(body), ["\0\n 2\n1\n3\n\n4"]);
+        assert_eq!(
+            data(b"data:test\r\ndata\ndata:test\r\n\r"),
+            ["test\n\ntest"]
+        );
+        assert_eq!(
+            data(b"data:\ttest\rdata: \ndata:test\n\n"),
+            ["\ttest\n\ntest"]
+        );
+        assert_eq!(data(b"data:\0\n\n"), ["\0"]);
+        assert_eq!(
+            events(b"event: \ndata:data\n\n", BIG).unwrap(),
+            [ev("data", "", "")]
+        );
+        assert_eq!(
+            events(b"id:1\0\ndata:x\n\n", BIG).unwrap(),
+            [ev("x", "", "")]
+        );
+        assert_eq!(
+            data(b"retry:1000\ndata:test1\n\nid:test\ndata:test2"),
+            ["test1"]
+        );
+    }
+
     /// A leading BOM is skipped; a second one, or one later in the stream, is not a BOM
     /// but part of a field name (so that line is ignored).
     #[test]
