@@ -292,6 +292,9 @@ pub(crate) struct Reader {
 }
 
 impl Reader {
+    /// Reads `resp`'s body as events, holding at most `cap` bytes of line and event;
+    /// `started` is the request's start (for the time to first token), `url` names the
+    /// server in transport errors.
     pub(crate) fn new(resp: reqwest::Response, cap: u64, started: Instant, url: String) -> Self {
         Self {
             resp,
