@@ -20,7 +20,7 @@
 //! on (the workers wait for it as usual).
 
 use crate::config::{Api, Config};
-use crate::upstream::{Upstream, UpstreamError};
+use crate::upstream::{sse, Upstream, UpstreamError};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -30,6 +30,8 @@ const INFO_TIMEOUT: Duration = Duration::from_secs(5);
 const CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 /// Tokens the self-check asks for: enough for several stream events.
 const CHECK_TOKENS: u32 = 8;
+/// Bytes of a self-check event the parser may hold (the whole answer is read within 1 MiB).
+const SELF_CHECK_CAP: u64 = 1 << 20;
 
 /// Where a context length came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,15 +174,16 @@ fn check_body(
     }
 }
 
-/// The JSON events of an SSE body (`data: {...}` lines; `[DONE]` and comments skipped).
-fn sse_events(body: &[u8]) -> Vec<Value> {
-    String::from_utf8_lossy(body)
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(str::trim)
+/// The JSON events of an SSE body, read by the workers' parser (`[DONE]` and events that
+/// are not JSON skipped: the self-check only describes what it sees).
+fn sse_events(body: &[u8]) -> Result<Vec<Value>, String> {
+    let events = sse::data_events(body, SELF_CHECK_CAP).map_err(|e| e.to_string())?;
+    Ok(events
+        .iter()
+        .map(|d| d.trim())
         .filter(|d| !d.is_empty() && *d != "[DONE]")
         .filter_map(|d| serde_json::from_str(d).ok())
-        .collect()
+        .collect())
 }
 
 /// Reads what a self-check answer says (`events`: the stream's events, or the one body).
@@ -318,7 +321,7 @@ pub async fn self_check(
         .await
         .map_err(|e: UpstreamError| e.to_string())?;
     let events = if stream {
-        sse_events(&bytes)
+        sse_events(&bytes)?
     } else {
         vec![serde_json::from_slice::<Value>(&bytes).map_err(|e| format!("not JSON: {e}"))?]
     };
@@ -523,9 +526,23 @@ mod tests {
         assert_eq!((c.stream, c.usage), (None, true));
     }
 
+    /// The self-check reads events as the workers do: comments and `[DONE]` skipped.
     #[test]
     fn sse_bodies_are_cut_into_events() {
         let body = b"data: {\"a\":1}\n\n: comment\n\ndata: [DONE]\n\n";
-        assert_eq!(sse_events(body), vec![json!({"a": 1})]);
+        assert_eq!(sse_events(body).unwrap(), vec![json!({"a": 1})]);
+    }
+
+    /// An event whose JSON spans several `data:` lines is one event (the lines joined),
+    /// a BOM and CR line ends are read by the rules, and an unfinished last event is
+    /// discarded.
+    #[test]
+    fn sse_events_follow_the_event_stream_rules() {
+        let body =
+            b"\xEF\xBB\xBFdata: {\"a\":\rdata: 1}\r\rdata: {\"b\":2}\r\n\r\ndata: {\"c\":3}\n";
+        assert_eq!(
+            sse_events(body).unwrap(),
+            vec![json!({"a": 1}), json!({"b": 2})]
+        );
     }
 }

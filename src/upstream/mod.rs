@@ -13,7 +13,7 @@
 mod h1;
 mod openai;
 mod sglang;
-mod sse;
+pub(crate) mod sse;
 pub mod tls;
 
 use crate::config::{Api, Sampling};
