@@ -1867,11 +1867,14 @@ fn open_sled(dir: &Path) -> Result<sled::Db, QueueError> {
             .open();
         match r {
             Ok(db) => {
-                // sled syncs its files but never their folder: make the names of its files
-                // (and of a snapshot it renamed into place while opening) durable, and the
-                // folder's own name, before any record is trusted to survive a power cut.
+                // sled syncs its log but neither its `conf` (which it writes at open) nor its
+                // folder: make `conf`, the names of its files (and of a snapshot it renamed
+                // into place while opening) and the folder's own name durable before any
+                // record is trusted to survive a power cut.
                 let queue = dir.join("queue");
-                crate::blocks::sync_parent(&queue.join("db"))
+                std::fs::File::open(queue.join("conf"))
+                    .and_then(|conf| conf.sync_all())
+                    .and_then(|_| crate::blocks::sync_parent(&queue.join("db")))
                     .and_then(|_| crate::blocks::sync_parent(&queue))
                     .map_err(|e| QueueError::Open {
                         path: queue.clone(),
