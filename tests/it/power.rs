@@ -18,7 +18,7 @@ const PROMPTS: usize = 60;
 
 /// The system calls the model needs, successful ones only.
 const TRACED: &str = "trace=open,openat,creat,mkdir,mkdirat,rename,renameat,renameat2,\
-                      unlink,unlinkat,rmdir,fsync,fdatasync";
+                      unlink,unlinkat,rmdir,fsync,fdatasync,sync_file_range";
 
 /// One file-system change of the traced run, in the order the kernel completed them.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,11 +27,12 @@ enum Event {
     Named { path: PathBuf, by_rename: bool },
     /// A name went away (unlink, rmdir, the source of a rename).
     Unnamed(PathBuf),
-    /// `fsync` or `fdatasync` of an open file or folder.
+    /// `fsync` or `fdatasync` of an open file or folder, or `sync_file_range` (how sled
+    /// makes its log durable on Linux).
     Synced(PathBuf),
 }
 
-/// A finished, traced run of two datasets of `PROMPTS` prompts each.
+/// A finished, traced run of two datasets of `PROMPTS` prompts each (and one rejected row).
 struct Traced {
     /// Kept so the run's folder lives as long as the trace.
     _dir: tempfile::TempDir,
@@ -39,6 +40,8 @@ struct Traced {
     root: PathBuf,
     cfg: PathBuf,
     events: Vec<Event>,
+    /// The thread of each event.
+    threads: Vec<String>,
     ids: HashMap<&'static str, Vec<String>>,
 }
 
@@ -82,8 +85,15 @@ async fn traced_run() -> Traced {
     let dir = tempfile::tempdir().unwrap();
     let mut ids = HashMap::new();
     for name in ["a", "b"] {
-        write_prompts(&dir.path().join(format!("{name}.jsonl")), name, PROMPTS);
+        let file = dir.path().join(format!("{name}.jsonl"));
+        write_prompts(&file, name, PROMPTS);
         ids.insert(name, (0..PROMPTS).map(|i| format!("{name}{i}")).collect());
+        if name == "a" {
+            // A rejected row: its log is the first file in the dataset's output folder.
+            let mut text = std::fs::read_to_string(&file).unwrap();
+            text.insert_str(0, "not json\n");
+            std::fs::write(&file, text).unwrap();
+        }
     }
     let ds = |name| Ds {
         name,
@@ -121,13 +131,14 @@ async fn traced_run() -> Traced {
     );
     mock.stop().await;
     let text = std::fs::read_to_string(&trace).unwrap();
-    let events = parse(&text, &root, existing);
+    let (events, threads) = parse(&text, &root, existing);
     assert!(!events.is_empty(), "empty trace:\n{text}");
     Traced {
         _dir: dir,
         root,
         cfg,
         events,
+        threads,
         ids,
     }
 }
@@ -145,13 +156,15 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// The file-system changes of an `strace -f -y` log, in completion order. `cwd` resolves
+/// The file-system changes of an `strace -f -y` log, in completion order, and the thread
+/// that made each. `cwd` resolves
 /// relative paths; `existing` are the paths there before the run (an `O_CREAT` open of one
 /// of them names nothing new).
-fn parse(text: &str, cwd: &Path, existing: HashSet<PathBuf>) -> Vec<Event> {
+fn parse(text: &str, cwd: &Path, existing: HashSet<PathBuf>) -> (Vec<Event>, Vec<String>) {
     let mut exists = existing;
     let mut unfinished: HashMap<&str, String> = HashMap::new();
     let mut events = Vec::new();
+    let mut threads = Vec::new();
     for line in text.lines() {
         let Some((pid, rest)) = line.split_once(' ') else {
             continue;
@@ -205,13 +218,14 @@ fn parse(text: &str, cwd: &Path, existing: HashSet<PathBuf>) -> Vec<Event> {
                 exists.remove(&args.paths[0]);
                 events.push(Event::Unnamed(args.paths[0].clone()));
             }
-            "fsync" | "fdatasync" => {
+            "fsync" | "fdatasync" | "sync_file_range" => {
                 events.push(Event::Synced(args.fds[0].clone()));
             }
             _ => {}
         }
+        threads.resize(events.len(), pid.to_string());
     }
-    events
+    (events, threads)
 }
 
 /// A call's arguments as the model needs them: paths (resolved against their directory
@@ -256,9 +270,9 @@ fn annotated(s: &str) -> Option<PathBuf> {
 
 /// Every name the run left under `data/` and `out/` was durable before the queue could rely
 /// on it: its folder was fsynced after the name appeared and before the first flush of the
-/// queue (an fsync of sled's `db`) that follows the file's first own sync (a block or a
+/// queue (a sync of sled's `db`) that follows the file's first own sync (a block or a
 /// result appended, so a record naming it may follow) — for a shard renamed into place,
-/// before the first flush after the rename (the queue then records the shard); for sled's
+/// as the renaming thread's next change (the queue records the shard after that); for sled's
 /// own files, before any other file is synced (everything else relies on the queue); for a
 /// name never synced, by the end of the run. Fails without the folder fsyncs (items/,
 /// results/, their files, data_dir, output_dir, sled's folder).
@@ -279,21 +293,31 @@ async fn every_name_the_queue_relies_on_is_durable_before_the_record_that_names_
     let mut late = Vec::new();
     for (path, &(named, by_rename)) in &names {
         let parent = path.parent().unwrap();
+        if by_rename && !path.starts_with(&sled_dir) {
+            // A shard is renamed into place, its folder fsynced, and only then does the
+            // call return to the code that records it: the renaming thread's next change
+            // must be that fsync (another thread's flush meanwhile cannot name the shard).
+            let next = (named + 1..t.events.len()).find(|&i| t.threads[i] == t.threads[named]);
+            if !next.is_some_and(|i| t.synced(i, parent)) {
+                late.push(format!(
+                    "{} (renamed at event {named}, then {:?} instead of its folder's fsync)",
+                    path.display(),
+                    next.map(|i| &t.events[i])
+                ));
+            }
+            continue;
+        }
         let need = if path.starts_with(&sled_dir) {
             t.first_after(
                 named,
                 |e| matches!(e, Event::Synced(p) if !p.starts_with(&sled_dir) && !p.is_dir()),
             )
         } else {
-            let relied_on = if by_rename {
-                Some(named)
-            } else {
-                t.first_after(
-                    named,
-                    |e| matches!(e, Event::Synced(p) if p.starts_with(path)),
-                )
-            };
-            relied_on.and_then(|at| t.first_after(at, |e| *e == Event::Synced(db.clone())))
+            t.first_after(
+                named,
+                |e| matches!(e, Event::Synced(p) if p.starts_with(path)),
+            )
+            .and_then(|at| t.first_after(at, |e| *e == Event::Synced(db.clone())))
         }
         .unwrap_or(t.events.len());
         if !(named + 1..need).any(|i| t.synced(i, parent)) {
