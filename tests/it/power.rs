@@ -79,7 +79,9 @@ impl Traced {
     }
 }
 
-/// Runs `spool run` under strace against the mock, to the end, and reads the trace.
+/// Runs `spool run` twice under strace against the mock, each to the end, and reads both
+/// traces as one: first dataset `a` alone (a new queue), then `a` and `b` (the queue
+/// reopened — sled renames a snapshot into place — and a new dataset's files added).
 async fn traced_run() -> Traced {
     let mock = Mock::start(fast_mock()).await;
     let dir = tempfile::tempdir().unwrap();
@@ -100,37 +102,34 @@ async fn traced_run() -> Traced {
         file: if name == "a" { "a.jsonl" } else { "b.jsonl" },
         budget: None,
     };
-    let cfg = write_config(
-        dir.path(),
-        &mock.url,
-        "completions",
-        true,
-        &[ds("a"), ds("b")],
-        "",
-    );
     let root = dir.path().canonicalize().unwrap();
     let existing: HashSet<PathBuf> = walk(&root).into_iter().collect();
     let trace_dir = tempfile::tempdir().unwrap();
-    let trace = trace_dir.path().join("trace");
-    let mut cmd = Command::new("strace");
-    cmd.args(["-f", "-qq", "-y", "-s", "4096", "--seccomp-bpf"])
-        .args(["-e", TRACED, "-e", "status=successful", "-o"])
-        .arg(&trace)
-        .arg(spool_bin())
-        .args(["run", "-q", "-c"])
-        .arg(&cfg)
-        .current_dir(&root);
-    let out = tokio::task::spawn_blocking(move || cmd.output())
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("cannot run strace ({e}): install it (Debian: strace)"));
-    assert!(
-        out.status.success(),
-        "spool under strace: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut text = String::new();
+    let mut cfg = PathBuf::new();
+    for (run, datasets) in [vec![ds("a")], vec![ds("a"), ds("b")]].iter().enumerate() {
+        cfg = write_config(&root, &mock.url, "completions", true, datasets, "");
+        let trace = trace_dir.path().join(format!("trace-{run}"));
+        let mut cmd = Command::new("strace");
+        cmd.args(["-f", "-qq", "-y", "-s", "4096", "--seccomp-bpf"])
+            .args(["-e", TRACED, "-e", "status=successful", "-o"])
+            .arg(&trace)
+            .arg(spool_bin())
+            .args(["run", "-q", "-c"])
+            .arg(&cfg)
+            .current_dir(&root);
+        let out = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("cannot run strace ({e}): install it (Debian: strace)"));
+        assert!(
+            out.status.success(),
+            "spool under strace, run {run}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text.push_str(&std::fs::read_to_string(&trace).unwrap());
+    }
     mock.stop().await;
-    let text = std::fs::read_to_string(&trace).unwrap();
     let (events, threads) = parse(&text, &root, existing);
     assert!(!events.is_empty(), "empty trace:\n{text}");
     Traced {
@@ -290,6 +289,15 @@ async fn every_name_the_queue_relies_on_is_durable_before_the_record_that_names_
     ] {
         assert!(names.contains_key(&t.data().join(want)), "{want} not named");
     }
+    assert!(
+        names.iter().any(|(p, (_, by_rename))| *by_rename
+            && p.starts_with(&sled_dir)
+            && p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("snap.")),
+        "the reopened queue renamed no sled snapshot into place"
+    );
     let mut late = Vec::new();
     for (path, &(named, by_rename)) in &names {
         let parent = path.parent().unwrap();
