@@ -703,8 +703,9 @@ impl Queue {
     }
 
     /// Moves a format-2 queue's unsharded results (`r` records in sled) to the results log,
-    /// one atomic batch per dataset (the records out, the log's end in). Resumable: an interrupted migration left the records in sled, and the
-    /// log's unrecorded tail is cut off when it is opened again.
+    /// one atomic batch per dataset (the records out, the log's end in). Resumable: an
+    /// interrupted migration left the records in sled, and the log's unrecorded tail is cut
+    /// off when it is opened again.
     fn migrate_v2(&self) -> Result<(), QueueError> {
         let t = std::time::Instant::now();
         let mut moved = 0u64;
@@ -792,9 +793,9 @@ impl Queue {
 
     /// Rewrites a format-1 queue's per-item records (`i` item, `p` pending, `k` id index)
     /// as blocks, one atomic batch per block (the block's `B` and `P` records in, its rows'
-    /// old keys out). Resumable: rows an earlier, interrupted
-    /// migration already put in a block only lose their old keys; rows past the scan
-    /// position (a torn enqueue) are dropped, as the repair would, for intake to read again.
+    /// old keys out). Resumable: rows an earlier, interrupted migration already put in a
+    /// block only lose their old keys; rows past the scan position (a torn enqueue) are
+    /// dropped, as the repair would, for intake to read again.
     fn migrate_v1(&self) -> Result<(), QueueError> {
         let t = std::time::Instant::now();
         let mut moved = 0u64;
