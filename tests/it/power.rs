@@ -3,6 +3,8 @@
 //! folder fsynced — before the queue makes durable a record that could name it; and a power
 //! cut right after a run, simulated by dropping every name whose folder was never fsynced
 //! after it appeared, leaves a queue that opens, verifies clean and holds every prompt once.
+//! And a migration stopped midway through the binary's fault point leaves a queue older
+//! spools refuse and this one completes.
 //!
 //! The model is POSIX's: fsyncing a file makes its bytes durable, not its name; a name
 //! (created, made by `mkdir`, or renamed to) is durable once its folder is fsynced after it.
@@ -378,4 +380,74 @@ async fn a_power_cut_after_a_run_loses_no_name_the_queue_needs() {
         assert_exactly_once(&shard_rows(&out, name), &t.ids[name]);
     }
     assert!(lost.is_empty(), "names a power cut could drop: {lost:?}");
+}
+
+/// An interrupted migration through the real binary's fault point: `spool status` on a copy
+/// of the format-2 fixture, stopped right after the migration's first batch, fails naming
+/// the stop; what any spool reads first from the queue then is `v` = the current format
+/// (every older spool refuses a format above its own) and the `V` marker = 2; the next
+/// `spool status` resumes and completes the migration, with the fixture's counts intact.
+#[test]
+fn an_interrupted_migration_is_refused_by_older_spools_and_resumed_by_this_one() {
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(&fixtures().join("queue-v2"), &dir.path().join("data"));
+    let cfg = dir.path().join("spool.toml");
+    std::fs::write(
+        &cfg,
+        "data_dir = \"data\"\noutput_dir = \"out\"\n[run]\nmetrics_addr = \"\"\n\
+         [server]\nurls = [\"http://127.0.0.1:9\"]\nmodel = \"m\"\n\
+         [[dataset]]\nname = \"a\"\npath = \"a.jsonl\"\n[[dataset]]\nname = \"b\"\npath = \"b.jsonl\"\n",
+    )
+    .unwrap();
+    let out = crate::process::spool(
+        &cfg,
+        &["status", "-q"],
+        &[("SPOOL_FAULT_QUEUE_MIGRATION_STOP", "1")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("injected stop in the middle of a migration"),
+        "{stderr}"
+    );
+    {
+        let db = sled::open(dir.path().join("data/queue")).unwrap();
+        let tree = db.open_tree("q").unwrap();
+        let read = |k: &[u8]| {
+            let v = tree.get(k).unwrap().expect("record present");
+            u32::from_be_bytes(v.as_ref().try_into().unwrap())
+        };
+        assert_eq!(read(b"v"), spool::queue::FORMAT_VERSION);
+        assert!(read(b"v") > 3, "a format-3 spool would read this queue");
+        assert_eq!(read(spool::queue::MIGRATING_KEY), 2);
+    }
+    let j = status_json(&cfg);
+    let counts = |i: usize| {
+        let d = &j["datasets"][i];
+        (
+            d["items"].clone(),
+            d["done"].clone(),
+            d["failed"].clone(),
+            d["rejected"].clone(),
+        )
+    };
+    assert_eq!(counts(0), (6.into(), 3.into(), 1.into(), 1.into()));
+    assert_eq!(counts(1), (3.into(), 1.into(), 0.into(), 0.into()));
+    let db = sled::open(dir.path().join("data/queue")).unwrap();
+    let tree = db.open_tree("q").unwrap();
+    assert!(tree.get(spool::queue::MIGRATING_KEY).unwrap().is_none());
+    assert_eq!(tree.scan_prefix(b"r").count(), 0, "format-2 results left");
+}
+
+/// Copies a folder tree.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
 }
