@@ -114,14 +114,20 @@ impl RejectLog {
             source,
         };
         if self.file.is_none() {
+            // Durably named (folder and file): the queue's counters soon say these rows
+            // were rejected, and a later run never reads them again.
             if let Some(dir) = self.path.parent() {
-                std::fs::create_dir_all(dir).map_err(err)?;
+                crate::blocks::create_dir_durably(dir).map_err(err)?;
             }
+            let existed = self.path.exists();
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(&self.path)
                 .map_err(err)?;
+            if !existed {
+                crate::blocks::sync_parent(&self.path).map_err(err)?;
+            }
             self.file = Some(f);
         }
         let mut line = serde_json::to_vec(r).unwrap_or_default();

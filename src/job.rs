@@ -95,7 +95,7 @@ async fn run_job(
             }
         });
     }
-    std::fs::create_dir_all(&cfg.output_dir)
+    crate::blocks::create_dir_durably(&cfg.output_dir)
         .with_context(|| format!("cannot create output_dir {}", cfg.output_dir.display()))?;
     let mut queue = Arc::new(Queue::open(&cfg.data_dir)?);
     let api_key = cfg.api_key()?;

@@ -7,6 +7,7 @@
 //! | key | value | meaning |
 //! | --- | --- | --- |
 //! | `v` | format (u32 BE) | [`FORMAT_VERSION`] |
+//! | `V` | format (u32 BE) | a migration from that format is under way ([`MIGRATING_KEY`]) |
 //! | `m` name | [`DatasetState`] (JSON) | counters of a dataset |
 //! | `B` ds first_row | [`BlockRef`] | a block of items in `items/<ds>.blocks`, and which rows they are |
 //! | `P` ds first_row | bitmap over the block's rows | which of its items are pending (absent: none) |
@@ -21,7 +22,10 @@
 //! item, `p` pending, `k` id index); format 2 stored unsharded results in sled (`r` ds row →
 //! [`ShardRow`] as JSON); formats 2 and 3 stored one `s` ds row → shard record per sharded
 //! item (a sealed 10,000-row shard was 10,000 sled inserts, ~10 % of a run's CPU with
-//! instant responses). Older formats are migrated when the queue is opened ([`Queue::open`]).
+//! instant responses). Older formats are migrated when the queue is opened ([`Queue::open`]):
+//! `v` moves to the new format (with a `V` marker naming the old one) *before* any record is
+//! rewritten, so a spool that predates the new format refuses a half-migrated queue instead of
+//! misreading it, and an interrupted migration resumes at the next open.
 //!
 //! Invariants: counters change only in the same batch as the items they count, so they are
 //! never recomputed by scanning; an outcome is applied only to an item that is still pending
@@ -82,6 +86,16 @@ pub const REPAIR_MARKER: &str = "needs-repair";
 /// its results to the log, writes only the keys that sort before the counters (the pending
 /// bits), then fails — what sled leaves when a disk fills in the middle of a batch.
 const FAULT_TORN_COMMIT: &str = "SPOOL_FAULT_QUEUE_TORN_COMMIT";
+
+/// Test-only fault: the Nth batch a migration writes is made durable and then the migration
+/// stops with an error — what a kill or a power cut leaves in the middle of a migration.
+const FAULT_MIGRATION_STOP: &str = "SPOOL_FAULT_QUEUE_MIGRATION_STOP";
+
+/// Present while a migration is under way, holding the format it started from. `v` already
+/// says the new format then: every spool refuses a format newer than its own, so a spool
+/// older than the migration never reads the half-rewritten records, and this one resumes the
+/// migration (each step is resumable) at the next open.
+pub const MIGRATING_KEY: &[u8] = b"V";
 
 /// sled page-cache size. 64 MiB, not 128: at 1 M prompts it cut the enqueue pass's peak
 /// RSS from 386 to 294 MiB at the same CPU per prompt (the queue is written and read
@@ -277,6 +291,8 @@ pub struct Queue {
     needs_repair: AtomicBool,
     /// Commits left before the injected torn commit (0: none armed).
     torn_commit_in: AtomicU64,
+    /// Migration batches left before the injected stop (0: none armed).
+    migration_stop_in: AtomicU64,
 }
 
 /// A cached block: (dataset, first row, offset). A repair that drops blocks clears the
@@ -458,8 +474,17 @@ fn encode<T: Serialize>(v: &T) -> Vec<u8> {
 impl Queue {
     /// Opens (or creates) the queue in `dir`, taking the exclusive lock.
     pub fn open(dir: &Path) -> Result<Queue, QueueError> {
+        let migration_stop = std::env::var(FAULT_MIGRATION_STOP)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        Queue::open_with(dir, migration_stop)
+    }
+
+    /// [`Queue::open`], with the injected migration stop armed at `migration_stop` batches.
+    fn open_with(dir: &Path, migration_stop: u64) -> Result<Queue, QueueError> {
         use fs2::FileExt;
-        std::fs::create_dir_all(dir).map_err(|e| QueueError::Open {
+        crate::blocks::create_dir_durably(dir).map_err(|e| QueueError::Open {
             path: dir.to_path_buf(),
             detail: e.to_string(),
         })?;
@@ -506,6 +531,16 @@ impl Queue {
                 found
             }
         };
+        // An interrupted migration resumes from the format it started from.
+        let found = match tree.get(MIGRATING_KEY)? {
+            None => found,
+            Some(v) => {
+                u32::from_be_bytes(v.as_ref().try_into().map_err(|_| QueueError::Corrupt {
+                    key: "V".into(),
+                    detail: "bad migration record".into(),
+                })?)
+            }
+        };
         let mut states = HashMap::new();
         for kv in tree.scan_prefix(b"m") {
             let (k, v) = kv?;
@@ -538,7 +573,11 @@ impl Queue {
             poisoned: AtomicBool::new(false),
             needs_repair: AtomicBool::new(marker.exists()),
             torn_commit_in: AtomicU64::new(torn_commit_in),
+            migration_stop_in: AtomicU64::new(migration_stop),
         };
+        if found < FORMAT_VERSION {
+            q.begin_migration(found)?;
+        }
         if found < 2 {
             q.migrate_v1()?;
         }
@@ -551,18 +590,61 @@ impl Queue {
         if found < 3 {
             q.migrate_v2()?;
         }
-        if found < 4 {
-            q.record_format(FORMAT_VERSION)?;
+        if found < FORMAT_VERSION {
+            q.finish_migration()?;
         }
         Ok(q)
     }
 
-    /// Records (durably) that the queue is in format `version`: the end of a migration.
-    fn record_format(&self, version: u32) -> Result<(), QueueError> {
-        self.writable()?;
-        let r = self.tree.insert(b"v", &version.to_be_bytes());
-        self.written(r)?;
+    /// Records (durably, before any record is rewritten) that the queue is now in
+    /// [`FORMAT_VERSION`] and is being migrated from `from`: older spools refuse it from here
+    /// on, and this one resumes from `from`. A resumed migration finds its marker in place.
+    fn begin_migration(&self, from: u32) -> Result<(), QueueError> {
+        if self.tree.contains_key(MIGRATING_KEY)? {
+            tracing::warn!(
+                from,
+                to = FORMAT_VERSION,
+                "resuming an interrupted queue migration"
+            );
+            return Ok(());
+        }
+        let mut w = Writes::default();
+        w.insert(b"v", FORMAT_VERSION.to_be_bytes());
+        w.insert(MIGRATING_KEY, from.to_be_bytes());
+        self.apply(w)?;
+        self.flush()?;
+        tracing::info!(
+            from,
+            to = FORMAT_VERSION,
+            "migrating the queue (older spools refuse it from now on)"
+        );
+        Ok(())
+    }
+
+    /// Ends a migration, durably: the marker goes.
+    fn finish_migration(&self) -> Result<(), QueueError> {
+        let mut w = Writes::default();
+        w.insert(b"v", FORMAT_VERSION.to_be_bytes());
+        w.remove(MIGRATING_KEY);
+        self.apply(w)?;
         self.flush()
+    }
+
+    /// Counts a migration batch for the injected stop ([`FAULT_MIGRATION_STOP`]): the Nth
+    /// is flushed, then the migration fails as if the process had died there.
+    fn migration_step(&self) -> Result<(), QueueError> {
+        let stop = self
+            .migration_stop_in
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok_and(|prev| prev == 1);
+        if !stop {
+            return Ok(());
+        }
+        self.flush()?;
+        Err(QueueError::Open {
+            path: self.path.clone(),
+            detail: format!("injected stop in the middle of a migration ({FAULT_MIGRATION_STOP})"),
+        })
     }
 
     /// Opens a dataset's results log (cutting off an unrecorded tail) and indexes its
@@ -621,9 +703,9 @@ impl Queue {
     }
 
     /// Moves a format-2 queue's unsharded results (`r` records in sled) to the results log,
-    /// one atomic batch per dataset (the records out, the log's end in), then records
-    /// format 3. Resumable: an interrupted migration left the records in sled, and the
-    /// log's unrecorded tail is cut off when it is opened again.
+    /// one atomic batch per dataset (the records out, the log's end in). Resumable: an
+    /// interrupted migration left the records in sled, and the log's unrecorded tail is cut
+    /// off when it is opened again.
     fn migrate_v2(&self) -> Result<(), QueueError> {
         let t = std::time::Instant::now();
         let mut moved = 0u64;
@@ -660,8 +742,8 @@ impl Queue {
             self.apply(w)?;
             states.insert(ds, st);
             moved += keys.len() as u64;
+            self.migration_step()?;
         }
-        self.record_format(3)?;
         tracing::info!(
             results = moved,
             seconds = format!("{:.2}", t.elapsed().as_secs_f64()),
@@ -696,6 +778,7 @@ impl Queue {
                     put_shard_rows(&mut w, ds, shard, &rows);
                 }
                 self.apply(w)?;
+                self.migration_step()?;
             }
         }
         if moved > 0 {
@@ -710,9 +793,9 @@ impl Queue {
 
     /// Rewrites a format-1 queue's per-item records (`i` item, `p` pending, `k` id index)
     /// as blocks, one atomic batch per block (the block's `B` and `P` records in, its rows'
-    /// old keys out), then records format 2. Resumable: rows an earlier, interrupted
-    /// migration already put in a block only lose their old keys; rows past the scan
-    /// position (a torn enqueue) are dropped, as the repair would, for intake to read again.
+    /// old keys out). Resumable: rows an earlier, interrupted migration already put in a
+    /// block only lose their old keys; rows past the scan position (a torn enqueue) are
+    /// dropped, as the repair would, for intake to read again.
     fn migrate_v1(&self) -> Result<(), QueueError> {
         let t = std::time::Instant::now();
         let mut moved = 0u64;
@@ -733,6 +816,7 @@ impl Queue {
                     w.remove(key(b'p', ds, row));
                     w.remove(id_key(ds, &item.id));
                     self.apply(w)?;
+                    self.migration_step()?;
                     continue;
                 }
                 let full = chunk.first().is_some_and(|(first, _, _)| {
@@ -758,9 +842,11 @@ impl Queue {
                     w.remove(kv?.0);
                 }
             }
-            self.apply(w)?;
+            if !w.0.is_empty() {
+                self.apply(w)?;
+                self.migration_step()?;
+            }
         }
-        self.record_format(2)?;
         tracing::info!(
             items = moved,
             seconds = format!("{:.2}", t.elapsed().as_secs_f64()),
@@ -790,7 +876,7 @@ impl Queue {
         }
         self.apply(w)?;
         self.lock_index().entry(ds).or_default().push(Arc::new(r));
-        Ok(())
+        self.migration_step()
     }
 
     /// Writes one block's bytes to the dataset's file (synced) and returns its record, not
@@ -1781,7 +1867,22 @@ fn open_sled(dir: &Path) -> Result<sled::Db, QueueError> {
             .cache_capacity(CACHE_BYTES)
             .open();
         match r {
-            Ok(db) => return Ok(db),
+            Ok(db) => {
+                // sled syncs its log but neither its `conf` (which it writes at open) nor its
+                // folder: make `conf`, the names of its files (and of a snapshot it renamed
+                // into place while opening) and the folder's own name durable before any
+                // record is trusted to survive a power cut.
+                let queue = dir.join("queue");
+                std::fs::File::open(queue.join("conf"))
+                    .and_then(|conf| conf.sync_all())
+                    .and_then(|_| crate::blocks::sync_parent(&queue.join("db")))
+                    .and_then(|_| crate::blocks::sync_parent(&queue))
+                    .map_err(|e| QueueError::Open {
+                        path: queue.clone(),
+                        detail: format!("cannot sync the queue's folder: {e}"),
+                    })?;
+                return Ok(db);
+            }
             Err(e) if tries < 200 && e.to_string().contains("could not acquire lock") => {
                 tries += 1;
                 std::thread::sleep(std::time::Duration::from_millis(10));
@@ -2297,6 +2398,92 @@ mod tests {
         assert_eq!(q.sharded_rows(0).unwrap()[255], (255, 2));
         assert!(q.unsharded(0).unwrap().is_empty());
         assert_eq!(audit_counts(&q, 0), (300, 39, 0, 260, 1));
+    }
+
+    /// Everything a queue holds, readable: the counters, every row's item and pending bit,
+    /// the sharded rows, the unsharded results, the failures and the audit's counts.
+    fn contents(q: &Queue) -> Vec<String> {
+        let mut states = q.states();
+        states.sort_by_key(|s| s.index);
+        let mut out = Vec::new();
+        for s in states {
+            let ds = s.index;
+            out.push(format!("{s:?}"));
+            for row in 0..s.scanned_lines {
+                let item = q.item(ds, row).unwrap();
+                out.push(format!("{row} {item:?} {}", q.is_pending(ds, row).unwrap()));
+            }
+            out.push(format!("{:?}", q.sharded_rows(ds).unwrap()));
+            out.push(format!("{:?}", q.unsharded(ds).unwrap()));
+            out.push(format!("{:?}", q.failures(ds, usize::MAX).unwrap()));
+            out.push(format!("{:?}", audit_counts(q, ds)));
+        }
+        out
+    }
+
+    /// The `v` and `V` records of a closed queue, as any spool opening it reads them first.
+    fn version_records(dir: &Path) -> (Option<u32>, Option<u32>) {
+        let db = open_sled(dir).unwrap();
+        let tree = db.open_tree("q").unwrap();
+        let read = |k: &[u8]| {
+            tree.get(k)
+                .unwrap()
+                .map(|v| u32::from_be_bytes(v.as_ref().try_into().unwrap()))
+        };
+        (read(b"v"), read(MIGRATING_KEY))
+    }
+
+    /// A migration is safe to interrupt: for each older fixture (formats 1, 2, 3) and each
+    /// batch a migration writes, a stop right after that batch (flushed, as a kill or power
+    /// cut would leave it) leaves `v` at the new format — above every older spool's own, which
+    /// each refuses (they all check `found > FORMAT_VERSION`, as [`a_newer_queue_format_is_
+    /// refused`] shows for this one) — with the marker naming the old format; the next open
+    /// completes the migration to exactly what an uninterrupted one gives (every item, state,
+    /// counter, result), and the marker is gone. Stopping again at every step of the resumed
+    /// migrations still ends there.
+    #[test]
+    fn an_interrupted_migration_resumes_and_older_spools_refuse_the_queue_meanwhile() {
+        for (fixture, format) in [("queue-v1", 1u32), ("queue-v2", 2), ("queue-v3", 3)] {
+            let want = contents(&open_fixture(fixture).1);
+            let fresh = || {
+                let dir = tempfile::tempdir().unwrap();
+                let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+                copy_dir(&from.join(fixture), dir.path());
+                dir
+            };
+            let mut stops = 0;
+            for n in 1.. {
+                let dir = fresh();
+                match Queue::open_with(dir.path(), n) {
+                    Ok(_) => break,
+                    Err(QueueError::Open { detail, .. }) if detail.contains("injected stop") => {}
+                    Err(e) => panic!("{fixture}, stop {n}: {e}"),
+                }
+                stops += 1;
+                assert_eq!(
+                    version_records(dir.path()),
+                    (Some(FORMAT_VERSION), Some(format)),
+                    "{fixture}, stop {n}: an older spool would read a half-migrated queue"
+                );
+                let q = Queue::open(dir.path()).unwrap();
+                assert_eq!(contents(&q), want, "{fixture}, resumed after stop {n}");
+                drop(q);
+                assert_eq!(version_records(dir.path()), (Some(FORMAT_VERSION), None));
+            }
+            assert!(stops >= 1, "{fixture}: no migration batch to stop after");
+            // Interrupted at the first batch of every resumed run, until one completes.
+            let dir = fresh();
+            let mut runs = 0;
+            while let Err(e) = Queue::open_with(dir.path(), 1) {
+                assert!(e.to_string().contains("injected stop"), "{fixture}: {e}");
+                runs += 1;
+                assert!(
+                    runs <= stops,
+                    "{fixture}: a resumed migration made no progress"
+                );
+            }
+            assert_eq!(contents(&Queue::open(dir.path()).unwrap()), want);
+        }
     }
 
     /// A shard's rows, in any order and with any gaps, read back from its `S` records

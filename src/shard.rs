@@ -711,17 +711,10 @@ pub struct SealedShard {
     pub bytes: u64,
 }
 
-/// Creates `dir` (and parents) and, if it was new, fsyncs its parent so the directory
-/// entry survives a power loss along with the shards in it.
+/// Creates `dir` (and parents), fsyncing the parent of every level it made, so the
+/// directory entries survive a power loss along with the shards in them.
 fn create_dir_durably(dir: &Path) -> Result<(), ShardError> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    fs::create_dir_all(dir).map_err(|e| ShardError::io(dir, e))?;
-    match dir.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => sync_dir(parent),
-        _ => Ok(()),
-    }
+    crate::blocks::create_dir_durably(dir).map_err(|e| ShardError::io(dir, e))
 }
 
 fn sync_dir(dir: &Path) -> Result<(), ShardError> {

@@ -15,6 +15,7 @@ mod faults;
 mod inputs;
 mod mock_server;
 mod observability;
+mod power;
 mod security;
 mod shard_read;
 mod signals;
