@@ -1093,3 +1093,79 @@ async fn a_throttling_server_stays_in_rotation() {
     assert!(!log.contains("taken out of rotation"), "{log}");
     assert!(!log.contains("no inference server reachable"), "{log}");
 }
+
+// ---------------------------------------------------------------------------------------
+// Panics in a request
+// ---------------------------------------------------------------------------------------
+
+/// A request task that panics (injected in the 3rd attempt, where a bug in the HTTP client
+/// meeting a hostile answer would) is one failed attempt: its lease and its server's
+/// in-flight count are given back, the item is retried and completes, the log says why,
+/// and the run ends by itself. Without the catch the lease never ended and the run waited
+/// forever (this test then fails at its time limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_a_request_is_a_failed_attempt_and_the_item_is_retried() {
+    for stream in [true, false] {
+        let mock = Mock::start(fast_mock()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let n = 20;
+        let cfg = one_dataset_config(dir.path(), &mock.url, "completions", stream, n);
+        let mut p = Proc::spawn(&cfg, &["run"], &[("SPOOL_FAULT_PANIC_IN_REQUEST", "3")]);
+        let (status, _) = p.wait(Duration::from_secs(60)).await;
+        let stderr = p.stderr();
+        assert_eq!(status.code(), Some(0), "stream={stream}: {stderr}");
+        assert_eq!(
+            p.count("the request panicked; counted as a failed attempt"),
+            1,
+            "stream={stream}: {stderr}"
+        );
+        assert!(stderr.contains("injected panic in request 3"), "{stderr}");
+        assert_verify_clean(&cfg);
+        let rows = shard_rows(&dir.path().join("out"), "a");
+        assert_exactly_once(&rows, &ids("p", n));
+        // The panicking attempt counted: one item took two attempts, every other one.
+        let mut attempts: Vec<u32> = rows.iter().map(|r| r.attempts).collect();
+        attempts.sort_unstable();
+        let mut want = vec![1; n - 1];
+        want.push(2);
+        assert_eq!(attempts, want, "stream={stream}");
+    }
+}
+
+/// An item whose every attempt panics is retried up to `max_attempts`, then failed for good
+/// with the panic's message as its reason (exit 3, `status` shows it); the other items
+/// complete, and `verify` is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_whose_every_attempt_panics_fails_with_the_panic_as_reason() {
+    let mock = Mock::start(fast_mock()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let n = 6;
+    let cfg = one_dataset_config(dir.path(), &mock.url, "completions", true, n);
+    // One request at a time: the first item's two attempts are the first two requests.
+    edit_config(&cfg, "concurrency = 16", "concurrency = 1");
+    edit_config(&cfg, "max_attempts = 4", "max_attempts = 2");
+    let mut p = Proc::spawn(&cfg, &["run"], &[("SPOOL_FAULT_PANIC_IN_REQUEST", "1-2")]);
+    let (status, _) = p.wait(Duration::from_secs(60)).await;
+    let stderr = p.stderr();
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert_eq!(
+        p.count("the request panicked; counted as a failed attempt"),
+        2,
+        "{stderr}"
+    );
+    let j = status_json(&cfg);
+    let d = &j["datasets"][0];
+    assert_eq!(d["failed"], 1, "{j}");
+    assert_eq!(d["done"], n as u64 - 1, "{j}");
+    let reason = d["failures"][0][1].as_str().unwrap_or_default();
+    assert_eq!(d["failures"][0][0], 1, "the first line failed: {j}");
+    assert!(
+        reason.contains("the request panicked: injected panic in request 2")
+            && reason.contains("gave up after 2 attempts"),
+        "{reason}"
+    );
+    assert_verify_clean(&cfg);
+    let mut want = ids("p", n);
+    want.remove(0);
+    assert_exactly_once(&shard_rows(&dir.path().join("out"), "a"), &want);
+}
