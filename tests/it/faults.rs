@@ -1070,6 +1070,51 @@ async fn a_torn_queue_write_is_repaired_by_the_next_run() {
     assert_exactly_once(&shard_rows(&dir.path().join("out"), "a"), &ids("p", n));
 }
 
+/// Regression (the full-queue-disk test's rare failure): when a commit fails, the archive
+/// seals its open shard as the run stops, and its queue write is refused because the queue
+/// is poisoned. That refusal is a consequence; if the committer's task was descheduled
+/// between its failure and reporting it (forced here by a pause), the archive's "an
+/// earlier queue write failed" was reported instead of the cause (`No space left on
+/// device`, here the injected torn write). The archive may now seal only once the
+/// committer has recorded its error. The next run repairs the queue and adopts the shard:
+/// every prompt once, verify clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_commit_is_reported_as_the_cause_not_the_archives_refused_write() {
+    let mock = Mock::start(fast_mock()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let n = 200;
+    let cfg = one_dataset_config(dir.path(), &mock.url, "completions", true, n);
+    // One shard for the run: it is still open, with the rows of the first two commits, when
+    // the third fails.
+    edit_config(&cfg, "max_rows = 25", "max_rows = 1000");
+    let first = spool(
+        &cfg,
+        &["run"],
+        &[
+            ("SPOOL_FAULT_QUEUE_TORN_COMMIT", "3"),
+            ("SPOOL_FAULT_COMMIT_FAILED_PAUSE_MS", "1000"),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert_eq!(first.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("pausing the committer before it reports its error"),
+        "{stderr}"
+    );
+    let last = stderr.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("spool: error: cannot store results in the queue in")
+            && last.contains("injected torn write"),
+        "the cause is reported, not its consequence: {last}"
+    );
+    let second = spool(&cfg, &["run", "-q"], &[]);
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("queue repaired"), "{stderr}");
+    assert_verify_clean(&cfg);
+    assert_exactly_once(&shard_rows(&dir.path().join("out"), "a"), &ids("p", n));
+}
+
 /// Regression: a 429 counted as a server error, so three in a row took a healthy but
 /// busy server out of rotation, paused dispatch and logged "no inference server
 /// reachable". A throttling server stays in rotation; its Retry-After paces the retries.
