@@ -66,39 +66,58 @@ pub(crate) struct Ctx {
 /// the HTTP client meeting a hostile answer would.
 pub const FAULT_PANIC_ENV: &str = "SPOOL_FAULT_PANIC_IN_REQUEST";
 
-/// The injected panic of [`FAULT_PANIC_ENV`].
+/// Env var (tests only): `N` (or `N-M`) makes the building of the Nth completed answer's
+/// shard row panic: a panic outside any attempt, which fails the item at once.
+pub const FAULT_PANIC_ROW_ENV: &str = "SPOOL_FAULT_PANIC_IN_ROW";
+
+/// The injected panics of [`FAULT_PANIC_ENV`] and [`FAULT_PANIC_ROW_ENV`].
 mod fault {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
 
-    /// Attempts started so far (only counted while the fault is armed).
-    static STARTED: AtomicU64 = AtomicU64::new(0);
+    /// One place that can be made to panic, armed by an env var.
+    pub(super) struct Point {
+        env: &'static str,
+        what: &'static str,
+        /// The armed range (read from the env var once).
+        range: OnceLock<Option<(u64, u64)>>,
+        /// Times this place was reached (only counted while armed).
+        reached: AtomicU64,
+    }
 
-    /// The armed range of attempts, from the env var (read once).
-    fn armed() -> Option<(u64, u64)> {
-        static RANGE: OnceLock<Option<(u64, u64)>> = OnceLock::new();
-        *RANGE.get_or_init(|| {
-            let v = std::env::var(super::FAULT_PANIC_ENV).ok()?;
-            parse(&v)
-        })
+    pub(super) static REQUEST: Point = Point::new(super::FAULT_PANIC_ENV, "request");
+    pub(super) static ROW: Point = Point::new(super::FAULT_PANIC_ROW_ENV, "row");
+
+    impl Point {
+        const fn new(env: &'static str, what: &'static str) -> Point {
+            Point {
+                env,
+                what,
+                range: OnceLock::new(),
+                reached: AtomicU64::new(0),
+            }
+        }
+
+        /// Panics when this is one of the armed times this place is reached.
+        pub(super) fn panic_if_due(&self) {
+            let armed = *self
+                .range
+                .get_or_init(|| parse(&std::env::var(self.env).ok()?));
+            let Some((first, last)) = armed else {
+                return;
+            };
+            let n = self.reached.fetch_add(1, Ordering::Relaxed) + 1;
+            if (first..=last).contains(&n) {
+                panic!("injected panic in {} {n} ({})", self.what, self.env);
+            }
+        }
     }
 
     /// `N` → (N, N); `N-M` → (N, M); anything else disarms the fault.
-    pub(super) fn parse(v: &str) -> Option<(u64, u64)> {
+    fn parse(v: &str) -> Option<(u64, u64)> {
         let (a, b) = v.trim().split_once('-').unwrap_or((v.trim(), v.trim()));
         let (a, b) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
         (a >= 1 && a <= b).then_some((a, b))
-    }
-
-    /// Panics when this attempt is one of the armed ones.
-    pub(super) fn panic_if_due() {
-        let Some((first, last)) = armed() else {
-            return;
-        };
-        let n = STARTED.fetch_add(1, Ordering::Relaxed) + 1;
-        if (first..=last).contains(&n) {
-            panic!("injected panic in request {n} ({})", super::FAULT_PANIC_ENV);
-        }
     }
 }
 
@@ -318,7 +337,7 @@ async fn attempt_until_done(ctx: &Ctx, lease: &Lease, attempts: &mut u32) -> End
         // the in-flight count is restored by the guard whether it ends, panics or is dropped.
         let in_flight = server.begin();
         let attempt = AssertUnwindSafe(async {
-            fault::panic_if_due();
+            fault::REQUEST.panic_if_due();
             ctx.upstream.generate(&server.url, &req, &sink).await
         })
         .catch_unwind();
@@ -458,6 +477,7 @@ fn to_row(
     g: Generation,
     attempts: u32,
 ) -> (ShardRow, CountSource) {
+    fault::ROW.panic_if_due();
     let tok = ctx.builder.tokenizer();
     let server_ids = g.token_ids.is_some();
     let completion_ids = match (g.token_ids, tok) {

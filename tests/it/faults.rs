@@ -1214,3 +1214,30 @@ async fn an_item_whose_every_attempt_panics_fails_with_the_panic_as_reason() {
     want.remove(0);
     assert_exactly_once(&shard_rows(&dir.path().join("out"), "a"), &want);
 }
+
+/// A panic in an item's task outside any attempt (injected while the shard row of the 1st
+/// completed answer is built) fails that item at once with the panic's message; the other
+/// items complete and the run ends by itself (exit 3), `verify` clean. Without the catch
+/// around the whole task its lease never ended and the run waited forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_outside_an_attempt_fails_the_item_and_the_run_ends() {
+    let mock = Mock::start(fast_mock()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let n = 10;
+    let cfg = one_dataset_config(dir.path(), &mock.url, "completions", true, n);
+    let mut p = Proc::spawn(&cfg, &["run"], &[("SPOOL_FAULT_PANIC_IN_ROW", "1")]);
+    let (status, _) = p.wait(Duration::from_secs(60)).await;
+    let stderr = p.stderr();
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    let j = status_json(&cfg);
+    let d = &j["datasets"][0];
+    assert_eq!(d["failed"], 1, "{j}");
+    assert_eq!(d["done"], n as u64 - 1, "{j}");
+    let reason = d["failures"][0][1].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("spool panicked handling this item: injected panic in row 1"),
+        "{reason}"
+    );
+    assert_verify_clean(&cfg);
+    assert_eq!(shard_rows(&dir.path().join("out"), "a").len(), n - 1);
+}
