@@ -1033,7 +1033,9 @@ async fn a_full_queue_disk_stops_the_run_and_the_next_run_resumes_exactly() {
 async fn a_torn_queue_write_is_repaired_by_the_next_run() {
     let mock = Mock::start(fast_mock()).await;
     let dir = tempfile::tempdir().unwrap();
-    let n = 60;
+    // Enough items that a 5th commit comes however results group: each wave of
+    // `concurrency` fast answers can be a single group commit.
+    let n = 200;
     let cfg = one_dataset_config(dir.path(), &mock.url, "completions", true, n);
     let first = spool(
         &cfg,
