@@ -39,6 +39,19 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// Env var (tests only): after a failed commit, the committer waits this many ms before it
+/// reports the error, as a descheduled task would; the archive must still not report the
+/// consequence (its refused queue write) in place of the cause.
+pub const FAULT_COMMIT_FAILED_PAUSE_ENV: &str = "SPOOL_FAULT_COMMIT_FAILED_PAUSE_MS";
+
+/// A fault pause armed by env var `name` (milliseconds; absent or unparsable: none).
+fn fault_pause(name: &str) -> Option<Duration> {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_millis)
+}
+
 /// Items enqueued by one run past which the queue is checkpointed before dispatch
 /// ([`Queue::checkpoint`]): ~1.7 KB of sled log each, so ~170 MB (a fraction of a second to
 /// replay) is the most a later start replays of this run's intake.
@@ -404,7 +417,15 @@ async fn run_job(
         let dmetrics = dmetrics.clone();
         let data_dir = cfg.data_dir.clone();
         tokio::spawn(async move {
-            if let Err(e) = commit_loop(commit_rx, queue, sched, arch_tx, dmetrics).await {
+            let committed = commit_loop(commit_rx, queue, sched, &arch_tx, dmetrics).await;
+            if let Err(e) = committed {
+                if let Some(pause) = fault_pause(FAULT_COMMIT_FAILED_PAUSE_ENV) {
+                    tracing::warn!(
+                        ms = pause.as_millis() as u64,
+                        "fault injection: pausing the committer before it reports its error"
+                    );
+                    tokio::time::sleep(pause).await;
+                }
                 let e = anyhow::anyhow!(
                     "cannot store results in the queue in {} (disk full or unwritable?): {e}. \
                      Dispatch stopped; results not stored are requested again by the next run",
@@ -419,6 +440,10 @@ async fn run_job(
                     .unwrap_or_else(|p| p.into_inner())
                     .get_or_insert(e);
             }
+            // Only now may the archive seal its open shards (it does when this last sender
+            // goes): after a failed commit its own queue write is refused as poisoned, and
+            // that consequence must not be reported in place of the cause recorded above.
+            drop(arch_tx);
         })
     };
 
@@ -668,7 +693,7 @@ async fn commit_loop(
     mut rx: mpsc::UnboundedReceiver<Finished>,
     queue: Arc<Queue>,
     sched: Arc<Scheduler>,
-    archive: mpsc::UnboundedSender<(u16, Vec<(ShardRow, CountSource)>)>,
+    archive: &mpsc::UnboundedSender<(u16, Vec<(ShardRow, CountSource)>)>,
     dmetrics: Vec<DatasetMetrics>,
 ) -> Result<()> {
     let mut buf = Vec::new();

@@ -2,7 +2,9 @@
 //! errors, probe-in when a health check answers (SPEC §4.3).
 //!
 //! Invariant: `inflight` counts exactly the attempts between `pick` and their end, so
-//! routing and the `spool_inflight_requests` gauge agree.
+//! routing and the `spool_inflight_requests` gauge agree; it changes only through the
+//! [`InFlight`] guard of [`Server::begin`], so an attempt that panics or is cancelled is
+//! no longer counted.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -14,6 +16,24 @@ pub(crate) struct Server {
     pub(crate) inflight: AtomicUsize,
     pub(crate) up: AtomicBool,
     pub(crate) errors: AtomicU32,
+}
+
+impl Server {
+    /// Counts one attempt in flight until the guard is dropped: however the attempt ends
+    /// (an answer, an error, a panic unwinding through it, a cancel dropping it).
+    pub(crate) fn begin(&self) -> InFlight<'_> {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        InFlight(&self.inflight)
+    }
+}
+
+/// One attempt counted in its server's `inflight`; the drop gives it back.
+pub(crate) struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The servers with least-requests routing and take-out / probe-in.
@@ -88,5 +108,46 @@ impl Servers {
                 "no inference server reachable: dispatch paused until one answers"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::FutureExt;
+    use std::panic::AssertUnwindSafe;
+
+    /// The in-flight count comes back down however an attempt ends: normally, by a panic
+    /// unwinding through it, or by its future being dropped (a cancel) while it waits.
+    #[tokio::test]
+    async fn an_attempt_that_panics_or_is_dropped_is_no_longer_in_flight() {
+        let servers = Servers::new(&["http://127.0.0.1:1".to_string()]);
+        let s = &servers.list[0];
+        let count = || s.inflight.load(Ordering::Relaxed);
+
+        let done = async {
+            let _g = s.begin();
+            assert_eq!(count(), 1);
+        };
+        done.await;
+        assert_eq!(count(), 0);
+
+        let panicked = AssertUnwindSafe(async {
+            let _g = s.begin();
+            assert_eq!(count(), 1);
+            panic!("a bug in the client");
+        })
+        .catch_unwind()
+        .await;
+        assert!(panicked.is_err());
+        assert_eq!(count(), 0, "a panic left the attempt counted");
+
+        let waiting = async {
+            let _g = s.begin();
+            std::future::pending::<()>().await;
+        };
+        let cancelled = tokio::time::timeout(std::time::Duration::from_millis(10), waiting).await;
+        assert!(cancelled.is_err());
+        assert_eq!(count(), 0, "a dropped attempt left it counted");
     }
 }

@@ -2,7 +2,12 @@
 //! completes, fails for good, or must be given back (shutdown, budget cancel).
 //!
 //! Invariant: every lease ends in exactly one of: a `Finished` sent to the committer, or
-//! `Scheduler::release`. A connection refused burns no attempt.
+//! `Scheduler::release` — also when the task panics: a panic inside an attempt is that
+//! attempt's failure (retried like a malformed answer, the item failed with the panic's
+//! message after `max_attempts`), a panic anywhere else fails the item at once; and a
+//! server's in-flight count is restored by a guard however the attempt ends. Otherwise
+//! the scheduler would wait forever for a lease that never ends. A connection refused
+//! burns no attempt.
 //!
 //! Faults (SPEC §4.4): transient errors are retried after [`backoff`] (exponential, jitter,
 //! never sooner than `Retry-After`); other 4xx fail the item with the server's message.
@@ -19,6 +24,8 @@ use crate::servers::Servers;
 use crate::shard::ShardRow;
 use crate::template::PromptBuilder;
 use crate::upstream::{CountSource, GenerateRequest, Generation, Upstream, UpstreamError};
+use futures_util::FutureExt;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -52,6 +59,66 @@ pub(crate) struct Ctx {
     pub(crate) hard_stop: CancellationToken,
     pub(crate) commits: mpsc::UnboundedSender<Finished>,
     pub(crate) nonce: AtomicU64,
+}
+
+/// Env var (tests only): `N` makes the Nth request attempt of the process panic inside its
+/// task, `N-M` the Nth to the Mth (counted from 1 in the order attempts start), as a bug in
+/// the HTTP client meeting a hostile answer would.
+pub const FAULT_PANIC_ENV: &str = "SPOOL_FAULT_PANIC_IN_REQUEST";
+
+/// Env var (tests only): `N` (or `N-M`) makes the building of the Nth completed answer's
+/// shard row panic: a panic outside any attempt, which fails the item at once.
+pub const FAULT_PANIC_ROW_ENV: &str = "SPOOL_FAULT_PANIC_IN_ROW";
+
+/// The injected panics of [`FAULT_PANIC_ENV`] and [`FAULT_PANIC_ROW_ENV`].
+mod fault {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+
+    /// One place that can be made to panic, armed by an env var.
+    pub(super) struct Point {
+        env: &'static str,
+        what: &'static str,
+        /// The armed range (read from the env var once).
+        range: OnceLock<Option<(u64, u64)>>,
+        /// Times this place was reached (only counted while armed).
+        reached: AtomicU64,
+    }
+
+    pub(super) static REQUEST: Point = Point::new(super::FAULT_PANIC_ENV, "request");
+    pub(super) static ROW: Point = Point::new(super::FAULT_PANIC_ROW_ENV, "row");
+
+    impl Point {
+        const fn new(env: &'static str, what: &'static str) -> Point {
+            Point {
+                env,
+                what,
+                range: OnceLock::new(),
+                reached: AtomicU64::new(0),
+            }
+        }
+
+        /// Panics when this is one of the armed times this place is reached.
+        pub(super) fn panic_if_due(&self) {
+            let armed = *self
+                .range
+                .get_or_init(|| parse(&std::env::var(self.env).ok()?));
+            let Some((first, last)) = armed else {
+                return;
+            };
+            let n = self.reached.fetch_add(1, Ordering::Relaxed) + 1;
+            if (first..=last).contains(&n) {
+                panic!("injected panic in {} {n} ({})", self.what, self.env);
+            }
+        }
+    }
+
+    /// `N` → (N, N); `N-M` → (N, M); anything else disarms the fault.
+    fn parse(v: &str) -> Option<(u64, u64)> {
+        let (a, b) = v.trim().split_once('-').unwrap_or((v.trim(), v.trim()));
+        let (a, b) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+        (a >= 1 && a <= b).then_some((a, b))
+    }
 }
 
 /// Env var: how often (ms) the "no inference server reachable" line is repeated while
@@ -107,8 +174,125 @@ pub(crate) fn backoff(attempt: u32, retry_after: Option<Duration>) -> Duration {
     }
 }
 
+/// How a lease's work ends: exactly one of these is applied, in one place ([`work`]).
+enum End {
+    /// Given back unfinished (shutdown, budget cancel): the row stays pending.
+    GiveBack,
+    /// An outcome for the committer.
+    Commit {
+        outcome: Outcome,
+        count_source: CountSource,
+        duration_s: f64,
+        ttft_s: Option<f64>,
+    },
+}
+
+/// Why one attempt failed: the server's answer, or a panic in the code handling it.
+enum AttemptError {
+    Upstream(UpstreamError),
+    /// The attempt's future panicked (the message): a bug met on this answer. Counted as a
+    /// failed attempt like a malformed answer, so a panic that depends on what the server
+    /// sent is retried and one that does not fails the item after `max_attempts`.
+    Panic(String),
+}
+
+impl AttemptError {
+    fn is_unreachable(&self) -> bool {
+        matches!(self, AttemptError::Upstream(e) if e.is_unreachable())
+    }
+
+    fn is_retriable(&self) -> bool {
+        match self {
+            AttemptError::Upstream(e) => e.is_retriable(),
+            AttemptError::Panic(_) => true,
+        }
+    }
+
+    fn is_throttled(&self) -> bool {
+        matches!(
+            self,
+            AttemptError::Upstream(UpstreamError::Status { code: 429, .. })
+        )
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            AttemptError::Upstream(e) => e.retry_after(),
+            AttemptError::Panic(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for AttemptError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttemptError::Upstream(e) => e.fmt(f),
+            AttemptError::Panic(msg) => write!(f, "the request panicked: {msg}"),
+        }
+    }
+}
+
+/// The text of a panic's payload (what `panic!` was given), for the log and the item's
+/// failure reason.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(a panic without a message)".to_string())
+}
+
 /// Sends one leased item until it completes, fails for good, or must be given back.
+///
+/// Whatever happens inside (a panic included), the lease ends exactly once, here: a panic
+/// outside an attempt fails the item at once with the panic's message, so the scheduler's
+/// count of work in flight always comes back down and the run ends.
 pub(crate) async fn work(ctx: &Ctx, lease: Lease) {
+    let mut attempts = 0u32;
+    let end = AssertUnwindSafe(attempt_until_done(ctx, &lease, &mut attempts))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|payload| {
+            let reason = format!("spool panicked handling this item: {}", panic_message(&*payload));
+            tracing::error!(dataset = %ctx.names[lease.lane], row = lease.row, reason = %reason, "item failed permanently");
+            End::Commit {
+                outcome: Outcome::Failed {
+                    ds: lease.ds,
+                    row: lease.row,
+                    failure: Failure {
+                        reason,
+                        attempts: attempts.max(1),
+                    },
+                },
+                count_source: CountSource::Server,
+                duration_s: 0.0,
+                ttft_s: None,
+            }
+        });
+    match end {
+        End::GiveBack => ctx.sched.release(&lease),
+        End::Commit {
+            outcome,
+            count_source,
+            duration_s,
+            ttft_s,
+        } => {
+            // A closed channel means the committer stopped on a fatal error, which has
+            // stopped the run: the item stays pending in the queue.
+            let _ = ctx.commits.send(Finished {
+                lease,
+                outcome,
+                count_source,
+                duration_s,
+                ttft_s,
+            });
+        }
+    }
+}
+
+/// The attempts of one leased item; `attempts` counts those burned (read by [`work`] when
+/// this panics).
+async fn attempt_until_done(ctx: &Ctx, lease: &Lease, attempts: &mut u32) -> End {
     let lane = lease.lane;
     let name = &ctx.names[lane];
     let dm = &ctx.dmetrics[lane];
@@ -116,8 +300,7 @@ pub(crate) async fn work(ctx: &Ctx, lease: Lease) {
         Ok(Some(i)) => i,
         other => {
             tracing::error!(dataset = %name, row = lease.row, result = ?other.err(), "leased item missing from the queue");
-            ctx.sched.release(&lease);
-            return;
+            return End::GiveBack;
         }
     };
     let messages: Option<serde_json::Value> = item
@@ -126,7 +309,6 @@ pub(crate) async fn work(ctx: &Ctx, lease: Lease) {
         .and_then(|m| serde_json::from_str(m).ok());
     let sampling = &ctx.sampling[lane];
     let max_attempts = ctx.cfg.server.max_attempts;
-    let mut attempts = 0u32;
     let mut unreachable_waits = 0u32;
     loop {
         let si = ctx.servers.pick();
@@ -137,7 +319,7 @@ pub(crate) async fn work(ctx: &Ctx, lease: Lease) {
             lease.row,
             ctx.nonce.fetch_add(1, Ordering::Relaxed)
         );
-        attempts += 1;
+        *attempts += 1;
         lease.streamed.store(0, Ordering::Relaxed);
         let sink = |n: u32| {
             lease.streamed.fetch_add(n, Ordering::Relaxed);
@@ -150,16 +332,29 @@ pub(crate) async fn work(ctx: &Ctx, lease: Lease) {
             messages: messages.as_ref(),
             sampling,
         };
-        server.inflight.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
+        // A panic inside the attempt (the HTTP client, a parser) is this attempt's failure;
+        // the in-flight count is restored by the guard whether it ends, panics or is dropped.
+        let in_flight = server.begin();
+        let attempt = AssertUnwindSafe(async {
+            fault::REQUEST.panic_if_due();
+            ctx.upstream.generate(&server.url, &req, &sink).await
+        })
+        .catch_unwind();
         let res = tokio::select! {
-            r = ctx.upstream.generate(&server.url, &req, &sink) => Some(r),
+            r = attempt => Some(r),
             _ = lease.cancel.cancelled() => None,
             _ = ctx.hard_stop.cancelled() => None,
         };
-        server.inflight.fetch_sub(1, Ordering::Relaxed);
+        drop(in_flight);
         let res = match res {
-            Some(r) => r,
+            Some(Ok(r)) => r.map_err(AttemptError::Upstream),
+            Some(Err(payload)) => {
+                let msg = panic_message(&*payload);
+                tracing::warn!(dataset = %name, row = lease.row, attempt = *attempts, panic = %msg,
+                    "the request panicked; counted as a failed attempt");
+                Err(AttemptError::Panic(msg))
+            }
             None => {
                 // Budget cancel or hard stop: abort upstream, give the item back. The abort
                 // is best effort and must not hold up a shutdown past its grace.
@@ -169,33 +364,30 @@ pub(crate) async fn work(ctx: &Ctx, lease: Lease) {
                 if lease.cancel.is_cancelled() && wasted > 0 {
                     let _ = ctx.queue.add_wasted(lease.ds, u64::from(wasted));
                 }
-                ctx.sched.release(&lease);
-                return;
+                return End::GiveBack;
             }
         };
         let err = match res {
             Ok(g) => {
                 ctx.servers.ok(si);
                 let duration_s = started.elapsed().as_secs_f64();
-                let (row, source) = to_row(ctx, &lease, item, g, attempts);
+                let (row, count_source) = to_row(ctx, lease, item, g, *attempts);
                 let ttft_s = row.ttft_ms.map(|t| f64::from(t) / 1000.0);
-                let _ = ctx.commits.send(Finished {
+                return End::Commit {
                     outcome: Outcome::Done {
                         ds: lease.ds,
                         result: Box::new(row),
                     },
-                    lease,
-                    count_source: source,
+                    count_source,
                     duration_s,
                     ttft_s,
-                });
-                return;
+                };
             }
             Err(e) => e,
         };
         if err.is_unreachable() {
             // Says nothing about the item: no attempt burned; wait for a server.
-            attempts -= 1;
+            *attempts -= 1;
             ctx.servers.error(si);
             unreachable_waits += 1;
             tracing::debug!(dataset = %name, row = lease.row, error = %err, "server unreachable; no attempt counted");
@@ -214,48 +406,46 @@ pub(crate) async fn work(ctx: &Ctx, lease: Lease) {
                 }
             };
             let go_on = tokio::select! {
-                go = sleep_or_stop(ctx, &lease, wait) => go,
+                go = sleep_or_stop(ctx, lease, wait) => go,
                 _ = back => !ctx.stop.is_cancelled(),
             };
             if !go_on {
-                ctx.sched.release(&lease);
-                return;
+                return End::GiveBack;
             }
             continue;
         }
         // A 429 says the server is alive and busy: its Retry-After paces this item, and it
         // does not count towards taking the server out of rotation.
-        let throttled = matches!(err, UpstreamError::Status { code: 429, .. });
-        if err.is_retriable() && !throttled {
+        if err.is_retriable() && !err.is_throttled() {
             ctx.servers.error(si);
         }
-        if err.is_retriable() && attempts < max_attempts {
+        if err.is_retriable() && *attempts < max_attempts {
             dm.retry.inc();
-            tracing::debug!(dataset = %name, row = lease.row, attempt = attempts, error = %err, "attempt failed; retrying");
-            if !sleep_or_stop(ctx, &lease, backoff(attempts, err.retry_after())).await {
-                ctx.sched.release(&lease);
-                return;
+            tracing::debug!(dataset = %name, row = lease.row, attempt = *attempts, error = %err, "attempt failed; retrying");
+            if !sleep_or_stop(ctx, lease, backoff(*attempts, err.retry_after())).await {
+                return End::GiveBack;
             }
             continue;
         }
-        let reason = describe(&err, attempts);
+        let reason = describe(&err, *attempts);
         tracing::warn!(dataset = %name, row = lease.row, id = %item.id, reason = %reason, "item failed permanently");
-        let _ = ctx.commits.send(Finished {
+        return End::Commit {
             outcome: Outcome::Failed {
                 ds: lease.ds,
                 row: lease.row,
-                failure: Failure { reason, attempts },
+                failure: Failure {
+                    reason,
+                    attempts: *attempts,
+                },
             },
-            lease,
             count_source: CountSource::Server,
             duration_s: 0.0,
             ttft_s: None,
-        });
-        return;
+        };
     }
 }
 
-fn describe(e: &UpstreamError, attempts: u32) -> String {
+fn describe(e: &AttemptError, attempts: u32) -> String {
     if e.is_retriable() {
         format!("{e} (gave up after {attempts} attempts)")
     } else {
@@ -287,6 +477,7 @@ fn to_row(
     g: Generation,
     attempts: u32,
 ) -> (ShardRow, CountSource) {
+    fault::ROW.panic_if_due();
     let tok = ctx.builder.tokenizer();
     let server_ids = g.token_ids.is_some();
     let completion_ids = match (g.token_ids, tok) {

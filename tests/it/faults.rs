@@ -1033,7 +1033,9 @@ async fn a_full_queue_disk_stops_the_run_and_the_next_run_resumes_exactly() {
 async fn a_torn_queue_write_is_repaired_by_the_next_run() {
     let mock = Mock::start(fast_mock()).await;
     let dir = tempfile::tempdir().unwrap();
-    let n = 60;
+    // Enough items that a 5th commit comes however results group: each wave of
+    // `concurrency` fast answers can be a single group commit.
+    let n = 200;
     let cfg = one_dataset_config(dir.path(), &mock.url, "completions", true, n);
     let first = spool(
         &cfg,
@@ -1070,6 +1072,51 @@ async fn a_torn_queue_write_is_repaired_by_the_next_run() {
     assert_exactly_once(&shard_rows(&dir.path().join("out"), "a"), &ids("p", n));
 }
 
+/// Regression (the full-queue-disk test's rare failure): when a commit fails, the archive
+/// seals its open shard as the run stops, and its queue write is refused because the queue
+/// is poisoned. That refusal is a consequence; if the committer's task was descheduled
+/// between its failure and reporting it (forced here by a pause), the archive's "an
+/// earlier queue write failed" was reported instead of the cause (`No space left on
+/// device`, here the injected torn write). The archive may now seal only once the
+/// committer has recorded its error. The next run repairs the queue and adopts the shard:
+/// every prompt once, verify clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_commit_is_reported_as_the_cause_not_the_archives_refused_write() {
+    let mock = Mock::start(fast_mock()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let n = 200;
+    let cfg = one_dataset_config(dir.path(), &mock.url, "completions", true, n);
+    // One shard for the run: it is still open, with the rows of the first two commits, when
+    // the third fails.
+    edit_config(&cfg, "max_rows = 25", "max_rows = 1000");
+    let first = spool(
+        &cfg,
+        &["run"],
+        &[
+            ("SPOOL_FAULT_QUEUE_TORN_COMMIT", "3"),
+            ("SPOOL_FAULT_COMMIT_FAILED_PAUSE_MS", "1000"),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert_eq!(first.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("pausing the committer before it reports its error"),
+        "{stderr}"
+    );
+    let last = stderr.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("spool: error: cannot store results in the queue in")
+            && last.contains("injected torn write"),
+        "the cause is reported, not its consequence: {last}"
+    );
+    let second = spool(&cfg, &["run", "-q"], &[]);
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("queue repaired"), "{stderr}");
+    assert_verify_clean(&cfg);
+    assert_exactly_once(&shard_rows(&dir.path().join("out"), "a"), &ids("p", n));
+}
+
 /// Regression: a 429 counted as a server error, so three in a row took a healthy but
 /// busy server out of rotation, paused dispatch and logged "no inference server
 /// reachable". A throttling server stays in rotation; its Retry-After paces the retries.
@@ -1092,4 +1139,107 @@ async fn a_throttling_server_stays_in_rotation() {
     let log = p.stderr();
     assert!(!log.contains("taken out of rotation"), "{log}");
     assert!(!log.contains("no inference server reachable"), "{log}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Panics in a request
+// ---------------------------------------------------------------------------------------
+
+/// A request task that panics (injected in the 3rd attempt, where a bug in the HTTP client
+/// meeting a hostile answer would) is one failed attempt: its lease and its server's
+/// in-flight count are given back, the item is retried and completes, the log says why,
+/// and the run ends by itself. Without the catch the lease never ended and the run waited
+/// forever (this test then fails at its time limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_a_request_is_a_failed_attempt_and_the_item_is_retried() {
+    for stream in [true, false] {
+        let mock = Mock::start(fast_mock()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let n = 20;
+        let cfg = one_dataset_config(dir.path(), &mock.url, "completions", stream, n);
+        let mut p = Proc::spawn(&cfg, &["run"], &[("SPOOL_FAULT_PANIC_IN_REQUEST", "3")]);
+        let (status, _) = p.wait(Duration::from_secs(60)).await;
+        let stderr = p.stderr();
+        assert_eq!(status.code(), Some(0), "stream={stream}: {stderr}");
+        assert_eq!(
+            p.count("the request panicked; counted as a failed attempt"),
+            1,
+            "stream={stream}: {stderr}"
+        );
+        assert!(stderr.contains("injected panic in request 3"), "{stderr}");
+        assert_verify_clean(&cfg);
+        let rows = shard_rows(&dir.path().join("out"), "a");
+        assert_exactly_once(&rows, &ids("p", n));
+        // The panicking attempt counted: one item took two attempts, every other one.
+        let mut attempts: Vec<u32> = rows.iter().map(|r| r.attempts).collect();
+        attempts.sort_unstable();
+        let mut want = vec![1; n - 1];
+        want.push(2);
+        assert_eq!(attempts, want, "stream={stream}");
+    }
+}
+
+/// An item whose every attempt panics is retried up to `max_attempts`, then failed for good
+/// with the panic's message as its reason (exit 3, `status` shows it); the other items
+/// complete, and `verify` is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_whose_every_attempt_panics_fails_with_the_panic_as_reason() {
+    let mock = Mock::start(fast_mock()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let n = 6;
+    let cfg = one_dataset_config(dir.path(), &mock.url, "completions", true, n);
+    // One request at a time: the first item's two attempts are the first two requests.
+    edit_config(&cfg, "concurrency = 16", "concurrency = 1");
+    edit_config(&cfg, "max_attempts = 4", "max_attempts = 2");
+    let mut p = Proc::spawn(&cfg, &["run"], &[("SPOOL_FAULT_PANIC_IN_REQUEST", "1-2")]);
+    let (status, _) = p.wait(Duration::from_secs(60)).await;
+    let stderr = p.stderr();
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert_eq!(
+        p.count("the request panicked; counted as a failed attempt"),
+        2,
+        "{stderr}"
+    );
+    let j = status_json(&cfg);
+    let d = &j["datasets"][0];
+    assert_eq!(d["failed"], 1, "{j}");
+    assert_eq!(d["done"], n as u64 - 1, "{j}");
+    let reason = d["failures"][0][1].as_str().unwrap_or_default();
+    assert_eq!(d["failures"][0][0], 1, "the first line failed: {j}");
+    assert!(
+        reason.contains("the request panicked: injected panic in request 2")
+            && reason.contains("gave up after 2 attempts"),
+        "{reason}"
+    );
+    assert_verify_clean(&cfg);
+    let mut want = ids("p", n);
+    want.remove(0);
+    assert_exactly_once(&shard_rows(&dir.path().join("out"), "a"), &want);
+}
+
+/// A panic in an item's task outside any attempt (injected while the shard row of the 1st
+/// completed answer is built) fails that item at once with the panic's message; the other
+/// items complete and the run ends by itself (exit 3), `verify` clean. Without the catch
+/// around the whole task its lease never ended and the run waited forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_outside_an_attempt_fails_the_item_and_the_run_ends() {
+    let mock = Mock::start(fast_mock()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let n = 10;
+    let cfg = one_dataset_config(dir.path(), &mock.url, "completions", true, n);
+    let mut p = Proc::spawn(&cfg, &["run"], &[("SPOOL_FAULT_PANIC_IN_ROW", "1")]);
+    let (status, _) = p.wait(Duration::from_secs(60)).await;
+    let stderr = p.stderr();
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    let j = status_json(&cfg);
+    let d = &j["datasets"][0];
+    assert_eq!(d["failed"], 1, "{j}");
+    assert_eq!(d["done"], n as u64 - 1, "{j}");
+    let reason = d["failures"][0][1].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("spool panicked handling this item: injected panic in row 1"),
+        "{reason}"
+    );
+    assert_verify_clean(&cfg);
+    assert_eq!(shard_rows(&dir.path().join("out"), "a").len(), n - 1);
 }
