@@ -9,9 +9,12 @@
 //! verify` is clean, and every row in the shards is one of the prompts. Cases with a
 //! definite right answer check it too: streams the event-stream rules allow (a byte-order
 //! mark, bare-CR line ends) keep every token of text, framing RFC 9112 calls an
-//! unrecoverable error (differing `Content-Length`s, a garbage status line, a chunk size
-//! that does not fit 64 bits) completes nothing, a smuggled second answer never reaches a
-//! shard, and a redirect gets one behaviour whether streaming or not.
+//! unrecoverable error (differing `Content-Length`s, a `+` in a length or chunk size, a
+//! garbage status line, a chunk size that does not fit 64 bits) completes nothing, a
+//! smuggled second answer never reaches a shard, a connection that carried an answer
+//! framed by both `Content-Length` and `Transfer-Encoding` is not used again, ids that do
+//! not fit 32 bits are never written wrapped, and a redirect gets one behaviour whether
+//! streaming or not.
 //!
 //! Invariants of the harness: only loopback, port 0; a run that exceeds the memory limit
 //! is killed at once (an unbounded buffer must not take the machine down) and fails its
@@ -80,8 +83,15 @@ enum Case {
     /// `Content-Length` and `Transfer-Encoding: chunked`, and a second answer after the
     /// chunked body in the same write.
     ClTeSmuggle,
+    /// `Content-Length` and `Transfer-Encoding: chunked` on a valid answer, and the
+    /// connection kept open for the next request.
+    ClTeReuse,
     /// Two differing `Content-Length`s; the longer one would read a valid body too.
     DuplicateContentLength,
+    /// `Content-Length: +N`: not a valid length (digits only).
+    PlusContentLength,
+    /// A chunk size `+N`: not a valid chunk size (hex digits only).
+    PlusChunkSize,
     /// `HTTP/1.1 2OO OK` before a valid answer.
     GarbageStatusLine,
     /// A valid answer, one byte a second.
@@ -269,6 +279,9 @@ fn nonsense_bodies(api: Api, stream: bool) -> Vec<String> {
 struct Seen {
     /// Generation requests (the probe's self-check included).
     generations: AtomicUsize,
+    /// Requests sent on a connection after an answer framed by both `Content-Length` and
+    /// `Transfer-Encoding`.
+    after_cl_te: AtomicUsize,
 }
 
 /// The hostile server: one thread accepting, one per connection; stopped when dropped.
@@ -385,6 +398,8 @@ fn serve(mut s: TcpStream, case: Case, api: Api, stream: bool, seen: &Seen) {
     // A client that stops reading must not pin this thread for ever.
     let _ = s.set_write_timeout(Some(HOLD));
     let mut buf = Vec::new();
+    // Whether this connection carried a generation answer already.
+    let mut answered = false;
     while let Some(req) = read_request(&mut s, &mut buf) {
         if req.method == "GET" {
             let _ = s.write_all(probe_answer(&req.path).as_bytes());
@@ -395,6 +410,10 @@ fn serve(mut s: TcpStream, case: Case, api: Api, stream: bool, seen: &Seen) {
             continue;
         }
         let n = seen.generations.fetch_add(1, Ordering::SeqCst);
+        if case == Case::ClTeReuse && answered {
+            seen.after_cl_te.fetch_add(1, Ordering::SeqCst);
+        }
+        answered = true;
         let ct = content_type(stream);
         let p = payload(api, stream);
         match case {
@@ -524,6 +543,31 @@ fn serve(mut s: TcpStream, case: Case, api: Api, stream: bool, seen: &Seen) {
                 }
                 return;
             }
+            Case::ClTeReuse => {
+                let chunked = format!("{:x}\r\n{p}\r\n0\r\n\r\n", p.len());
+                let a = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: {ct}\r\nContent-Length: {}\r\nTransfer-Encoding: chunked\r\n\r\n{chunked}",
+                    chunked.len()
+                );
+                if s.write_all(a.as_bytes()).is_err() {
+                    return;
+                }
+            }
+            Case::PlusContentLength => {
+                let a = framed(stream, &p).replacen("Content-Length: ", "Content-Length: +", 1);
+                let _ = s.write_all(a.as_bytes());
+                return hold(&mut s);
+            }
+            Case::PlusChunkSize => {
+                let _ = s.write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: {ct}\r\nTransfer-Encoding: chunked\r\n\r\n+{:x}\r\n{p}\r\n0\r\n\r\n",
+                        p.len()
+                    )
+                    .as_bytes(),
+                );
+                return hold(&mut s);
+            }
             Case::DuplicateContentLength => {
                 // Whitespace after a JSON body is still valid JSON: reading by either
                 // length gives a complete answer, so only refusing is visible.
@@ -628,6 +672,9 @@ struct Outcome {
     stderr: String,
     rows: Vec<ShardRow>,
     elapsed: Duration,
+    /// Requests the client sent on a connection after a `Content-Length` +
+    /// `Transfer-Encoding` answer.
+    after_cl_te: usize,
 }
 
 fn write_config(dir: &Path, url: &str, api: Api, stream: bool) -> PathBuf {
@@ -785,6 +832,7 @@ fn run_case(case: Case, api: Api, stream: bool) -> Outcome {
         stderr,
         rows,
         elapsed,
+        after_cl_te: server.seen.after_cl_te.load(Ordering::SeqCst),
     }
 }
 
@@ -860,6 +908,12 @@ hostile! {
     endless_body_to_eof_stream: EndlessBodyToEof, Sglang, true, assert_nothing_completed;
     cl_te_smuggle_whole: ClTeSmuggle, Sglang, false, assert_nothing_smuggled;
     cl_te_smuggle_stream: ClTeSmuggle, Sglang, true, assert_nothing_smuggled;
+    cl_te_reuse_whole: ClTeReuse, Sglang, false, assert_cl_te_connection_not_reused;
+    cl_te_reuse_stream: ClTeReuse, Sglang, true, assert_cl_te_connection_not_reused;
+    plus_content_length_whole: PlusContentLength, Sglang, false, assert_nothing_completed;
+    plus_content_length_stream: PlusContentLength, Sglang, true, assert_nothing_completed;
+    plus_chunk_size_whole: PlusChunkSize, Sglang, false, assert_nothing_completed;
+    plus_chunk_size_stream: PlusChunkSize, Sglang, true, assert_nothing_completed;
     duplicate_content_length_whole: DuplicateContentLength, Sglang, false, assert_nothing_completed;
     duplicate_content_length_stream: DuplicateContentLength, Sglang, true, assert_nothing_completed;
     garbage_status_line_whole: GarbageStatusLine, Sglang, false, assert_nothing_completed;
@@ -895,6 +949,17 @@ fn assert_nothing_smuggled(o: &Outcome, what: &str) {
     assert!(
         bad.is_empty(),
         "{what}: the smuggled answer was taken as the answer of {bad:?}"
+    );
+}
+
+/// An answer framed by both `Content-Length` and `Transfer-Encoding` (a smuggling shape,
+/// RFC 9112 §6.3) ends its connection: no request follows it there. Whether the answer
+/// itself is read (by its chunking) or refused is the client's choice.
+fn assert_cl_te_connection_not_reused(o: &Outcome, what: &str) {
+    assert_eq!(
+        o.after_cl_te, 0,
+        "{what}: {} request(s) sent on connections after a Content-Length + Transfer-Encoding answer",
+        o.after_cl_te
     );
 }
 
