@@ -34,8 +34,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Prompts per run: more than [`CONCURRENCY`], so connections are reused.
-const PROMPTS: usize = 6;
 /// Requests in flight.
 const CONCURRENCY: usize = 4;
 /// `server.max_response_bytes`.
@@ -46,8 +44,8 @@ const REQUEST_TIMEOUT_S: u64 = 2;
 const MAX_ATTEMPTS: u32 = 2;
 /// Peak RSS a run may reach; more means something buffers without bound.
 const RSS_LIMIT: u64 = 250 << 20;
-/// A run still going after this hangs: even the slowest case (every attempt timing out,
-/// two waves of requests) ends in about 10 s, on a loaded machine too.
+/// A run still going after this hangs: even the slowest case (every attempt timing out)
+/// ends in about 10 s, on a loaded machine too.
 const RUN_DEADLINE: Duration = Duration::from_secs(30);
 /// How long the server keeps an answered-but-abandoned connection open (so the client,
 /// not the server, decides when to give up).
@@ -666,8 +664,21 @@ fn smuggled(api: Api, stream: bool) -> String {
 
 // --- The harness ---------------------------------------------------------------------
 
+/// Prompts of a run of `case`. As many as requests in flight, so a failing run is one
+/// wave of attempts (spool takes a failing server out of rotation, and each item dispatched
+/// while it is out waits for a health probe, seconds apart); twice as many where the case
+/// is about what a client does with a connection it used before.
+fn prompts(case: Case) -> usize {
+    match case {
+        Case::ClTeSmuggle | Case::ClTeReuse => 2 * CONCURRENCY,
+        _ => CONCURRENCY,
+    }
+}
+
 /// What one run of `spool run` left.
 struct Outcome {
+    /// Prompts in the run.
+    prompts: usize,
     code: Option<i32>,
     stderr: String,
     rows: Vec<ShardRow>,
@@ -730,6 +741,8 @@ fn run_spool(cfg: &Path, dir: &Path) -> (Option<i32>, u64, String, Duration, Opt
     let child = Command::new(spool_bin())
         .args(["run", "-c"])
         .arg(cfg)
+        // A panic's message and place are what a failure report needs, not its frames.
+        .env("RUST_BACKTRACE", "0")
         .stdout(Stdio::null())
         .stderr(Stdio::from(err_file))
         .spawn()
@@ -781,18 +794,24 @@ fn tail(s: &str) -> String {
 /// what the run left for the case's own checks.
 fn run_case(case: Case, api: Api, stream: bool) -> Outcome {
     let dir = tempfile::tempdir().expect("tempdir");
-    write_prompts(&dir.path().join("prompts.jsonl"), "h", PROMPTS);
+    let n = prompts(case);
+    write_prompts(&dir.path().join("prompts.jsonl"), "h", n);
     let server = Hostile::start(case, api, stream);
     let cfg = write_config(dir.path(), &server.url, api, stream);
     let (code, peak_rss, stderr, elapsed, killed) = run_spool(&cfg, dir.path());
     let what = format!("{case:?} api={} stream={stream}", api.name());
+    let panics: Vec<&str> = stderr.lines().filter(|l| l.contains("panicked")).collect();
     assert!(
         killed.is_none(),
-        "{what}: killed: {}; stderr tail:\n{}",
+        "{what}: killed: {}; {} panic(s) in its stderr{}; stderr tail:\n{}",
         killed.unwrap_or_default(),
+        panics.len(),
+        panics
+            .first()
+            .map(|p| format!(", first: {p}"))
+            .unwrap_or_default(),
         tail(&stderr)
     );
-    let panics: Vec<&str> = stderr.lines().filter(|l| l.contains("panicked")).collect();
     assert!(
         panics.is_empty(),
         "{what}: {} panic(s) in spool's stderr, first: {}",
@@ -812,7 +831,7 @@ fn run_case(case: Case, api: Api, stream: bool) -> Outcome {
     );
     assert_verify_clean(&cfg);
     let rows = shard_rows(&dir.path().join("out"), "hostile");
-    let ids: Vec<String> = (0..PROMPTS).map(|i| format!("h{i}")).collect();
+    let ids: Vec<String> = (0..n).map(|i| format!("h{i}")).collect();
     for r in &rows {
         assert!(
             ids.contains(&r.id),
@@ -821,13 +840,14 @@ fn run_case(case: Case, api: Api, stream: bool) -> Outcome {
         );
     }
     eprintln!(
-        "{what}: exit {code:?}, {} of {PROMPTS} done, peak RSS {} MiB, {:.1} s, {} generation requests",
+        "{what}: exit {code:?}, {} of {n} done, peak RSS {} MiB, {:.1} s, {} generation requests",
         rows.len(),
         peak_rss >> 20,
         elapsed.as_secs_f64(),
         server.seen.generations.load(Ordering::SeqCst)
     );
     Outcome {
+        prompts: n,
         code,
         stderr,
         rows,
@@ -856,7 +876,7 @@ fn assert_every_token_kept(o: &Outcome, what: &str) {
         "{what}: a legal stream fails no item; stderr tail:\n{}",
         tail(&o.stderr)
     );
-    assert_eq!(o.rows.len(), PROMPTS, "{what}: every item completes");
+    assert_eq!(o.rows.len(), o.prompts, "{what}: every item completes");
     for r in &o.rows {
         assert_eq!(
             r.completion,
@@ -978,10 +998,11 @@ fn assert_no_wrapped_ids(o: &Outcome, what: &str) {
 }
 
 /// A byte a second holds no request past its timeout: the run ends within the bound its
-/// attempts, timeouts and backoff allow (two waves of requests, two attempts each, up to
-/// a second of backoff each, and a few seconds to start and finish).
+/// attempts, timeouts and backoff allow (its waves of requests, two attempts each, up to
+/// a second of backoff each, and a few seconds to start, wait for a health probe and
+/// finish).
 fn assert_ends_by_the_timeouts(o: &Outcome, what: &str) {
-    let waves = PROMPTS.div_ceil(CONCURRENCY) as u64;
+    let waves = o.prompts.div_ceil(CONCURRENCY) as u64;
     let bound = Duration::from_secs(waves * u64::from(MAX_ATTEMPTS) * (REQUEST_TIMEOUT_S + 1) + 8);
     assert!(
         o.elapsed < bound,
@@ -993,9 +1014,10 @@ fn assert_ends_by_the_timeouts(o: &Outcome, what: &str) {
 /// A redirect is either followed for every item or refused for every item — never a mix.
 fn assert_one_redirect_outcome(o: &Outcome, what: &str) {
     assert!(
-        o.rows.is_empty() || o.rows.len() == PROMPTS,
-        "{what}: {} of {PROMPTS} items completed",
-        o.rows.len()
+        o.rows.is_empty() || o.rows.len() == o.prompts,
+        "{what}: {} of {} items completed",
+        o.rows.len(),
+        o.prompts
     );
     if o.rows.is_empty() {
         assert!(
