@@ -20,8 +20,9 @@
 //! is killed at once (an unbounded buffer must not take the machine down) and fails its
 //! case; a run that does not end by the deadline is killed and fails its case, so a hang
 //! is a failure, not a stuck suite. The server answers the start-up probe's `GET`s
-//! sensibly (health, context length) so the run proceeds to the requests under test; the
-//! self-check `POST` meets the hostile answer like any other request.
+//! sensibly (health, context length) so the run proceeds to the requests under test (but
+//! one case, where only they are hostile); the self-check `POST` meets the hostile answer
+//! like any other request.
 
 use crate::process::assert_verify_clean;
 use crate::support::{shard_rows, spool_bin, write_prompts};
@@ -68,7 +69,8 @@ enum Case {
     /// A complete answer in a chunk, then a chunk size of 16^40 (wraps to 0 in u64) and
     /// an empty trailer section: a wrapping parser reads a complete, valid message.
     WrappingChunkSize,
-    /// A chunked body, its last chunk, then trailer lines that never end.
+    /// A chunked body, its last chunk, then trailer lines that never end (streaming, the
+    /// body is a stream's first event, so the end of the body must be read).
     EndlessTrailers,
     /// A status line, then a header line that never ends.
     EndlessHead,
@@ -104,6 +106,12 @@ enum Case {
     SseCrLineEnds,
     /// `307` to the same path under `/moved`, where a valid answer waits.
     Redirect,
+    /// The start-up probe's `GET`s get a body that never ends; generation requests get
+    /// valid answers.
+    HostileProbe,
+    /// Nothing hostile: the control that shows the harness's answers are valid for each
+    /// API, so a failing case fails for its hostility.
+    Clean,
 }
 
 /// The API the server speaks (what `server.api` says).
@@ -190,6 +198,11 @@ fn sse(events: &[String], eol: &str) -> String {
         s.push_str(&format!("data: {e}{eol}{eol}"));
     }
     s
+}
+
+/// A stream's first event alone: a stream that has not ended yet.
+fn unfinished_stream(api: Api) -> String {
+    format!("data: {}\n\n", stream_events(api)[0])
 }
 
 /// The legitimate payload of an answer: a whole JSON body, or a delta stream.
@@ -399,6 +412,13 @@ fn serve(mut s: TcpStream, case: Case, api: Api, stream: bool, seen: &Seen) {
     // Whether this connection carried a generation answer already.
     let mut answered = false;
     while let Some(req) = read_request(&mut s, &mut buf) {
+        if req.method == "GET" && case == Case::HostileProbe {
+            let head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{\"context_length\": ";
+            if s.write_all(head.as_bytes()).is_ok() {
+                write_forever(&mut s, b"9");
+            }
+            return;
+        }
         if req.method == "GET" {
             let _ = s.write_all(probe_answer(&req.path).as_bytes());
             return;
@@ -436,13 +456,7 @@ fn serve(mut s: TcpStream, case: Case, api: Api, stream: bool, seen: &Seen) {
             }
             Case::WrappingChunkSize => {
                 // Streaming, the events before the bad size must not end the stream.
-                let first = if stream {
-                    sse(&stream_events(api)[..1], "\n")
-                        .trim_end_matches("data: [DONE]\n\n")
-                        .to_string()
-                } else {
-                    p
-                };
+                let first = if stream { unfinished_stream(api) } else { p };
                 let _ = s.write_all(
                     format!(
                         "HTTP/1.1 200 OK\r\nContent-Type: {ct}\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{first}\r\n1{}\r\n\r\n",
@@ -454,6 +468,7 @@ fn serve(mut s: TcpStream, case: Case, api: Api, stream: bool, seen: &Seen) {
                 return hold(&mut s);
             }
             Case::EndlessTrailers => {
+                let p = if stream { unfinished_stream(api) } else { p };
                 let head = format!(
                     "HTTP/1.1 200 OK\r\nContent-Type: {ct}\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{p}\r\n0\r\n",
                     p.len()
@@ -622,6 +637,11 @@ fn serve(mut s: TcpStream, case: Case, api: Api, stream: bool, seen: &Seen) {
             Case::SseCrLineEnds => {
                 let body = sse(&stream_events(api), "\r");
                 if s.write_all(framed(true, &body).as_bytes()).is_err() {
+                    return;
+                }
+            }
+            Case::HostileProbe | Case::Clean => {
+                if s.write_all(framed(stream, &p).as_bytes()).is_err() {
                     return;
                 }
             }
@@ -954,6 +974,14 @@ hostile! {
     sse_cr_line_ends_sglang: SseCrLineEnds, Sglang, true, assert_every_token_kept;
     sse_cr_line_ends_completions: SseCrLineEnds, Completions, true, assert_every_token_kept;
     sse_cr_line_ends_chat: SseCrLineEnds, Chat, true, assert_every_token_kept;
+    clean_sglang_whole: Clean, Sglang, false, assert_every_token_kept;
+    clean_sglang_stream: Clean, Sglang, true, assert_every_token_kept;
+    clean_completions_whole: Clean, Completions, false, assert_every_token_kept;
+    clean_completions_stream: Clean, Completions, true, assert_every_token_kept;
+    clean_chat_whole: Clean, Chat, false, assert_every_token_kept;
+    clean_chat_stream: Clean, Chat, true, assert_every_token_kept;
+    hostile_probe_whole: HostileProbe, Sglang, false, assert_every_token_kept;
+    hostile_probe_stream: HostileProbe, Sglang, true, assert_every_token_kept;
     redirect_whole: Redirect, Sglang, false, assert_one_redirect_outcome;
     redirect_stream: Redirect, Sglang, true, assert_one_redirect_outcome;
 }
