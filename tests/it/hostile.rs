@@ -331,7 +331,7 @@ impl Drop for Hostile {
     }
 }
 
-/// One request's line and body.
+/// One request's method and path (its body is read and dropped).
 struct Request {
     method: String,
     path: String,
@@ -810,16 +810,23 @@ fn tail(s: &str) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-/// Runs `case` against a fresh queue and asserts the promises every case keeps; returns
-/// what the run left for the case's own checks.
-fn run_case(case: Case, api: Api, stream: bool) -> Outcome {
+/// A case's own check of a run (`what` names the test in its messages).
+type Check = fn(&Outcome, &str);
+
+/// For cases held to the common promises only.
+fn no_check(_: &Outcome, _: &str) {}
+
+/// Runs `case` against a fresh queue and asserts the promises every case keeps, then
+/// `check` (before `verify`, whose complaints are often a consequence of what `check`
+/// names), then `verify`; returns what the run left.
+fn run_case(name: &str, case: Case, api: Api, stream: bool, check: Check) -> Outcome {
     let dir = tempfile::tempdir().expect("tempdir");
     let n = prompts(case);
     write_prompts(&dir.path().join("prompts.jsonl"), "h", n);
     let server = Hostile::start(case, api, stream);
     let cfg = write_config(dir.path(), &server.url, api, stream);
     let (code, peak_rss, stderr, elapsed, killed) = run_spool(&cfg, dir.path());
-    let what = format!("{case:?} api={} stream={stream}", api.name());
+    let what = format!("{name} ({case:?} api={} stream={stream})", api.name());
     let panics: Vec<&str> = stderr.lines().filter(|l| l.contains("panicked")).collect();
     assert!(
         killed.is_none(),
@@ -849,7 +856,6 @@ fn run_case(case: Case, api: Api, stream: bool) -> Outcome {
         peak_rss >> 20,
         RSS_LIMIT >> 20
     );
-    assert_verify_clean(&cfg);
     let rows = shard_rows(&dir.path().join("out"), "hostile");
     let ids: Vec<String> = (0..n).map(|i| format!("h{i}")).collect();
     for r in &rows {
@@ -866,14 +872,17 @@ fn run_case(case: Case, api: Api, stream: bool) -> Outcome {
         elapsed.as_secs_f64(),
         server.seen.generations.load(Ordering::SeqCst)
     );
-    Outcome {
+    let o = Outcome {
         prompts: n,
         code,
         stderr,
         rows,
         elapsed,
         after_cl_te: server.seen.after_cl_te.load(Ordering::SeqCst),
-    }
+    };
+    check(&o, &what);
+    assert_verify_clean(&cfg);
+    o
 }
 
 /// Framing RFC 9112 calls an unrecoverable error: no answer read from it may complete an
@@ -915,16 +924,18 @@ fn assert_every_token_kept(o: &Outcome, what: &str) {
 
 // --- The cases -------------------------------------------------------------------------
 
-/// Generates one test per (name, case, api, stream) that runs the case and applies the
-/// extra check `$check(&outcome, what)` if given.
+/// Generates one test per (name, case, api, stream) that runs the case with its own
+/// check, if given.
 macro_rules! hostile {
     ($($name:ident: $case:ident, $api:ident, $stream:expr $(, $check:expr)?;)*) => {$(
         /// Runs this case against the real binary: no panic, ends by itself with 0 or 3,
         /// peak RSS under the limit, verify clean (and the case's own check, if any).
         #[test]
         fn $name() {
-            let _outcome = run_case(Case::$case, Api::$api, $stream);
-            $( ($check)(&_outcome, stringify!($name)); )?
+            #[allow(unused_variables)]
+            let check: Check = no_check;
+            $( let check: Check = $check; )?
+            run_case(stringify!($name), Case::$case, Api::$api, $stream, check);
         }
     )*};
 }
@@ -1060,8 +1071,9 @@ fn assert_one_redirect_outcome(o: &Outcome, what: &str) {
 /// same redirecting server complete the same items.
 #[test]
 fn redirect_is_handled_the_same_streaming_or_not() {
-    let whole = run_case(Case::Redirect, Api::Sglang, false);
-    let stream = run_case(Case::Redirect, Api::Sglang, true);
+    let name = "redirect_is_handled_the_same_streaming_or_not";
+    let whole = run_case(name, Case::Redirect, Api::Sglang, false, no_check);
+    let stream = run_case(name, Case::Redirect, Api::Sglang, true, no_check);
     assert_eq!(
         (whole.code, whole.rows.len()),
         (stream.code, stream.rows.len()),
