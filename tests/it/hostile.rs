@@ -104,6 +104,10 @@ enum Case {
     SseBom,
     /// A valid stream whose lines end with a bare CR.
     SseCrLineEnds,
+    /// A stream whose last event (the one with the finish reason) has no blank line
+    /// after it, and no `[DONE]`: the event-stream rules discard it, so the stream never
+    /// finished.
+    SseUnterminatedLastEvent,
     /// `307` to the same path under `/moved`, where a valid answer waits.
     Redirect,
     /// The start-up probe's `GET`s get a body that never ends; generation requests get
@@ -645,6 +649,18 @@ fn serve(mut s: TcpStream, case: Case, api: Api, stream: bool, seen: &Seen) {
                     return;
                 }
             }
+            Case::SseUnterminatedLastEvent => {
+                let mut ev = stream_events(api);
+                if api != Api::Sglang {
+                    ev.pop(); // the usage event: the finish reason comes last
+                }
+                let last = ev.pop().unwrap_or_default();
+                let mut body: String = ev.iter().map(|e| format!("data: {e}\n\n")).collect();
+                body.push_str(&format!("data: {last}"));
+                if s.write_all(framed(true, &body).as_bytes()).is_err() {
+                    return;
+                }
+            }
             Case::Redirect => {
                 let a = if req.path.starts_with("/moved/") {
                     framed(stream, &p)
@@ -885,12 +901,12 @@ fn run_case(name: &str, case: Case, api: Api, stream: bool, check: Check) -> Out
     o
 }
 
-/// Framing RFC 9112 calls an unrecoverable error: no answer read from it may complete an
-/// item.
+/// No item completes from an answer that is not complete and well framed: framing RFC
+/// 9112 calls an unrecoverable error, or a stream that never finished.
 fn assert_nothing_completed(o: &Outcome, what: &str) {
     assert!(
         o.rows.is_empty(),
-        "{what}: {} item(s) completed from a misframed answer, e.g. {:?}",
+        "{what}: {} item(s) completed from a misframed or unfinished answer, e.g. {:?}",
         o.rows.len(),
         o.rows.first().map(|r| &r.completion)
     );
@@ -985,6 +1001,8 @@ hostile! {
     sse_cr_line_ends_sglang: SseCrLineEnds, Sglang, true, assert_every_token_kept;
     sse_cr_line_ends_completions: SseCrLineEnds, Completions, true, assert_every_token_kept;
     sse_cr_line_ends_chat: SseCrLineEnds, Chat, true, assert_every_token_kept;
+    sse_unterminated_last_event_sglang: SseUnterminatedLastEvent, Sglang, true, assert_nothing_completed;
+    sse_unterminated_last_event_chat: SseUnterminatedLastEvent, Chat, true, assert_nothing_completed;
     clean_sglang_whole: Clean, Sglang, false, assert_every_token_kept;
     clean_sglang_stream: Clean, Sglang, true, assert_every_token_kept;
     clean_completions_whole: Clean, Completions, false, assert_every_token_kept;
