@@ -12,6 +12,7 @@ mod e2e;
 mod export;
 mod fast_bpe;
 mod faults;
+mod hostile;
 mod inputs;
 mod mock_server;
 mod observability;
