@@ -134,15 +134,19 @@ impl Conn {
     /// unasked answer, either of which means it is being closed.
     fn ready(&mut self, check: bool) -> bool {
         if check {
-            if !quiet(self.fd) {
-                return false;
-            }
-            // Lets hyper see anything it has buffered; nothing waits on this poll, so a
-            // connection in the pool wakes no task.
-            let mut cx = Context::from_waker(Waker::noop());
-            if Pin::new(&mut self.conn).poll(&mut cx).is_ready() {
-                return false;
-            }
+            quiet(self.fd) && self.settle()
+        } else {
+            self.tx.is_ready()
+        }
+    }
+
+    /// Polls hyper's connection once, which moves one whose answer was read into its idle
+    /// state (wanting a request) or sees its end; whether it can carry a request. Nothing
+    /// waits on this poll, so a connection in the pool wakes no task.
+    fn settle(&mut self) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        if Pin::new(&mut self.conn).poll(&mut cx).is_ready() {
+            return false;
         }
         self.tx.is_ready()
     }
@@ -413,7 +417,8 @@ async fn exchange(
     if ok && announced.is_some_and(|n| n > cap) {
         return Err(Failure::Other(UpstreamError::TooLarge(cap)));
     }
-    let mut out = Vec::with_capacity(announced.map_or(0, |n| n.min(keep) as usize));
+    // Up to 1 MiB on the announced length's word: a length is a claim, not bytes.
+    let mut out = Vec::with_capacity(announced.map_or(0, |n| n.min(keep).min(1 << 20) as usize));
     let complete = loop {
         let next = poll_fn(|cx| {
             if let Poll::Ready(f) = Pin::new(&mut body).poll_frame(cx) {
@@ -462,7 +467,7 @@ async fn exchange(
             Next::Frame(Some(Err(_))) | Next::Gone => break false,
         }
     };
-    let reusable = complete && !ambiguous && ended.is_none() && c.ready(true);
+    let reusable = complete && !ambiguous && ended.is_none() && c.settle();
     Ok((
         Reply {
             status,
@@ -1003,7 +1008,7 @@ mod tests {
     async fn a_chunk_size_near_u64_max_is_an_error_not_a_panic() {
         let (url, _) = hostile(
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nab\r\nfffffffffffffffe\r\n",
-            b"x",
+            &[b'x'; 4096],
         )
         .await;
         let e = ask(&client(), &url).await.err();
@@ -1025,6 +1030,14 @@ mod tests {
         let (url, _) = hostile(
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n",
             b"x-trailer: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n",
+        )
+        .await;
+        let e = ask(&client(), &url).await.err();
+        assert!(matches!(e, Some(UpstreamError::Malformed(_))), "{e:?}");
+        // One trailer line that never ends: the bytes' bound, not the lines'.
+        let (url, _) = hostile(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nx-trailer: ",
+            b"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
         )
         .await;
         let e = ask(&client(), &url).await.err();
