@@ -966,6 +966,15 @@ mod tests {
     /// over and over until the client hangs up (an empty `filler` holds the connection open
     /// for another request instead); counts connections.
     async fn hostile(answer: &'static [u8], filler: &'static [u8]) -> (String, Arc<AtomicUsize>) {
+        hostile_seq(Box::leak(Box::new([answer])), filler).await
+    }
+
+    /// [`hostile`] answering the k-th request on a connection with `answers[k]` (the last
+    /// one for all after).
+    async fn hostile_seq(
+        answers: &'static [&'static [u8]],
+        filler: &'static [u8],
+    ) -> (String, Arc<AtomicUsize>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let conns = Arc::new(AtomicUsize::new(0));
@@ -975,7 +984,10 @@ mod tests {
                 let (mut sock, _) = listener.accept().await.unwrap();
                 c.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
+                    let mut k = 0;
                     while read_request(&mut sock).await {
+                        let answer = answers[k.min(answers.len() - 1)];
+                        k += 1;
                         if sock.write_all(answer).await.is_err() {
                             return;
                         }
@@ -1121,12 +1133,17 @@ mod tests {
     }
 
     /// An answer framed by both `Transfer-Encoding` and `Content-Length` is read by its
-    /// chunks, and its connection is not reused: the second answer smuggled after it is
-    /// never taken for the next request's.
+    /// chunks, and its connection is not reused: what the server sends on it next (here a
+    /// second answer, smuggled in after the client has read the first) is never taken for
+    /// the next request's. An answer on its own with the same chunks keeps its connection.
     #[tokio::test]
     async fn transfer_encoding_with_content_length_is_never_reused() {
-        let (url, conns) = hostile(
-            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\nb\r\n{\"ok\":true}\r\n0\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\n{\"evil\":true}",
+        const EVIL: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 13\r\n\r\n{\"evil\":true}";
+        let (url, conns) = hostile_seq(
+            &[
+                b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\nb\r\n{\"ok\":true}\r\n0\r\n\r\n",
+                EVIL,
+            ],
             b"",
         )
         .await;
@@ -1136,6 +1153,19 @@ mod tests {
             assert_eq!(r.body, b"{\"ok\":true}");
         }
         assert_eq!(conns.load(Ordering::SeqCst), 3);
+        // The same without the `Content-Length`: reused, and the next answer is taken.
+        let (url, conns) = hostile_seq(
+            &[
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nb\r\n{\"ok\":true}\r\n0\r\n\r\n",
+                EVIL,
+            ],
+            b"",
+        )
+        .await;
+        let c = client();
+        assert_eq!(ask(&c, &url).await.unwrap().body, b"{\"ok\":true}");
+        assert_eq!(ask(&c, &url).await.unwrap().body, b"{\"evil\":true}");
+        assert_eq!(conns.load(Ordering::SeqCst), 1);
     }
 
     /// A status line that is not one, and a redirect: the first is malformed, the second
