@@ -940,6 +940,20 @@ mod tests {
         }
     }
 
+    /// A request to a URL no request line can hold is a permanent error naming the URL,
+    /// not a server that seems down (which would pause the run for ever).
+    #[tokio::test]
+    async fn a_url_a_request_line_cannot_hold_is_a_bad_url() {
+        let e = client()
+            .post_json("http://127.0.0.1:9/a b", "/generate", "r", vec![], 10)
+            .await
+            .err();
+        assert!(
+            matches!(&e, Some(UpstreamError::BadUrl { url, .. }) if url.contains("a b")),
+            "{e:?}"
+        );
+    }
+
     /// Reads one request (head and `Content-Length` body) from `sock`; false at its end.
     async fn read_request(sock: &mut tokio::net::TcpStream) -> bool {
         let mut buf = Vec::new();

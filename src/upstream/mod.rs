@@ -8,7 +8,9 @@
 //! Invariants: a `Generation` is returned only for a response that ended normally (a stream
 //! must end with a finish reason or `[DONE]`); a stream cut half way is an error and its
 //! partial output is dropped; no response body is buffered past `max_response_bytes`;
-//! the API key is sent as a header and never appears in an error or a log line.
+//! a redirect is never followed, on any path: it is the same permanent error
+//! ([`UpstreamError::Redirect`]) whether the answer is streamed or whole; the API key is
+//! sent as a header and never appears in an error or a log line.
 
 mod h1;
 mod openai;
@@ -764,6 +766,18 @@ mod tests {
         assert!(!s(400).is_retriable() && !s(404).is_retriable());
         assert!(UpstreamError::Timeout.is_retriable());
         assert!(!UpstreamError::TooLarge(1).is_retriable());
+        let redirect = UpstreamError::Redirect {
+            code: 301,
+            url: "http://a/generate".into(),
+            location: "http://b/generate".into(),
+        };
+        let bad = UpstreamError::BadUrl {
+            url: "http://a/b c".into(),
+            detail: "space".into(),
+        };
+        for e in [redirect, bad] {
+            assert!(!e.is_retriable() && !e.is_unreachable(), "{e}");
+        }
     }
 
     #[test]
