@@ -213,7 +213,12 @@ enum Failure {
 impl H1Client {
     pub(crate) fn new(max_idle: usize, connect_timeout: Duration, api_key: Option<&str>) -> Self {
         let authorization = api_key.and_then(|k| {
-            let mut v = HeaderValue::from_str(&format!("Bearer {k}")).ok()?;
+            let Ok(mut v) = HeaderValue::from_str(&format!("Bearer {k}")) else {
+                // The configuration refuses such keys; said here too rather than silently
+                // sending every request without one.
+                tracing::warn!("the API key is not a valid header value; requests go without it");
+                return None;
+            };
             v.set_sensitive(true);
             Some(v)
         });
