@@ -8,7 +8,9 @@
 //! Invariants: a `Generation` is returned only for a response that ended normally (a stream
 //! must end with a finish reason or `[DONE]`); a stream cut half way is an error and its
 //! partial output is dropped; no response body is buffered past `max_response_bytes`;
-//! the API key is sent as a header and never appears in an error or a log line.
+//! a redirect is never followed, on any path: it is the same permanent error
+//! ([`UpstreamError::Redirect`]) whether the answer is streamed or whole; the API key is
+//! sent as a header and never appears in an error or a log line.
 
 mod h1;
 mod openai;
@@ -38,6 +40,17 @@ pub enum UpstreamError {
     Malformed(String),
     #[error("response larger than {0} bytes, refused")]
     TooLarge(u64),
+    /// Inference servers do not redirect, and following one to another host would hand it
+    /// the API key: a redirect is refused on every path, naming where it pointed.
+    #[error("HTTP {code} redirect from {url} to {location} refused: spool does not follow redirects (point server.url at the final address)")]
+    Redirect {
+        code: u16,
+        url: String,
+        location: String,
+    },
+    /// A server URL no request can be made to (a path with a space, an invalid host).
+    #[error("cannot request {url}: {detail}")]
+    BadUrl { url: String, detail: String },
 }
 
 impl UpstreamError {
@@ -50,7 +63,9 @@ impl UpstreamError {
             | UpstreamError::StreamCut(_)
             | UpstreamError::Malformed(_) => true,
             UpstreamError::Status { code, .. } => *code == 408 || *code == 429 || *code >= 500,
-            UpstreamError::TooLarge(_) => false,
+            UpstreamError::TooLarge(_)
+            | UpstreamError::Redirect { .. }
+            | UpstreamError::BadUrl { .. } => false,
         }
     }
 
@@ -98,6 +113,19 @@ impl UpstreamError {
             },
             UpstreamError::StreamCut(s) => UpstreamError::StreamCut(r(s)),
             UpstreamError::Malformed(s) => UpstreamError::Malformed(r(s)),
+            UpstreamError::Redirect {
+                code,
+                url,
+                location,
+            } => UpstreamError::Redirect {
+                code,
+                url: r(url),
+                location: r(location),
+            },
+            UpstreamError::BadUrl { url, detail } => UpstreamError::BadUrl {
+                url: r(url),
+                detail: r(detail),
+            },
             e @ (UpstreamError::Timeout | UpstreamError::TooLarge(_)) => e,
         }
     }
@@ -111,6 +139,8 @@ impl UpstreamError {
             UpstreamError::StreamCut(_) => "stream_cut",
             UpstreamError::Malformed(_) => "malformed",
             UpstreamError::TooLarge(_) => "too_large",
+            UpstreamError::Redirect { .. } => "redirect",
+            UpstreamError::BadUrl { .. } => "bad_url",
         }
     }
 }
@@ -209,6 +239,8 @@ impl Upstream {
             .timeout(o.request_timeout)
             .connect_timeout(Duration::from_secs(10).min(o.request_timeout))
             .pool_max_idle_per_host(o.pool_size)
+            // The same answer to a redirect as the whole-body client's (`UpstreamError::Redirect`).
+            .redirect(reqwest::redirect::Policy::none())
             .tcp_nodelay(true)
             .build()
             .map_err(|e| UpstreamError::Connect {
@@ -306,6 +338,13 @@ impl Upstream {
         let reply = tokio::time::timeout(self.request_timeout, exchange)
             .await
             .map_err(|_| UpstreamError::Timeout)??;
+        if reply.status.is_redirection() {
+            return Err(redirect_error(
+                reply.status.as_u16(),
+                &format!("{}{path}", base.trim_end_matches('/')),
+                reply.location.as_ref(),
+            ));
+        }
         if !reply.status.is_success() {
             return Err(status_error(
                 reply.status.as_u16(),
@@ -539,9 +578,40 @@ async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, Upst
     if status.is_success() {
         return Ok(resp);
     }
+    if status.is_redirection() {
+        let location = resp.headers().get(reqwest::header::LOCATION);
+        return Err(redirect_error(
+            status.as_u16(),
+            resp.url().as_str(),
+            location,
+        ));
+    }
     let retry_after = resp.headers().get(reqwest::header::RETRY_AFTER).cloned();
     let body = read_prefix(resp, 64 << 10).await;
     Err(status_error(status.as_u16(), retry_after.as_ref(), &body))
+}
+
+/// A 3xx answer as the error every path gives it: refused, naming the request's URL and
+/// where the server pointed (shown as sent, lossily if it is not text).
+fn redirect_error(
+    code: u16,
+    url: &str,
+    location: Option<&reqwest::header::HeaderValue>,
+) -> UpstreamError {
+    let location = location.map_or_else(
+        || "(no Location)".to_string(),
+        |l| {
+            String::from_utf8_lossy(l.as_bytes())
+                .chars()
+                .take(500)
+                .collect()
+        },
+    );
+    UpstreamError::Redirect {
+        code,
+        url: url.to_string(),
+        location,
+    }
 }
 
 /// A non-2xx answer as an error: the server's message and its `Retry-After`.
@@ -703,6 +773,18 @@ mod tests {
         assert!(!s(400).is_retriable() && !s(404).is_retriable());
         assert!(UpstreamError::Timeout.is_retriable());
         assert!(!UpstreamError::TooLarge(1).is_retriable());
+        let redirect = UpstreamError::Redirect {
+            code: 301,
+            url: "http://a/generate".into(),
+            location: "http://b/generate".into(),
+        };
+        let bad = UpstreamError::BadUrl {
+            url: "http://a/b c".into(),
+            detail: "space".into(),
+        };
+        for e in [redirect, bad] {
+            assert!(!e.is_retriable() && !e.is_unreachable(), "{e}");
+        }
     }
 
     #[test]
@@ -761,6 +843,88 @@ mod tests {
         let err = client.get(&url).send().await.unwrap_err();
         let e = map_reqwest(&url, err);
         assert!(e.is_unreachable(), "{e:?}");
+    }
+
+    /// A redirect gets one answer on both paths, streamed (reqwest) and whole (spool's
+    /// HTTP/1.1 client): a permanent error naming the request's URL and the `Location`;
+    /// the server it points at (which would receive the API key) is never contacted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redirects_are_refused_on_both_paths_naming_the_url_and_location() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let elsewhere = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let location = format!("http://{}/generate", elsewhere.local_addr().unwrap());
+        let contacted = std::sync::Arc::new(AtomicUsize::new(0));
+        let c = contacted.clone();
+        tokio::spawn(async move {
+            while let Ok((_sock, _)) = elsewhere.accept().await {
+                c.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let answer =
+            format!("HTTP/1.1 302 Found\r\nlocation: {location}\r\ncontent-length: 0\r\n\r\n");
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let answer = answer.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut tmp = [0u8; 4096];
+                    // The request's head is enough; the answer says nothing of its body.
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match sock.read(&mut tmp).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+                        }
+                    }
+                    let _ = sock.write_all(answer.as_bytes()).await;
+                    let _ = sock.read(&mut tmp).await;
+                });
+            }
+        });
+        let sampling = Sampling::default();
+        let req = GenerateRequest {
+            rid: "r1",
+            prompt: "hi",
+            prompt_ids: None,
+            messages: None,
+            sampling: &sampling,
+        };
+        for stream in [false, true] {
+            let up = Upstream::new(UpstreamOptions {
+                api: Api::Sglang,
+                model: "m".into(),
+                api_key: Some("sk-secret".into()),
+                stream,
+                request_timeout: Duration::from_secs(10),
+                max_response_bytes: 1 << 20,
+                pool_size: 1,
+            })
+            .unwrap();
+            let e = up.generate(&base, &req, &|_| {}).await.unwrap_err();
+            match &e {
+                UpstreamError::Redirect {
+                    code: 302,
+                    url,
+                    location: l,
+                } => {
+                    assert_eq!(url, &format!("{base}/generate"), "stream = {stream}");
+                    assert_eq!(l, &location, "stream = {stream}");
+                }
+                other => panic!("stream = {stream}: {other:?}"),
+            }
+            assert!(
+                !e.is_retriable() && !e.is_unreachable(),
+                "stream = {stream}"
+            );
+            assert!(e.to_string().contains(&location), "{e}");
+        }
+        assert_eq!(
+            contacted.load(Ordering::SeqCst),
+            0,
+            "the redirect was followed"
+        );
     }
 
     #[test]
