@@ -722,18 +722,37 @@ fn stream_error(err: &serde_json::Value) -> UpstreamError {
     }
 }
 
-fn as_u32(v: Option<&serde_json::Value>) -> Option<u32> {
-    v.and_then(|v| v.as_u64())
-        .map(|n| n.min(u32::MAX as u64) as u32)
+/// A count the server reported: absent or not a number is `None` (servers differ in what
+/// they fill in); a number no token count can be (negative, fractional, past `u32`) is a
+/// malformed answer rather than a value clamped or wrapped into a plausible one.
+fn as_u32(field: &str, v: Option<&serde_json::Value>) -> Result<Option<u32>, UpstreamError> {
+    match v {
+        Some(serde_json::Value::Number(n)) => n
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| UpstreamError::Malformed(format!("`{field}` is {n}, not a count"))),
+        _ => Ok(None),
+    }
 }
 
-fn as_ids(v: Option<&serde_json::Value>) -> Option<Vec<u32>> {
-    let arr = v?.as_array()?;
+/// Token ids the server reported: absent or not a list is `None`; a list holding anything
+/// but ids that fit `u32` is a malformed answer, never truncated into other tokens.
+fn as_ids(field: &str, v: Option<&serde_json::Value>) -> Result<Option<Vec<u32>>, UpstreamError> {
+    let Some(arr) = v.and_then(|v| v.as_array()) else {
+        return Ok(None);
+    };
     let mut out = Vec::with_capacity(arr.len());
     for x in arr {
-        out.push(x.as_u64()? as u32);
+        let id = x
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| {
+                UpstreamError::Malformed(format!("`{field}` holds {x}, not a token id"))
+            })?;
+        out.push(id);
     }
-    Some(out)
+    Ok(Some(out))
 }
 
 #[cfg(test)]

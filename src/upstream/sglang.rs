@@ -57,12 +57,12 @@ pub(super) fn parse_full(bytes: &[u8]) -> Result<Generation, UpstreamError> {
         .ok_or_else(|| UpstreamError::Malformed("/generate body has no `text`".into()))?
         .to_string();
     let meta = v.get("meta_info").cloned().unwrap_or(Value::Null);
-    let ids = as_ids(v.get("output_ids"));
+    let ids = as_ids("output_ids", v.get("output_ids"))?;
     Ok(Generation {
         text,
         token_ids: ids,
-        prompt_tokens: as_u32(meta.get("prompt_tokens")),
-        completion_tokens: as_u32(meta.get("completion_tokens")),
+        prompt_tokens: as_u32("prompt_tokens", meta.get("prompt_tokens"))?,
+        completion_tokens: as_u32("completion_tokens", meta.get("completion_tokens"))?,
         finish_reason: finish_reason(&meta).unwrap_or_else(|| "unknown".into()),
         ttft_ms: None,
         latency_ms: 0,
@@ -90,8 +90,8 @@ impl StreamState {
     pub(super) fn push(&mut self, v: &Value) -> Result<u32, UpstreamError> {
         let meta = v.get("meta_info").cloned().unwrap_or(Value::Null);
         let text = v.get("text").and_then(|t| t.as_str()).unwrap_or("");
-        let ids = as_ids(v.get("output_ids"));
-        let count = as_u32(meta.get("completion_tokens"));
+        let ids = as_ids("output_ids", v.get("output_ids"))?;
+        let count = as_u32("completion_tokens", meta.get("completion_tokens"))?;
         let n_new = ids.as_ref().map(|i| i.len() as u32);
         if self.cumulative.is_none() {
             self.cumulative = match (count, n_new) {
@@ -126,7 +126,7 @@ impl StreamState {
         if !text.is_empty() || n_new.unwrap_or(0) > 0 {
             self.chunks += 1;
         }
-        if let Some(p) = as_u32(meta.get("prompt_tokens")) {
+        if let Some(p) = as_u32("prompt_tokens", meta.get("prompt_tokens"))? {
             self.prompt_tokens = Some(p);
         }
         if count.is_some() {
@@ -212,6 +212,44 @@ mod tests {
     fn ev(text: &str, ids: &[u32], count: u32, fin: Option<&str>) -> Value {
         json!({"text": text, "output_ids": ids, "meta_info": {"completion_tokens": count, "prompt_tokens": 3,
             "finish_reason": fin.map(|f| json!({"type": f, "length": count}))}})
+    }
+
+    /// An id past `u32` or a count no token count can be is a malformed answer, never
+    /// wrapped or clamped into a plausible token.
+    #[test]
+    fn ids_and_counts_out_of_range_are_malformed_not_wrapped() {
+        let wide =
+            br#"{"text":"a","output_ids":[1,4294967301],"meta_info":{"completion_tokens":2}}"#;
+        let e = parse_full(wide).unwrap_err();
+        assert!(
+            matches!(&e, UpstreamError::Malformed(m) if m.contains("output_ids") && m.contains("4294967301")),
+            "{e}"
+        );
+        for bad in ["-1", "2.5", "4294967296"] {
+            let body = format!(
+                r#"{{"text":"a","output_ids":[1],"meta_info":{{"completion_tokens":{bad}}}}}"#
+            );
+            let e = parse_full(body.as_bytes()).unwrap_err();
+            assert!(
+                matches!(&e, UpstreamError::Malformed(m) if m.contains("completion_tokens")),
+                "{bad}: {e}"
+            );
+            let mut s = StreamState::default();
+            assert!(
+                s.push(&serde_json::from_str(&body).unwrap()).is_err(),
+                "{bad}"
+            );
+        }
+        let mut s = StreamState::default();
+        assert!(s.push(&ev(" a", &[1], 1, None)).is_ok());
+        let g = parse_full(
+            br#"{"text":"a","output_ids":[4294967295],"meta_info":{"completion_tokens":"n/a"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (g.token_ids, g.completion_tokens),
+            (Some(vec![u32::MAX]), None)
+        );
     }
 
     #[test]

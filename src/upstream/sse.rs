@@ -647,6 +647,7 @@ mod tests {
 
     /// Posts to `url` and reads the answer through the workers' streaming path.
     async fn stream_through(url: &str, sglang: bool) -> (super::super::Generation, u32) {
+        crate::upstream::tls::install_provider();
         let resp = reqwest::Client::builder()
             .no_proxy()
             .build()
@@ -726,6 +727,7 @@ mod tests {
     async fn an_unfinished_done_is_a_cut_stream() {
         let body = b"data: {\"choices\":[{\"index\":0,\"text\":\"a\",\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n".to_vec();
         let url = serve_chunked(body, &[7]).await;
+        crate::upstream::tls::install_provider();
         let resp = reqwest::Client::new()
             .post(format!("{url}/v1/completions"))
             .send()
@@ -744,6 +746,7 @@ mod tests {
         let mut body = b"data: {\"choices\":[{\"text\":\"".to_vec();
         body.extend(std::iter::repeat_n(b'x', 64 << 10));
         let url = serve_chunked(body, &[4096]).await;
+        crate::upstream::tls::install_provider();
         let resp = reqwest::Client::new().post(&url).send().await.unwrap();
         let mut r = Reader::new(resp, 8 << 10, Instant::now(), url);
         let err = r.next_event().await.unwrap_err();
