@@ -16,9 +16,10 @@
 //! also bounds trailers), a 2xx body by the caller's cap (a larger one is `TooLarge`, a
 //! larger announced length refused before any of it is read), an error body by
 //! [`ERROR_BODY_MAX`] (cut there, its connection dropped). A connection goes back to its
-//! pool only after its answer was read to the end, hyper has it idle and ready for another
-//! request, and the answer was not framed both by `Transfer-Encoding` and `Content-Length`
-//! (a smuggling shape: what follows it on the connection cannot be trusted). One idle for
+//! pool only after its answer was read to the end and hyper has it idle and ready for another
+//! request; an answer framed both by `Transfer-Encoding` and `Content-Length` (a smuggling
+//! shape: what follows it on the connection cannot be trusted) is refused and its
+//! connection closed. One idle for
 //! over a second is polled before use, so one the server closed or answered unasked (`408`)
 //! is dropped, not used. A request on a reused connection that fails before any answer
 //! head arrives (a server closing it as idle) is sent once more, at once, on a new
@@ -27,10 +28,7 @@
 
 use super::{root_cause, UpstreamError};
 use bytes::Bytes;
-use http::header::{
-    HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, LOCATION, RETRY_AFTER,
-    TRANSFER_ENCODING,
-};
+use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST, LOCATION, RETRY_AFTER};
 use http::{Method, Request, StatusCode, Uri};
 use http_body_util::Full;
 use hyper::body::{Body as _, Frame};
@@ -413,11 +411,9 @@ async fn exchange(
     let status = parts.status;
     let ok = status.is_success();
     let keep = if ok { cap } else { ERROR_BODY_MAX };
-    // RFC 9112 §6.3: hyper reads such an answer by its chunks, but a server (or a proxy
-    // before it) that sent both may have meant the length: what follows on the connection
-    // is not to be trusted as the next answer.
-    let ambiguous =
-        parts.headers.contains_key(TRANSFER_ENCODING) && parts.headers.contains_key(CONTENT_LENGTH);
+    if let Some(e) = super::ambiguous_framing(&parts.headers) {
+        return Err(Failure::Other(e));
+    }
     let announced = body.size_hint().exact();
     if ok && announced.is_some_and(|n| n > cap) {
         return Err(Failure::Other(UpstreamError::TooLarge(cap)));
@@ -472,7 +468,7 @@ async fn exchange(
             Next::Frame(Some(Err(_))) | Next::Gone => break false,
         }
     };
-    let reusable = complete && !ambiguous && ended.is_none() && c.settle();
+    let reusable = complete && ended.is_none() && c.settle();
     Ok((
         Reply {
             status,
@@ -1151,12 +1147,12 @@ mod tests {
         assert_eq!(ask(&client(), &url).await.unwrap().body, b"{\"ok\":true}");
     }
 
-    /// An answer framed by both `Transfer-Encoding` and `Content-Length` is read by its
-    /// chunks, and its connection is not reused: what the server sends on it next (here a
-    /// second answer, smuggled in after the client has read the first) is never taken for
-    /// the next request's. An answer on its own with the same chunks keeps its connection.
+    /// An answer framed by both `Transfer-Encoding` and `Content-Length` is refused as
+    /// malformed and its connection closed: what the server sends on it next (here a second
+    /// answer, smuggled in after the first) is never taken for the next request's. An
+    /// answer on its own with the same chunks is read and keeps its connection.
     #[tokio::test]
-    async fn transfer_encoding_with_content_length_is_never_reused() {
+    async fn transfer_encoding_with_content_length_is_refused_and_never_reused() {
         const EVIL: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 13\r\n\r\n{\"evil\":true}";
         let (url, conns) = hostile_seq(
             &[
@@ -1168,8 +1164,11 @@ mod tests {
         .await;
         let c = client();
         for _ in 0..3 {
-            let r = ask(&c, &url).await.unwrap();
-            assert_eq!(r.body, b"{\"ok\":true}");
+            let e = ask(&c, &url).await.err();
+            assert!(
+                matches!(&e, Some(UpstreamError::Malformed(m)) if m.contains("Transfer-Encoding")),
+                "{e:?}"
+            );
         }
         assert_eq!(conns.load(Ordering::SeqCst), 3);
         // The same without the `Content-Length`: reused, and the next answer is taken.

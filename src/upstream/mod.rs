@@ -226,7 +226,8 @@ pub struct UpstreamOptions {
 }
 
 impl Upstream {
-    /// Builds the shared HTTP client (keep-alive pool sized for the concurrency), trusting
+    /// Builds the HTTP clients (whole-body `http://` requests pooled per server, sized for
+    /// the concurrency; streams and `https://` on reqwest), trusting
     /// the system's CAs for `https://` servers.
     pub fn new(o: UpstreamOptions) -> Result<Self, UpstreamError> {
         Self::with_roots(o, &tls::TrustRoots::System)
@@ -238,7 +239,11 @@ impl Upstream {
             .no_proxy()
             .timeout(o.request_timeout)
             .connect_timeout(Duration::from_secs(10).min(o.request_timeout))
-            .pool_max_idle_per_host(o.pool_size)
+            // No idle connections: reqwest cannot be told to drop the one connection whose
+            // answer was framed ambiguously (`ambiguous_framing`), and hyper pools it once
+            // the body is in. Streams last seconds to minutes, so a connection per request
+            // is noise; whole-body `http://` requests keep their pool (`h1`).
+            .pool_max_idle_per_host(0)
             // The same answer to a redirect as the whole-body client's (`UpstreamError::Redirect`).
             .redirect(reqwest::redirect::Policy::none())
             .tcp_nodelay(true)
@@ -550,6 +555,19 @@ fn map_reqwest(url: &str, e: reqwest::Error) -> UpstreamError {
     }
 }
 
+/// RFC 9112 §6.3: an answer with both `Transfer-Encoding` and `Content-Length` may be read
+/// by either by a proxy on the way, so what follows it on the connection (a smuggled
+/// answer) cannot be trusted; it is handled as an error, which also closes its connection.
+fn ambiguous_framing(headers: &http::HeaderMap) -> Option<UpstreamError> {
+    (headers.contains_key(http::header::TRANSFER_ENCODING)
+        && headers.contains_key(http::header::CONTENT_LENGTH))
+    .then(|| {
+        UpstreamError::Malformed(
+            "answer framed by both Transfer-Encoding and Content-Length (a request-smuggling shape); its connection is closed".into(),
+        )
+    })
+}
+
 fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
@@ -574,6 +592,9 @@ fn parse_retry_after(v: &str, now: std::time::SystemTime) -> Option<Duration> {
 
 /// Turns a non-2xx response into an error carrying the server's message and Retry-After.
 async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, UpstreamError> {
+    if let Some(e) = ambiguous_framing(resp.headers()) {
+        return Err(e); // dropped unread, the answer's connection is closed, not pooled
+    }
     let status = resp.status();
     if status.is_success() {
         return Ok(resp);
