@@ -634,6 +634,7 @@ impl Collector<'_> {
                 prompts_per_s = (self.report.added as f64 / secs) as u64,
                 tokens_per_s = (self.report.prompt_tokens as f64 / secs) as u64,
                 id_lookups = self.ids.lookups(),
+                id_lookup_bytes = self.ids.lookup_bytes(),
                 "enqueued"
             );
         }
@@ -778,6 +779,48 @@ mod tests {
         assert!(reasons[0].contains("first at line 4"), "{}", reasons[0]);
         assert!(reasons[1].contains("first at line 2000"), "{}", reasons[1]);
         assert!(reasons[2].contains("first at line 11"), "{}", reasons[2]);
+    }
+
+    /// A file holding each of 3,000 prompts twice, shuffled: every first copy is enqueued
+    /// and every second one rejected naming the first copy's line, whichever block (none
+    /// of them cached) and spilled run the first copy sits in.
+    #[test]
+    fn shuffled_repeats_are_each_rejected_naming_the_first_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, out) = (dir.path().join("p.jsonl"), dir.path().join("out"));
+        let mut order: Vec<usize> = (0..3000).chain(0..3000).collect();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for i in (1..order.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        let body: String = order.iter().map(|&i| lines(i..i + 1)).collect();
+        std::fs::write(&file, &body).unwrap();
+        let q = Queue::open(&dir.path().join("q")).unwrap();
+        let rep = run(&q, &file, &out).unwrap();
+        assert_eq!((rep.added, rep.rejected), (3000, 3000));
+        let mut first = std::collections::HashMap::new();
+        let mut want = Vec::new();
+        for (at, &i) in order.iter().enumerate() {
+            if let Some(&f) = first.get(&i) {
+                want.push((at as u64 + 1, format!("(first at line {})", f + 1)));
+            } else {
+                first.insert(i, at as u64);
+            }
+        }
+        let got: Vec<(u64, String)> = std::fs::read_to_string(out.join("d/_rejected.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let r: serde_json::Value = serde_json::from_str(l).unwrap();
+                let reason = r["reason"].as_str().unwrap();
+                let tail = &reason[reason.rfind('(').unwrap()..];
+                (r["line"].as_u64().unwrap(), tail.to_string())
+            })
+            .collect();
+        assert_eq!(got, want);
     }
 
     /// A last line without its newline is not covered by the mark: text appended to that
