@@ -91,8 +91,10 @@ bench-shard:
 	cargo run --release --example bench_shard -- $(BENCH_SHARD_ARGS)
 
 ## Intake with duplicates: enqueue rate of 1 M all-unique rows against 1 M rows of which half
-## repeat an earlier one (`cat a a`, and the same rows shuffled), through `spool run`.
+## repeat an earlier one (`cat a a`, and the same rows shuffled), through `spool run`; then
+## the duplicate-id set alone (examples/bench_dedup.rs) on the same three shapes.
 ## BENCH_DEDUP_ARGS="--rows 200000 --repeat 1" for less.
 bench-dedup:
 	cargo build --release
 	python3 bench/dedup/bench.py $(BENCH_DEDUP_ARGS)
+	cargo run --release --example bench_dedup

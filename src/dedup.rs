@@ -300,9 +300,7 @@ impl IdSet {
             self.parts[p].file = Some(f);
         }
         let part = &mut self.parts[p];
-        let Some(f) = part.file.as_ref() else {
-            unreachable!("opened above")
-        };
+        let f = part.file.as_ref().expect("opened above");
         part.buf.sort_unstable();
         let start = part.spilled();
         let mut bytes = Vec::new();
