@@ -8,15 +8,15 @@
 //! buffer is sorted and appended to its partition's file as a sorted run; runs are merged
 //! pairwise like a binary counter (a run is merged into the one before it once it is as
 //! long), so a partition holds at most log2(entries / 512) + 1 runs and each entry is
-//! rewritten that many times at most. Each run keeps the hash of every 256th entry in
-//! memory (its fences), so an id the filter cannot rule out costs one read of one 4 KiB
+//! rewritten that many times at most. Each run keeps the hash of every 64th entry in
+//! memory (its fences), so an id the filter cannot rule out costs one read of one 1 KiB
 //! page per run plus a scan of its partition's buffer — never a whole partition, so
 //! a file of millions of duplicate rows costs what as many new rows do, not their square.
 //! The rows whose hash is equal are the only candidates, and the caller confirms each by
 //! comparing the stored id.
 //!
 //! Memory: the filter (≤ 32 MiB), the buffers (≤ 2 MiB), the fences (8 bytes a page:
-//! 1/512 of the spilled bytes, ~300 KiB at 10 M ids) and, only while a merge or a filter
+//! 1/128 of the spilled bytes, ~1.2 MiB at 10 M ids) and, only while a merge or a filter
 //! rebuild runs, one partition's bytes twice (1/128 of the spill, ~1.2 MiB at 10 M ids).
 //!
 //! The filter starts small and is rebuilt 8× larger from the spilled hashes each time it
@@ -42,8 +42,9 @@ const BUFFERED: usize = 512;
 const PARTS: usize = 256;
 /// Bytes of a spilled entry: the hash, then the row (little-endian).
 const ENTRY: usize = 16;
-/// Entries per fenced page: a lookup reads one page (4 KiB) of a run.
-const PAGE: usize = 256;
+/// Entries per fenced page: a lookup reads one page (1 KiB) of a run (4 KiB pages made the
+/// copy and scan of a duplicate's lookup ~15 % of intake's CPU on a half-duplicate file).
+const PAGE: usize = 64;
 
 /// A spill file could not be written or read.
 #[derive(Debug, thiserror::Error)]
@@ -479,7 +480,7 @@ mod tests {
 
     /// A duplicate's lookup reads a page per sorted run, not its partition: with 600,000
     /// ids (partitions of ~37 KB in at most 3 runs), 6,000 lookups of present ids average
-    /// at most four 4 KiB pages each (a whole partition is nine), and every one finds its
+    /// at most four 1 KiB pages each (a whole partition is 36), and every one finds its
     /// row.
     #[test]
     fn a_lookup_reads_pages_not_partitions() {
