@@ -10,7 +10,8 @@ the content, no tokenizer):
 Each is enqueued by `spool run` (release build) on a fresh data_dir with `token_budget = 0`,
 so it enqueues everything and stops (no server: `self_check = false`, a closed port), the
 same path as `make bench-scale`. Rate = rows of the file / the seconds of spool's own
-`enqueued` line (the intake pass alone); CPU seconds and peak RSS from wait4. Each file is
+`enqueued` line (the intake pass alone); CPU seconds (user + system) from wait4 (not its
+peak RSS: on Linux that carries the forking Python's over the exec). Each file is
 run `--repeat` times (default 3), alternating files; the median is printed, and the ratio
 of each duplicate file's rate to the unique rate. Run by hand, never by `make test`.
 
@@ -103,7 +104,7 @@ token_budget = 0
             sys.exit("no `enqueued` line in spool's log:\n" + log[-3000:])
         f = dict((k, v.strip('"')) for k, v in re.findall(r'(\w+)=("[^"]*"|\S+)', line))
         return {"added": int(f["added"]), "rejected": int(f["rejected"]), "seconds": float(f["seconds"]),
-                "cpu_s": ru.ru_utime + ru.ru_stime, "rss_mib": ru.ru_maxrss / 1024,
+                "cpu_s": ru.ru_utime + ru.ru_stime,
                 "lookups": int(f.get("id_lookups", 0)), "lookup_bytes": int(f.get("id_lookup_bytes", -1))}
     finally:
         shutil.rmtree(d, ignore_errors=True)
@@ -130,17 +131,16 @@ def main():
             runs[name].append(r)
             print(f"  run {i + 1} {name:9} {r['rate']:>10,.0f} rows/s  {r['seconds']:7.2f} s  cpu {r['cpu_s']:6.2f} s"
                   f"  added {r['added']:,} rejected {r['rejected']:,}  lookups {r['lookups']:,}"
-                  f"  lookup bytes {r['lookup_bytes']:,}  peak RSS {r['rss_mib']:.0f} MiB", flush=True)
+                  f"  lookup bytes {r['lookup_bytes']:,}", flush=True)
     print(f"\n{a.spool}  rows={a.rows:,}  {platform.node()} {os.cpu_count()} CPUs  (median of {a.repeat})")
-    print(f"{'file':10} {'rows/s':>10} {'seconds':>8} {'cpu s':>7} {'peak RSS':>9} {'vs unique':>9}")
+    print(f"{'file':10} {'rows/s':>10} {'seconds':>8} {'cpu s':>7} {'vs unique':>9}")
     base = statistics.median(r["rate"] for r in runs["unique"]) if "unique" in runs else None
     for name in names:
         rate = statistics.median(r["rate"] for r in runs[name])
         secs = statistics.median(r["seconds"] for r in runs[name])
         cpu = statistics.median(r["cpu_s"] for r in runs[name])
-        rss = max(r["rss_mib"] for r in runs[name])
         ratio = f"{rate / base:.2f}" if base else "-"
-        print(f"{name:10} {rate:>10,.0f} {secs:>8.2f} {cpu:>7.2f} {rss:>7.0f} MiB {ratio:>9}")
+        print(f"{name:10} {rate:>10,.0f} {secs:>8.2f} {cpu:>7.2f} {ratio:>9}")
 
 
 if __name__ == "__main__":
