@@ -10,12 +10,13 @@
 //! long), so a partition holds at most log2(entries / 512) + 1 runs and each entry is
 //! rewritten that many times at most. Each run keeps the hash of every 64th entry in
 //! memory (its fences), so an id the filter cannot rule out costs one read of one 1 KiB
-//! page per run plus a scan of its partition's buffer — never a whole partition, so
+//! page per run plus, unless a 4096-bit summary of its partition's buffer rules the hash
+//! out, a scan of that buffer — never a whole partition, so
 //! a file of millions of duplicate rows costs what as many new rows do, not their square.
 //! The rows whose hash is equal are the only candidates, and the caller confirms each by
 //! comparing the stored id.
 //!
-//! Memory: the filter (≤ 32 MiB), the buffers (≤ 2 MiB), the fences (8 bytes a page:
+//! Memory: the filter (≤ 32 MiB), the buffers (≤ 2 MiB, and 128 KiB of summaries), the fences (8 bytes a page:
 //! 1/128 of the spilled bytes, ~1.2 MiB at 10 M ids) and, only while a merge or a filter
 //! rebuild runs, one partition's bytes twice (1/128 of the spill, ~1.2 MiB at 10 M ids).
 //!
@@ -40,6 +41,8 @@ const SEED: u64 = 0x5eed;
 /// prompts, 231 MiB at 1 M).
 const BUFFERED: usize = 512;
 const PARTS: usize = 256;
+/// Bits of a partition's buffer summary (512 bytes each, 128 KiB for all).
+const BUF_BITS: usize = 4096;
 /// Bytes of a spilled entry: the hash, then the row (little-endian).
 const ENTRY: usize = 16;
 /// Entries per fenced page: a lookup reads one page (1 KiB) of a run (4 KiB pages made the
@@ -172,6 +175,10 @@ impl Run {
 #[derive(Default)]
 struct Part {
     buf: Vec<(u64, u64)>,
+    /// One bit per value of a hash's low 12 bits among `buf`'s entries (empty until the
+    /// first): a lookup scans the buffer only if its bit is set, which a duplicate of a
+    /// spilled id finds clear ~88 % of the time with a full buffer.
+    buf_bits: Vec<u64>,
     file: Option<File>,
     runs: Vec<Run>,
 }
@@ -257,7 +264,13 @@ impl IdSet {
     fn insert_hash(&mut self, h: u64, row: u64) -> Result<(), SpillError> {
         self.filter.insert_hash(h);
         let p = (h >> 56) as usize;
-        self.parts[p].buf.push((h, row));
+        let part = &mut self.parts[p];
+        part.buf.push((h, row));
+        if part.buf_bits.is_empty() {
+            part.buf_bits = vec![0; BUF_BITS / 64];
+        }
+        let b = h as usize % BUF_BITS;
+        part.buf_bits[b / 64] |= 1 << (b % 64);
         if self.parts[p].buf.len() >= self.spill_at {
             self.spill(p).map_err(|e| self.err(e))?;
         }
@@ -309,6 +322,7 @@ impl IdSet {
         f.write_all_at(&bytes, start * ENTRY as u64)?;
         part.runs.push(Run::new(start, &part.buf));
         part.buf.clear();
+        part.buf_bits.fill(0);
         while let [.., a, b] = &part.runs[..] {
             if a.len > b.len {
                 break;
@@ -366,7 +380,14 @@ impl IdSet {
                 );
             }
         }
-        rows.extend(part.buf.iter().filter(|(eh, _)| *eh == h).map(|(_, r)| *r));
+        let b = h as usize % BUF_BITS;
+        if part
+            .buf_bits
+            .get(b / 64)
+            .is_some_and(|w| w & (1 << (b % 64)) != 0)
+        {
+            rows.extend(part.buf.iter().filter(|(eh, _)| *eh == h).map(|(_, r)| *r));
+        }
         rows.sort_unstable();
         Ok(rows)
     }
