@@ -1,5 +1,5 @@
 # spool: the two commands that do everything are `make demo` and `make test`.
-.PHONY: demo test lint build soak bench bench-eta bench-tokenize clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard
+.PHONY: demo test lint build soak bench bench-eta bench-tokenize clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup
 
 build:
 	cargo build
@@ -89,3 +89,12 @@ bench-scale:
 ## BENCH_SHARD_ARGS="ROWS LEVELS" (default "2000 1,3,9").
 bench-shard:
 	cargo run --release --example bench_shard -- $(BENCH_SHARD_ARGS)
+
+## Intake with duplicates: enqueue rate of 1 M all-unique rows against 1 M rows of which half
+## repeat an earlier one (`cat a a`, and the same rows shuffled), through `spool run`; then
+## the duplicate-id set alone (examples/bench_dedup.rs) on the same three shapes.
+## BENCH_DEDUP_ARGS="--rows 200000 --repeat 1" for less.
+bench-dedup:
+	cargo build --release
+	python3 bench/dedup/bench.py $(BENCH_DEDUP_ARGS)
+	cargo run --release --example bench_dedup

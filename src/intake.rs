@@ -101,14 +101,75 @@ pub struct IntakeOptions {
     pub threads: usize,
 }
 
-/// Appends rejected rows to `_rejected.jsonl` (created only if there is one).
+/// Rejections per queue batch at most: a long run of bad rows (the second half of a file
+/// repeated whole) still records its scan position, without an fsync of the log and a
+/// queue commit every thousand rows.
+const REJECTS_PER_BATCH: usize = 8 * BATCH;
+/// Rejections of each kind logged one per line per intake; past that a batch's further
+/// rejections are logged as one line with their count (each is still in `_rejected.jsonl`).
+const REJECTS_LOGGED: u64 = 10;
+/// Buffered rejection lines past which they are written before the batch ends (bounds
+/// memory; the fsync still comes before the queue counts them).
+const REJECTS_BUFFERED: usize = 1 << 20;
+
+/// Why a row was rejected, for the one-line-per-row log budget.
+#[derive(Clone, Copy)]
+enum RejectKind {
+    /// Not a valid row (parse, types, size).
+    BadRow = 0,
+    DuplicateId = 1,
+    /// The template or the tokenizer failed.
+    Build = 2,
+    OverContext = 3,
+}
+
+/// Appends rejected rows to `_rejected.jsonl` (created only if there is one). Lines are
+/// buffered and written with one call per queue batch, then synced, before the queue
+/// counts them: a row counted rejected is durably in the file.
 struct RejectLog {
     path: PathBuf,
     file: Option<std::fs::File>,
+    /// Lines not yet written.
+    pending: Vec<u8>,
+    /// Rejections logged one per line so far, by [`RejectKind`].
+    logged: [u64; 4],
+    /// Rejections since the last sync not logged one per line.
+    unlogged: u64,
 }
 
 impl RejectLog {
-    fn write(&mut self, r: &Rejection) -> Result<(), IntakeError> {
+    fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            file: None,
+            pending: Vec::new(),
+            logged: [0; 4],
+            unlogged: 0,
+        }
+    }
+
+    fn write(&mut self, r: &Rejection, kind: RejectKind) -> Result<(), IntakeError> {
+        // A Rejection is strings and integers: serializing it cannot fail.
+        let _ = serde_json::to_writer(&mut self.pending, r);
+        self.pending.push(b'\n');
+        let logged = &mut self.logged[kind as usize];
+        if *logged < REJECTS_LOGGED {
+            *logged += 1;
+            tracing::warn!(file = %r.file, line = r.line, reason = %r.reason, "row rejected");
+        } else {
+            self.unlogged += 1;
+        }
+        if self.pending.len() >= REJECTS_BUFFERED {
+            self.write_pending()?;
+        }
+        Ok(())
+    }
+
+    /// Appends the buffered lines (opening the file on the first).
+    fn write_pending(&mut self) -> Result<(), IntakeError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
         let err = |source| IntakeError::Rejects {
             path: self.path.clone(),
             source,
@@ -130,21 +191,26 @@ impl RejectLog {
             }
             self.file = Some(f);
         }
-        let mut line = serde_json::to_vec(r).unwrap_or_default();
-        line.push(b'\n');
         if let Some(f) = &mut self.file {
-            f.write_all(&line).map_err(err)?;
+            f.write_all(&self.pending).map_err(err)?;
         }
-        tracing::warn!(file = %r.file, line = r.line, reason = %r.reason, "row rejected");
+        self.pending.clear();
         Ok(())
     }
 
+    /// Writes and syncs every rejection so far; then logs the count not logged one by one.
     fn sync(&mut self) -> Result<(), IntakeError> {
+        self.write_pending()?;
         if let Some(f) = &self.file {
             f.sync_data().map_err(|source| IntakeError::Rejects {
                 path: self.path.clone(),
                 source,
             })?;
+        }
+        if self.unlogged > 0 {
+            tracing::warn!(rejected = self.unlogged, path = %self.path.display(),
+                "more rows rejected (logged one per line only for the first 10 of each kind; all are in the file)");
+            self.unlogged = 0;
         }
         Ok(())
     }
@@ -355,10 +421,7 @@ pub fn intake(
         d,
         opts,
         scanned: state.scanned_lines,
-        rejects: RejectLog {
-            path: output_dir.join(&d.name).join("_rejected.jsonl"),
-            file: None,
-        },
+        rejects: RejectLog::new(output_dir.join(&d.name).join("_rejected.jsonl")),
         report: IntakeReport {
             skipped_lines: skipped.map_or(0, |m| m.lines),
             ..Default::default()
@@ -500,8 +563,8 @@ impl Collector<'_> {
         Ok(None)
     }
 
-    fn reject(&mut self, r: Rejection) -> Result<(), IntakeError> {
-        self.rejects.write(&r)?;
+    fn reject(&mut self, r: Rejection, kind: RejectKind) -> Result<(), IntakeError> {
+        self.rejects.write(&r, kind)?;
         self.batch_rejected += 1;
         self.report.rejected += 1;
         Ok(())
@@ -517,7 +580,7 @@ impl Collector<'_> {
         match p {
             Prepared::Rejected(r) => {
                 if !already {
-                    self.reject(r)?;
+                    self.reject(r, RejectKind::BadRow)?;
                 }
             }
             Prepared::Row {
@@ -556,14 +619,14 @@ impl Collector<'_> {
                         id,
                         first + 1
                     ));
-                    self.reject(rej)?;
+                    self.reject(rej, RejectKind::DuplicateId)?;
                     return self.maybe_flush(line).map(|_| true);
                 }
                 let ready = match built {
                     Some(Ok(b)) => b,
                     Some(Err(reason)) => {
                         let rej = rejection(reason);
-                        self.reject(rej)?;
+                        self.reject(rej, RejectKind::Build)?;
                         return self.maybe_flush(line).map(|_| true);
                     }
                     None => unreachable!("rows after the scan position are always built"),
@@ -574,7 +637,7 @@ impl Collector<'_> {
                             "prompt is {n} tokens and the server's context length is {ctx}: no room for generation"
                         ));
                         self.report.over_context += 1;
-                        self.reject(rej)?;
+                        self.reject(rej, RejectKind::OverContext)?;
                         return self.maybe_flush(line).map(|_| true);
                     }
                     if n + u64::from(self.opts.max_tokens) > u64::from(ctx) {
@@ -594,7 +657,7 @@ impl Collector<'_> {
     }
 
     fn maybe_flush(&mut self, line: u64) -> Result<(), IntakeError> {
-        if self.batch.len() >= BATCH || self.batch_rejected as usize >= BATCH {
+        if self.batch.len() >= BATCH || self.batch_rejected as usize >= REJECTS_PER_BATCH {
             self.rejects.sync()?;
             self.queue.enqueue_encoded(
                 self.ds,
@@ -640,6 +703,7 @@ impl Collector<'_> {
                 prompts_per_s = (self.report.added as f64 / secs) as u64,
                 tokens_per_s = (self.report.prompt_tokens as f64 / secs) as u64,
                 id_lookups = self.ids.lookups(),
+                id_lookup_bytes = self.ids.lookup_bytes(),
                 "enqueued"
             );
         }
@@ -784,6 +848,48 @@ mod tests {
         assert!(reasons[0].contains("first at line 4"), "{}", reasons[0]);
         assert!(reasons[1].contains("first at line 2000"), "{}", reasons[1]);
         assert!(reasons[2].contains("first at line 11"), "{}", reasons[2]);
+    }
+
+    /// A file holding each of 3,000 prompts twice, shuffled: every first copy is enqueued
+    /// and every second one rejected naming the first copy's line, whichever block (none
+    /// of them cached) and spilled run the first copy sits in.
+    #[test]
+    fn shuffled_repeats_are_each_rejected_naming_the_first_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, out) = (dir.path().join("p.jsonl"), dir.path().join("out"));
+        let mut order: Vec<usize> = (0..3000).chain(0..3000).collect();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for i in (1..order.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        let body: String = order.iter().map(|&i| lines(i..i + 1)).collect();
+        std::fs::write(&file, &body).unwrap();
+        let q = Queue::open(&dir.path().join("q")).unwrap();
+        let rep = run(&q, &file, &out).unwrap();
+        assert_eq!((rep.added, rep.rejected), (3000, 3000));
+        let mut first = std::collections::HashMap::new();
+        let mut want = Vec::new();
+        for (at, &i) in order.iter().enumerate() {
+            if let Some(&f) = first.get(&i) {
+                want.push((at as u64 + 1, format!("(first at line {})", f + 1)));
+            } else {
+                first.insert(i, at as u64);
+            }
+        }
+        let got: Vec<(u64, String)> = std::fs::read_to_string(out.join("d/_rejected.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let r: serde_json::Value = serde_json::from_str(l).unwrap();
+                let reason = r["reason"].as_str().unwrap();
+                let tail = &reason[reason.rfind('(').unwrap()..];
+                (r["line"].as_u64().unwrap(), tail.to_string())
+            })
+            .collect();
+        assert_eq!(got, want);
     }
 
     /// A last line without its newline is not covered by the mark: text appended to that

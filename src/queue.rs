@@ -1129,13 +1129,26 @@ impl Queue {
             })
     }
 
-    /// The id of the item at `row` (without decoding its prompt).
+    /// The id of the item at `row`: from a cached block, else only the id's bytes are read
+    /// (intake checks each duplicate candidate this way; reading its whole block, up to
+    /// 4 MiB, made a file of scattered duplicates quadratic).
     pub fn item_id(&self, ds: u16, row: u64) -> Result<Option<String>, QueueError> {
         let Some((r, i)) = self.locate(ds, row) else {
             return Ok(None);
         };
-        let b = self.block(ds, &r)?;
-        Ok(Some(String::from_utf8_lossy(b.id(i)).into_owned()))
+        let key = (ds, r.first_row, r.offset);
+        let cached = {
+            let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+            cache
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, b)| b.clone())
+        };
+        let id = match cached {
+            Some(b) => String::from_utf8_lossy(b.id(i)).into_owned(),
+            None => String::from_utf8_lossy(&self.file(ds)?.read_id(&r, i)?).into_owned(),
+        };
+        Ok(Some(id))
     }
 
     /// The block holding the item at `row`, and its position there.

@@ -375,3 +375,38 @@ async fn a_second_run_on_the_same_data_dir_refuses_and_the_first_is_unharmed() {
     let ids: Vec<String> = (0..150).map(|i| format!("p{i}")).collect();
     assert_exactly_once(&shard_rows(&dir.path().join("out"), "a"), &ids);
 }
+
+/// Many rejections of one kind: the first 10 are logged one per line, the rest as count
+/// lines naming `_rejected.jsonl` (summing to the rest), and every one is in that file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_ten_rejections_of_a_kind_the_log_counts_and_the_file_holds_all() {
+    let mock = Mock::start(fast_mock()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut f = std::fs::File::create(dir.path().join("p.jsonl")).unwrap();
+    writeln!(f, r#"{{"id": "x", "prompt": "first"}}"#).unwrap();
+    for i in 0..25 {
+        writeln!(f, r#"{{"id": "x", "prompt": "again {i}"}}"#).unwrap();
+    }
+    drop(f);
+    let cfg = one_dataset(dir.path(), &mock.url);
+    let mut p = Proc::spawn(&cfg, &["run"], &[]);
+    let (status, _) = p.wait(Duration::from_secs(120)).await;
+    let log = p.stderr();
+    assert_eq!(status.code(), Some(0), "{log}");
+    let per_row = log
+        .lines()
+        .filter(|l| l.contains("row rejected") && l.contains("duplicate id"))
+        .count();
+    assert_eq!(per_row, 10, "{log}");
+    let counted: u64 = log
+        .lines()
+        .filter(|l| l.contains("more rows rejected") && l.contains("_rejected.jsonl"))
+        .map(|l| {
+            let n = l.split("rejected=").nth(1).unwrap();
+            n.split(' ').next().unwrap().parse::<u64>().unwrap()
+        })
+        .sum();
+    assert_eq!(counted, 15, "{log}");
+    let rej = std::fs::read_to_string(dir.path().join("out/a/_rejected.jsonl")).unwrap();
+    assert_eq!(rej.lines().count(), 25);
+}
