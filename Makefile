@@ -9,7 +9,8 @@ demo:
 	bash scripts/demo.sh
 
 ## The whole test suite (unit + integration, real sled, real Parquet read back by pyarrow/DuckDB).
-## Also needs `prometheus` and `promtool` (Debian's `prometheus` package) for tests/it/observability.rs.
+## Also needs `prometheus` and `promtool` (Debian's `prometheus` package) for tests/it/observability.rs
+## and `strace` for tests/it/power.rs (.ci/run installs both).
 test:
 	@if cargo nextest --version >/dev/null 2>&1; then \
 		cargo nextest run --no-fail-fast --status-level fail --final-status-level slow; \

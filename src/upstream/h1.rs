@@ -1028,9 +1028,9 @@ mod tests {
         .expect("the request never ended")
     }
 
-    /// A chunk size near `u64::MAX` after a first chunk (the old reader added it unchecked
-    /// and sliced out of bounds: a panic that hung the run) is refused at the cap, and one
-    /// past `u64::MAX` is a malformed answer; neither panics.
+    /// A chunk size near `u64::MAX` after a first chunk (added unchecked, it slices out of
+    /// bounds) is refused at the cap, and one past `u64::MAX` is a malformed answer;
+    /// neither panics.
     #[tokio::test]
     async fn a_chunk_size_near_u64_max_is_an_error_not_a_panic() {
         let (url, _) = hostile(
@@ -1049,9 +1049,9 @@ mod tests {
         assert!(matches!(e, Some(UpstreamError::Malformed(_))), "{e:?}");
     }
 
-    /// Trailer lines that never end after `0\r\n` are refused at a bound (the old reader
-    /// kept every one: gigabytes in seconds), as are a head that never ends and a head of
-    /// 200 000 header lines.
+    /// Trailer lines that never end after `0\r\n` are refused at a bound (kept, they are
+    /// gigabytes in seconds), as are a head that never ends and a head of 200 000 header
+    /// lines.
     #[tokio::test]
     async fn endless_trailers_and_heads_are_refused_at_a_bound() {
         let (url, _) = hostile(

@@ -355,7 +355,7 @@ async fn urls_that_cannot_work_exit_2_naming_the_key() {
 
 /// An API key that cannot go into a header (a trailing newline, a space, non-ASCII):
 /// exit 2 naming `server.api_key_env` and the variable, and the key itself never shown.
-/// (Such keys used to be dropped silently, and every request answered 401.)
+/// (Dropped silently instead, every request would be answered 401.)
 #[tokio::test]
 async fn api_keys_that_are_not_header_safe_exit_2_without_showing_the_key() {
     for (key, why) in [
