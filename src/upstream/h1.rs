@@ -1054,37 +1054,31 @@ mod tests {
     /// lines.
     #[tokio::test]
     async fn endless_trailers_and_heads_are_refused_at_a_bound() {
-        let (url, _) = hostile(
-            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n",
-            b"x-trailer: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n",
-        )
-        .await;
-        let e = ask(&client(), &url).await.err();
-        assert!(matches!(e, Some(UpstreamError::Malformed(_))), "{e:?}");
-        // One trailer line that never ends: the bytes' bound, not the lines'.
-        let (url, _) = hostile(
-            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nx-trailer: ",
-            b"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-        )
-        .await;
-        let e = ask(&client(), &url).await.err();
-        assert!(matches!(e, Some(UpstreamError::Malformed(_))), "{e:?}");
-        let (url, _) = hostile(
-            b"HTTP/1.1 200 OK\r\nx-endless: ",
-            b"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-        )
-        .await;
-        let e = ask(&client(), &url).await.err();
-        assert!(
-            matches!(&e, Some(UpstreamError::Malformed(m)) if m.contains("response head")),
-            "{e:?}"
-        );
-        let (url, _) = hostile(b"HTTP/1.1 200 OK\r\n", b"a: b\r\n").await;
-        let e = ask(&client(), &url).await.err();
-        assert!(
-            matches!(&e, Some(UpstreamError::Malformed(m)) if m.contains("response head")),
-            "{e:?}"
-        );
+        const ENDLESS: &[u8] = b"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+        // (answer, what repeats after it forever, a word the error must hold)
+        let cases: [(&'static [u8], &'static [u8], &str); 4] = [
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n",
+                b"x-trailer: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n",
+                "",
+            ),
+            // One trailer line that never ends: the bytes' bound, not the lines'.
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nx-trailer: ",
+                ENDLESS,
+                "",
+            ),
+            (b"HTTP/1.1 200 OK\r\nx-endless: ", ENDLESS, "response head"),
+            (b"HTTP/1.1 200 OK\r\n", b"a: b\r\n", "response head"),
+        ];
+        for (answer, filler, word) in cases {
+            let (url, _) = hostile(answer, filler).await;
+            let e = ask(&client(), &url).await.err();
+            assert!(
+                matches!(&e, Some(UpstreamError::Malformed(m)) if m.contains(word)),
+                "{e:?}"
+            );
+        }
     }
 
     /// A 10 GB `Content-Length` on a 2xx is refused before any of it is read; a 2xx body
