@@ -7,7 +7,7 @@
 //!
 //! usage: cargo run --release --example bench_dedup -- [ROWS] [DIR]
 //!        (defaults: 1,000,000 rows, a temporary folder for the spill files)
-use spool::dedup::IdSet;
+use spool::input::dedup::IdSet;
 use std::time::Instant;
 
 /// The ids of one shape, in file order.

@@ -35,21 +35,21 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
     for cause in err.chain() {
         if cause.downcast_ref::<ConfigError>().is_some()
             || cause
-                .downcast_ref::<crate::dataset::DatasetError>()
+                .downcast_ref::<crate::input::dataset::DatasetError>()
                 .is_some()
             || cause
-                .downcast_ref::<crate::template::TemplateError>()
+                .downcast_ref::<crate::prompt::template::TemplateError>()
                 .is_some()
             || matches!(
-                cause.downcast_ref::<crate::queue::QueueError>(),
-                Some(crate::queue::QueueError::Locked { .. })
+                cause.downcast_ref::<crate::store::queue::QueueError>(),
+                Some(crate::store::queue::QueueError::Locked { .. })
             )
             || matches!(
-                cause.downcast_ref::<crate::intake::IntakeError>(),
+                cause.downcast_ref::<crate::input::intake::IntakeError>(),
                 Some(
-                    crate::intake::IntakeError::Changed { .. }
-                        | crate::intake::IntakeError::Shrunk { .. }
-                        | crate::intake::IntakeError::Dataset(_)
+                    crate::input::intake::IntakeError::Changed { .. }
+                        | crate::input::intake::IntakeError::Shrunk { .. }
+                        | crate::input::intake::IntakeError::Dataset(_)
                 )
             )
         {

@@ -5,7 +5,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use spool::config::{Config, Overrides};
 use spool::error::{exit, exit_code};
-use spool::status::StatusReport;
+use spool::observe::status::StatusReport;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -87,7 +87,7 @@ enum Command {
     Export {
         /// `sharegpt`: JSONL {id, dataset, conversations}; `tokens`: Parquet {id, dataset, input_ids, loss_mask}.
         #[arg(long, value_enum)]
-        format: spool::export::Format,
+        format: spool::output::export::Format,
         /// Output file (written under a temporary name, renamed when complete).
         #[arg(long)]
         out: PathBuf,
@@ -126,12 +126,12 @@ fn init_logging(quiet: bool, verbose: u8) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("{default},sled=warn,hyper=warn,reqwest=warn")));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    if spool::bars::wanted(quiet) {
-        spool::bars::install();
+    if spool::observe::bars::wanted(quiet) {
+        spool::observe::bars::install();
     }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(spool::bars::LogWriter)
+        .with_writer(spool::observe::bars::LogWriter)
         .with_ansi(ansi)
         .with_target(false)
         .init();
@@ -191,7 +191,7 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
         Command::Run => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
             let rt = runtime()?;
-            let summary = rt.block_on(spool::job::run(cfg, first_signal()));
+            let summary = rt.block_on(spool::run::job::run(cfg, first_signal()));
             // A storage layer stuck after a disk error must not keep the process alive
             // (dropping the runtime would wait for its blocking tasks forever).
             rt.shutdown_timeout(std::time::Duration::from_secs(5));
@@ -225,13 +225,13 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
                     cfg.source.display()
                 );
             }
-            let queue = spool::queue::Queue::open(&cfg.data_dir).map_err(|e| match e {
-                spool::queue::QueueError::Locked { .. } => anyhow::Error::new(e).context(
+            let queue = spool::store::queue::Queue::open(&cfg.data_dir).map_err(|e| match e {
+                spool::store::queue::QueueError::Locked { .. } => anyhow::Error::new(e).context(
                     "cannot verify while a `spool run` is active: it holds the queue; verify after it stops",
                 ),
                 e => e.into(),
             })?;
-            let report = spool::verify::verify(&queue, &cfg)?;
+            let report = spool::output::verify::verify(&queue, &cfg)?;
             print!("{}", report.render_summary());
             for p in &report.problems {
                 println!("{p}");
@@ -246,7 +246,7 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Retry { dataset } => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
-            let queue = spool::queue::Queue::open(&cfg.data_dir)?;
+            let queue = spool::store::queue::Queue::open(&cfg.data_dir)?;
             let mut total = 0;
             for s in queue.states() {
                 if dataset.as_ref().is_some_and(|d| d != &s.name) {
@@ -269,7 +269,7 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
             Ok(exit::OK)
         }
         Command::Show { shard, rows, width } => {
-            let all = spool::shard::read_rows(shard)?;
+            let all = spool::output::shard::read_rows(shard)?;
             for r in all.iter().take(*rows) {
                 let mut v = serde_json::to_value(r)?;
                 if *width > 0 {
@@ -291,7 +291,7 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
             dataset,
         } => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
-            let r = spool::export::export(&cfg, *format, out, dataset.as_deref())?;
+            let r = spool::output::export::export(&cfg, *format, out, dataset.as_deref())?;
             println!(
                 "export: {} row(s) from {} shard(s) to {}",
                 r.rows,
@@ -346,7 +346,7 @@ async fn status_report(cfg: &Config) -> anyhow::Result<StatusReport> {
         // The address a running process actually bound (it may have been given on its
         // command line, or be port 0), then the configured one.
         let mut addrs = Vec::new();
-        if let Ok(a) = std::fs::read_to_string(cfg.data_dir.join(spool::job::ENDPOINT_FILE)) {
+        if let Ok(a) = std::fs::read_to_string(cfg.data_dir.join(spool::run::job::ENDPOINT_FILE)) {
             addrs.push(a.trim().to_string());
         }
         if !cfg.run.metrics_addr.is_empty() {
@@ -367,9 +367,9 @@ async fn status_report(cfg: &Config) -> anyhow::Result<StatusReport> {
             }
         }
     }
-    match spool::queue::Queue::open(&cfg.data_dir) {
+    match spool::store::queue::Queue::open(&cfg.data_dir) {
         Ok(q) => Ok(StatusReport::from_queue(&q, cfg)?),
-        Err(spool::queue::QueueError::Locked { path }) => {
+        Err(spool::store::queue::QueueError::Locked { path }) => {
             anyhow::bail!(
             "a `spool run` holds the queue in {} and its metrics endpoint ({}) does not answer; \
              enable run.metrics_addr to see live status",

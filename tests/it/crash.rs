@@ -448,7 +448,7 @@ async fn sigkill_during_intake_enqueues_every_row_exactly_once() {
         if status.code() == Some(0) {
             break; // the intake finished before the kill
         }
-        let q = spool::queue::Queue::open(&data).unwrap();
+        let q = spool::store::queue::Queue::open(&data).unwrap();
         let items = q.states().first().map_or(0, |s| s.items);
         if items > 0 && items < good.len() as u64 {
             inside += 1;
@@ -464,7 +464,7 @@ async fn sigkill_during_intake_enqueues_every_row_exactly_once() {
         String::from_utf8_lossy(&o.stderr)
     );
     {
-        let q = spool::queue::Queue::open(&data).unwrap();
+        let q = spool::store::queue::Queue::open(&data).unwrap();
         let s = &q.states()[0];
         assert_eq!(
             (s.items, s.rejected, s.scanned_lines, s.done, s.failed),

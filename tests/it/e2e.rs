@@ -1,7 +1,7 @@
 //! End to end in-process: config → intake → mock server → queue → Parquet shards.
 
 use crate::support::*;
-use spool::shard::ShardRow;
+use spool::output::shard::ShardRow;
 
 fn qwen_tokenizer_table() -> String {
     let dir = fixtures().join("tokenizers/qwen3");
@@ -12,7 +12,7 @@ fn qwen_tokenizer_table() -> String {
     )
 }
 
-fn check_row(r: &ShardRow, api: &str, stream: bool, tok: &spool::template::Tokenizer) {
+fn check_row(r: &ShardRow, api: &str, stream: bool, tok: &spool::prompt::template::Tokenizer) {
     let ctx = format!("{api} stream={stream} id={}", r.id);
     assert!(!r.prompt.is_empty(), "{ctx}");
     assert!(!r.completion.is_empty(), "{ctx}");
@@ -85,9 +85,10 @@ fn check_row(r: &ShardRow, api: &str, stream: bool, tok: &spool::template::Token
 /// reasons, TTFT only when streaming, and the file metadata.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_api_streaming_and_not_fills_every_column() {
-    let tok =
-        spool::template::Tokenizer::from_file(&fixtures().join("tokenizers/qwen3/tokenizer.json"))
-            .unwrap();
+    let tok = spool::prompt::template::Tokenizer::from_file(
+        &fixtures().join("tokenizers/qwen3/tokenizer.json"),
+    )
+    .unwrap();
     for api in ["sglang", "completions", "chat"] {
         for stream in [true, false] {
             let mock = Mock::start(fast_mock()).await;
@@ -132,7 +133,7 @@ async fn each_api_streaming_and_not_fills_every_column() {
             assert!(plain.iter().all(|r| r.dataset == "plain"));
             // 30 rows at max_rows = 25: two shards.
             assert_eq!(shard_files(&out, "plain").len(), 2);
-            let meta = spool::shard::read_metadata(&shard_files(&out, "plain")[0]).unwrap();
+            let meta = spool::output::shard::read_metadata(&shard_files(&out, "plain")[0]).unwrap();
             let keys: Vec<&str> = meta.iter().map(|(k, _)| k.as_str()).collect();
             for k in [
                 "spool.version",
@@ -225,7 +226,7 @@ async fn a_changed_row_is_refused() {
         .unwrap()
         .replace("item 3 of", "item THREE of");
     std::fs::write(&file, text).unwrap();
-    let err = spool::job::run(load(&cfg), std::future::pending())
+    let err = spool::run::job::run(load(&cfg), std::future::pending())
         .await
         .unwrap_err();
     let msg = format!("{err:#}");

@@ -6,8 +6,8 @@
 use std::path::Path;
 use std::process::Command;
 
-use spool::dataset::{parse_row, Input};
-use spool::template::{ChatTemplate, PromptBuilder, Tokenizer};
+use spool::input::dataset::{parse_row, Input};
+use spool::prompt::template::{ChatTemplate, PromptBuilder, Tokenizer};
 
 const ROWS: usize = 3000;
 

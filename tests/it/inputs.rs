@@ -8,11 +8,11 @@ use parquet::arrow::ArrowWriter;
 use parquet::file::properties::WriterProperties;
 use serde_json::{json, Value};
 use spool::config::Api;
-use spool::dataset::{read_all, Entry, Input};
-use spool::intake::{intake, IntakeOptions};
-use spool::probe::{self_check, StreamShape};
-use spool::queue::Queue;
-use spool::template::{ChatTemplate, PromptBuilder, Tokenizer};
+use spool::input::dataset::{read_all, Entry, Input};
+use spool::input::intake::{intake, IntakeOptions};
+use spool::prompt::template::{ChatTemplate, PromptBuilder, Tokenizer};
+use spool::run::probe::{self_check, StreamShape};
+use spool::store::queue::Queue;
 use spool::upstream::{Upstream, UpstreamOptions};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -639,7 +639,7 @@ async fn self_check_learns_the_stream_shape_ids_and_usage() {
     );
     // The context length the run would use.
     let up = upstream(Api::Sglang, true);
-    let found = spool::probe::discover_context(&up, &mock.url, "mock-model")
+    let found = spool::run::probe::discover_context(&up, &mock.url, "mock-model")
         .await
         .unwrap();
     assert_eq!(found.tokens, 32768);

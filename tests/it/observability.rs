@@ -490,7 +490,7 @@ async fn mid_run_scrape_passes_promtool_with_every_spec_series() {
     assert_eq!(get(&format!("{base}/readyz")).await.0, 200);
     let (code, body) = get(&format!("{base}/status")).await;
     assert_eq!(code, 200);
-    let st: spool::status::StatusReport = serde_json::from_str(&body).unwrap();
+    let st: spool::observe::status::StatusReport = serde_json::from_str(&body).unwrap();
     assert!(st.running);
     let alpha = st.datasets.iter().find(|d| d.name == "alpha").unwrap();
     assert_eq!(alpha.state, "running");
@@ -555,7 +555,7 @@ async fn mid_run_scrape_passes_promtool_with_every_spec_series() {
         .arg(&cfg)
         .output()
         .unwrap();
-    let st: spool::status::StatusReport = serde_json::from_slice(&json.stdout).unwrap();
+    let st: spool::observe::status::StatusReport = serde_json::from_slice(&json.stdout).unwrap();
     assert!(!st.running);
     assert!(st.datasets.iter().all(|d| d.tokens_per_s.is_none()));
 }
@@ -1290,9 +1290,9 @@ fn status_json_shape_matches_the_readme() {
         .expect("a ```json block");
     let doc: serde_json::Value =
         serde_json::from_str(&json.replace('…', "...")).expect("README JSON parses");
-    let real = serde_json::to_value(spool::status::StatusReport {
+    let real = serde_json::to_value(spool::observe::status::StatusReport {
         running: true,
-        datasets: vec![spool::status::DatasetStatus::default()],
+        datasets: vec![spool::observe::status::DatasetStatus::default()],
     })
     .unwrap();
     let keys =

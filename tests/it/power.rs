@@ -417,9 +417,9 @@ fn an_interrupted_migration_is_refused_by_older_spools_and_resumed_by_this_one()
             let v = tree.get(k).unwrap().expect("record present");
             u32::from_be_bytes(v.as_ref().try_into().unwrap())
         };
-        assert_eq!(read(b"v"), spool::queue::FORMAT_VERSION);
+        assert_eq!(read(b"v"), spool::store::queue::FORMAT_VERSION);
         assert!(read(b"v") > 3, "a format-3 spool would read this queue");
-        assert_eq!(read(spool::queue::MIGRATING_KEY), 2);
+        assert_eq!(read(spool::store::queue::MIGRATING_KEY), 2);
     }
     let j = status_json(&cfg);
     let counts = |i: usize| {
@@ -435,7 +435,10 @@ fn an_interrupted_migration_is_refused_by_older_spools_and_resumed_by_this_one()
     assert_eq!(counts(1), (3.into(), 1.into(), 0.into(), 0.into()));
     let db = sled::open(dir.path().join("data/queue")).unwrap();
     let tree = db.open_tree("q").unwrap();
-    assert!(tree.get(spool::queue::MIGRATING_KEY).unwrap().is_none());
+    assert!(tree
+        .get(spool::store::queue::MIGRATING_KEY)
+        .unwrap()
+        .is_none());
     assert_eq!(tree.scan_prefix(b"r").count(), 0, "format-2 results left");
 }
 

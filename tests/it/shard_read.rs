@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use spool::shard::{self, ShardLimits, ShardRow, ShardWriter};
+use spool::output::shard::{self, ShardLimits, ShardRow, ShardWriter};
 
 fn rows() -> Vec<ShardRow> {
     vec![

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use spool::mock::{MockConfig, MockState, MockStats};
-use spool::shard::ShardRow;
+use spool::output::shard::ShardRow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -175,9 +175,9 @@ pub fn init_logs() {
 }
 
 /// Runs the job in-process to the end.
-pub async fn run_to_end(path: &Path) -> spool::job::RunSummary {
+pub async fn run_to_end(path: &Path) -> spool::run::job::RunSummary {
     init_logs();
-    spool::job::run(load(path), std::future::pending())
+    spool::run::job::run(load(path), std::future::pending())
         .await
         .unwrap()
 }
@@ -203,7 +203,7 @@ pub fn shard_files(out: &Path, dataset: &str) -> Vec<PathBuf> {
 pub fn shard_rows(out: &Path, dataset: &str) -> Vec<ShardRow> {
     shard_files(out, dataset)
         .iter()
-        .flat_map(|p| spool::shard::read_rows(p).unwrap())
+        .flat_map(|p| spool::output::shard::read_rows(p).unwrap())
         .collect()
 }
 

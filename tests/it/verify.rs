@@ -3,9 +3,9 @@
 //! named, in the library and through the real binary's exit code and output.
 
 use crate::support::*;
-use spool::queue::Queue;
-use spool::shard::{self, ShardLimits, ShardWriter};
-use spool::verify::{verify, Problem, VerifyReport};
+use spool::output::shard::{self, ShardLimits, ShardWriter};
+use spool::output::verify::{verify, Problem, VerifyReport};
+use spool::store::queue::Queue;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;

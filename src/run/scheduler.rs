@@ -10,10 +10,10 @@
 //! [`Scheduler::completed`], [`Scheduler::failed`] or [`Scheduler::release`]; streamed
 //! tokens are counted through a per-lease atomic, without taking the scheduler lock.
 
-use crate::budget::LengthModel;
 use crate::config::BudgetPolicy;
-use crate::drain::{finish_times, LaneWork, SpeedCurve};
-use crate::queue::{Queue, QueueError};
+use crate::estimate::lengths::LengthModel;
+use crate::estimate::tail::{finish_times, LaneWork, SpeedCurve};
+use crate::store::queue::{Queue, QueueError};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -154,7 +154,7 @@ pub struct LaneView {
     /// Budget minus completed tokens (`None`: no budget).
     pub budget_left: Option<f64>,
     /// What the lane still has to do, for the ETA's simulation of the batch
-    /// ([`crate::drain::finish_times`], run by the monitor, not on every snapshot).
+    /// ([`crate::estimate::tail::finish_times`], run by the monitor, not on every snapshot).
     #[serde(skip)]
     pub work: LaneWork,
 }
@@ -443,7 +443,7 @@ impl Scheduler {
 
 /// Seconds until each lane is finished (its last request completes), from the server's
 /// learned [`SpeedCurve`] and the run's `concurrency`: a simulation of the batch as it drains
-/// ([`crate::drain`]), because the last requests of a run go faster than today's per-request
+/// ([`crate::estimate::tail`]), because the last requests of a run go faster than today's per-request
 /// speed. `None` for every unfinished lane until the curve is known (no throughput yet).
 pub fn lane_etas(
     views: &[LaneView],
@@ -519,7 +519,7 @@ pub fn run_eta(etas: &[Option<f64>]) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queue::Item;
+    use crate::store::queue::Item;
 
     fn queue_with(rows: &[u64]) -> (tempfile::TempDir, Arc<Queue>) {
         let dir = tempfile::tempdir().unwrap();

@@ -7,9 +7,9 @@
 //! Invariant: a progress line is logged every `progress_every` completions of a dataset
 //! and at least every 60 s while it is active, and once more at the end of a run for a
 //! dataset that progressed since its last line. On a terminal the bars of
-//! [`crate::bars`] replace the lines.
+//! [`crate::observe::bars`] replace the lines.
 
-use crate::budget::format_duration;
+use crate::estimate::lengths::format_duration;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 

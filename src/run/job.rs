@@ -16,20 +16,20 @@
 //! (their items stay pending) → the committer drains → the archive seals open shards →
 //! the queue is flushed.
 
-use crate::archive::{self, Archive, ArchiveDataset};
 use crate::config::Config;
-use crate::http::Observed;
-use crate::intake::intake;
-use crate::metrics::{DatasetMetrics, Metrics};
-use crate::monitor::{live_status, monitor_loop, LiveRates};
-use crate::queue::{Outcome, Queue};
-use crate::scheduler::{LaneSpec, Next, Scheduler};
-use crate::servers::Servers;
-use crate::shard::{ShardLimits, ShardRow};
-use crate::status::{grouped, StatusReport};
-use crate::template::{ChatTemplate, PromptBuilder, Tokenizer};
+use crate::input::intake::intake;
+use crate::observe::http::Observed;
+use crate::observe::metrics::{DatasetMetrics, Metrics};
+use crate::observe::monitor::{live_status, monitor_loop, LiveRates};
+use crate::observe::status::{grouped, StatusReport};
+use crate::output::archive::{self, Archive, ArchiveDataset};
+use crate::output::shard::{ShardLimits, ShardRow};
+use crate::prompt::template::{ChatTemplate, PromptBuilder, Tokenizer};
+use crate::run::scheduler::{LaneSpec, Next, Scheduler};
+use crate::run::servers::Servers;
+use crate::run::worker::{work, Ctx, Finished};
+use crate::store::queue::{Outcome, Queue};
 use crate::upstream::{CountSource, Upstream, UpstreamOptions};
-use crate::worker::{work, Ctx, Finished};
 use anyhow::{Context, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -108,7 +108,7 @@ async fn run_job(
             }
         });
     }
-    crate::blocks::create_dir_durably(&cfg.output_dir)
+    crate::store::blocks::create_dir_durably(&cfg.output_dir)
         .with_context(|| format!("cannot create output_dir {}", cfg.output_dir.display()))?;
     let mut queue = Arc::new(Queue::open(&cfg.data_dir)?);
     let api_key = cfg.api_key()?;
@@ -169,7 +169,7 @@ async fn run_job(
                 "cannot repair the queue in {} (left by a failed write, marker `{}`); \
                  `spool verify` lists what is inconsistent",
                 cfg.data_dir.display(),
-                crate::queue::REPAIR_MARKER
+                crate::store::queue::REPAIR_MARKER
             )
         })?;
         for (name, r) in repaired {
@@ -203,7 +203,7 @@ async fn run_job(
         .tokenizer()
         .and_then(|t| t.encode("Hello", false).ok());
     let context_length =
-        crate::probe::probe(&cfg, &upstream, probe_ids, builder.has_tokenizer()).await;
+        crate::run::probe::probe(&cfg, &upstream, probe_ids, builder.has_tokenizer()).await;
     let upstream =
         upstream.with_max_tokens_clamp(context_length.filter(|_| cfg.server.clamp_max_tokens));
 
@@ -219,7 +219,7 @@ async fn run_job(
             builder.clone(),
             cfg.output_dir.clone(),
         );
-        let opts = crate::intake::IntakeOptions {
+        let opts = crate::input::intake::IntakeOptions {
             server_templates: cfg.server.api == crate::config::Api::Chat,
             context_length,
             max_tokens: cfg.sampling_of(d).max_tokens,
@@ -230,7 +230,7 @@ async fn run_job(
             .await
             .context("intake task panicked")??;
         added_this_run += rep.added;
-        crate::intake::log_context_report(
+        crate::input::intake::log_context_report(
             &d.name,
             &rep,
             context_length,
@@ -385,7 +385,7 @@ async fn run_job(
                     // Disk full or unwritable output (SPEC §4.4): stop dispatching, keep
                     // everything (results are durable in the queue before they reach a
                     // shard), exit 1 naming the path.
-                    if matches!(e, crate::archive::ArchiveError::Queue(_)) {
+                    if matches!(e, crate::output::archive::ArchiveError::Queue(_)) {
                         queue_broken.store(true, Ordering::SeqCst);
                         hard_stop.cancel();
                     }
@@ -493,9 +493,11 @@ async fn run_job(
         // Lets `spool status` find this process when the port was chosen by the OS.
         let _ = std::fs::write(cfg.data_dir.join(ENDPOINT_FILE), addr.to_string());
         let (o, s) = (observed.clone(), http_stop.clone());
-        Some(tokio::spawn(crate::http::serve(listener, o, async move {
-            s.cancelled().await
-        })))
+        Some(tokio::spawn(crate::observe::http::serve(
+            listener,
+            o,
+            async move { s.cancelled().await },
+        )))
     };
 
     // Dispatch.
@@ -516,7 +518,7 @@ async fn run_job(
                 break 'dispatch;
             }
             if !servers.any_up() {
-                crate::worker::log_all_down(&servers);
+                crate::run::worker::log_all_down(&servers);
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
                     _ = stop.cancelled() => break 'dispatch,
@@ -602,12 +604,12 @@ async fn run_job(
 /// The run's error when shards cannot be written: what failed, where, and that nothing
 /// is lost. One line (the cause's text is inlined, not chained, so it is said once).
 fn output_failure(
-    e: &crate::archive::ArchiveError,
+    e: &crate::output::archive::ArchiveError,
     out_dir: &std::path::Path,
     data_dir: &std::path::Path,
 ) -> anyhow::Error {
     match e {
-        crate::archive::ArchiveError::Queue(_) => anyhow::anyhow!(
+        crate::output::archive::ArchiveError::Queue(_) => anyhow::anyhow!(
             "cannot record written shards in the queue in {} (disk full or unwritable?): {e}. \
              Dispatch stopped; the next run adopts what was written and shards the rest",
             data_dir.display()
@@ -646,8 +648,8 @@ fn archive_loop(
     seeded: tokio::sync::oneshot::Sender<()>,
     metrics: &Metrics,
     names: &HashMap<u16, String>,
-) -> Result<(), crate::archive::ArchiveError> {
-    let record = |sealed: &[crate::shard::SealedShard], ds: u16| {
+) -> Result<(), crate::output::archive::ArchiveError> {
+    let record = |sealed: &[crate::output::shard::SealedShard], ds: u16| {
         let name = names.get(&ds).map(String::as_str).unwrap_or("?");
         for s in sealed {
             metrics.shards_written.with_label_values(&[name]).inc();

@@ -714,7 +714,7 @@ pub struct SealedShard {
 /// Creates `dir` (and parents), fsyncing the parent of every level it made, so the
 /// directory entries survive a power loss along with the shards in them.
 fn create_dir_durably(dir: &Path) -> Result<(), ShardError> {
-    crate::blocks::create_dir_durably(dir).map_err(|e| ShardError::io(dir, e))
+    crate::store::blocks::create_dir_durably(dir).map_err(|e| ShardError::io(dir, e))
 }
 
 fn sync_dir(dir: &Path) -> Result<(), ShardError> {
@@ -1461,7 +1461,7 @@ mod tests {
     #[test]
     fn shard_schema_matches_schema_file() {
         let doc: serde_json::Value =
-            serde_json::from_str(include_str!("../schemas/shard.schema.json")).unwrap();
+            serde_json::from_str(include_str!("../../schemas/shard.schema.json")).unwrap();
         assert_eq!(doc["name"], "spool shard");
         assert_eq!(doc["version"], 1);
         let columns = doc["columns"].as_array().unwrap();

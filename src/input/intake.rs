@@ -18,12 +18,12 @@
 //! no prompt is enqueued twice.
 
 use crate::config::DatasetConfig;
-use crate::dataset::{
+use crate::input::dataset::{
     DatasetError, DatasetReader, Entry, Input, Parser, Raw, RawEntry, Rejection, Row,
 };
-use crate::dedup::{IdSet, SpillError};
-use crate::queue::{EncodedItem, Item, Queue, QueueError, ScanMark};
-use crate::template::{BuiltPrompt, PromptBuilder};
+use crate::input::dedup::{IdSet, SpillError};
+use crate::prompt::template::{BuiltPrompt, PromptBuilder};
+use crate::store::queue::{EncodedItem, Item, Queue, QueueError, ScanMark};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -178,7 +178,7 @@ impl RejectLog {
             // Durably named (folder and file): the queue's counters soon say these rows
             // were rejected, and a later run never reads them again.
             if let Some(dir) = self.path.parent() {
-                crate::blocks::create_dir_durably(dir).map_err(err)?;
+                crate::store::blocks::create_dir_durably(dir).map_err(err)?;
             }
             let existed = self.path.exists();
             let f = std::fs::OpenOptions::new()
@@ -187,7 +187,7 @@ impl RejectLog {
                 .open(&self.path)
                 .map_err(err)?;
             if !existed {
-                crate::blocks::sync_parent(&self.path).map_err(err)?;
+                crate::store::blocks::sync_parent(&self.path).map_err(err)?;
             }
             self.file = Some(f);
         }

@@ -16,7 +16,7 @@
 //! groups), so it is stable when lines (rows) are appended; the same content gives the
 //! same [`Row::hash`] and the same derived id in every run, whatever the file format.
 
-use crate::queue::ScanMark;
+use crate::store::queue::ScanMark;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
     Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, UInt16Type, UInt32Type,

@@ -36,7 +36,7 @@
 //! finite and ≥ 0; a dataset with nothing in flight and nothing to start has ETA 0; a dataset
 //! that still has requests to start is never reported done before it has started them all.
 
-use crate::budget::LengthModel;
+use crate::estimate::lengths::LengthModel;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};

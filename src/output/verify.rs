@@ -38,8 +38,8 @@
 //! The verifier only reads: it never repairs (that is `spool run`'s recovery).
 
 use crate::config::Config;
-use crate::queue::{DatasetState, Queue, QueueError};
-use crate::shard::{self, ShardError};
+use crate::output::shard::{self, ShardError};
+use crate::store::queue::{DatasetState, Queue, QueueError};
 use arrow_array::{Array, ListArray, RecordBatch, StringArray, UInt32Array, UInt64Array};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use std::collections::{BTreeMap, HashSet};
@@ -446,7 +446,7 @@ fn verify_output(
     let mut report = VerifyReport::default();
     if queue.needs_repair() {
         report.problems.push(Problem::NeedsRepair {
-            path: queue.path().join(crate::queue::REPAIR_MARKER),
+            path: queue.path().join(crate::store::queue::REPAIR_MARKER),
         });
     }
     for name in &names {
@@ -871,8 +871,8 @@ fn scan_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queue::{Item, Outcome};
-    use crate::shard::{ShardLimits, ShardRow, ShardWriter};
+    use crate::output::shard::{ShardLimits, ShardRow, ShardWriter};
+    use crate::store::queue::{Item, Outcome};
 
     fn item(id: &str) -> (u64, Item) {
         let row: u64 = id[1..].parse().unwrap();

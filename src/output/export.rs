@@ -22,7 +22,7 @@
 //! export may run while `spool run` is still writing.
 
 use crate::config::Config;
-use crate::shard::{parse_shard_index, read_info};
+use crate::output::shard::{parse_shard_index, read_info};
 use anyhow::{bail, Context, Result};
 use arrow_array::builder::{Int32Builder, ListBuilder, StringBuilder, UInt8Builder};
 use arrow_array::cast::AsArray;

@@ -4,7 +4,7 @@
 //!
 //! Mode: bars when stderr is a terminal and the run is not `-q`
 //! ([`wanted`]); otherwise the monitor logs the plain progress lines of
-//! [`crate::progress::format_line`]. The binary decides once, in its logging set-up, by
+//! [`crate::observe::progress::format_line`]. The binary decides once, in its logging set-up, by
 //! calling [`install`]; the monitor asks [`active`].
 //!
 //! Invariant: while bars are installed every log line goes through [`LogWriter`], which
@@ -12,8 +12,8 @@
 //! whole, the bars are redrawn below it — so a log line and a bar never share a screen
 //! line.
 
-use crate::budget::format_duration;
-use crate::status::human;
+use crate::estimate::lengths::format_duration;
+use crate::observe::status::human;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::{IsTerminal, Write};
 use std::sync::{Mutex, OnceLock};

@@ -1055,9 +1055,9 @@ pub struct Tokenizer {
     /// skipping the per-character alignment bookkeeping (5–15 % of encode time).
     nfc_bypass: Option<Arc<tokenizers::Tokenizer>>,
     /// The exact fast encoder, when `tokenizer.json` is a byte-level BPE of the
-    /// GPT-4/Qwen2 shape (see [`crate::byte_bpe`]); text it cannot take (not NFC under an
+    /// GPT-4/Qwen2 shape (see [`crate::prompt::byte_bpe`]); text it cannot take (not NFC under an
     /// NFC normaliser) still goes through `tokenizers`.
-    fast: Option<Arc<crate::byte_bpe::ByteBpe>>,
+    fast: Option<Arc<crate::prompt::byte_bpe::ByteBpe>>,
 }
 
 impl fmt::Debug for Tokenizer {
@@ -1127,9 +1127,9 @@ impl Tokenizer {
         bytes: &[u8],
         inner: &tokenizers::Tokenizer,
         origin: &Path,
-    ) -> Option<Arc<crate::byte_bpe::ByteBpe>> {
+    ) -> Option<Arc<crate::prompt::byte_bpe::ByteBpe>> {
         let json: JsonValue = serde_json::from_slice(bytes).ok()?;
-        match crate::byte_bpe::ByteBpe::new(&json, inner) {
+        match crate::prompt::byte_bpe::ByteBpe::new(&json, inner) {
             Ok(fast) => {
                 tracing::debug!(tokenizer = %origin.display(), "fast byte-level BPE encoder on");
                 Some(Arc::new(fast))
@@ -1141,7 +1141,7 @@ impl Tokenizer {
         }
     }
 
-    /// Whether the fast byte-level BPE encoder is in use (see [`crate::byte_bpe`]).
+    /// Whether the fast byte-level BPE encoder is in use (see [`crate::prompt::byte_bpe`]).
     pub fn has_fast_encoder(&self) -> bool {
         self.fast.is_some()
     }

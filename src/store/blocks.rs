@@ -7,7 +7,7 @@
 //! items (its memory and restart time no longer grow with the prompts' bytes).
 //!
 //! Block bytes (little-endian): `count: u32`, `count` id lengths (`u32`), the ids, `count`
-//! record lengths (`u32`), the records ([`Item::encode_record`](crate::queue::Item::encode_record)). Items
+//! record lengths (`u32`), the records ([`Item::encode_record`](crate::store::queue::Item::encode_record)). Items
 //! are in row order; the [`BlockRef`]'s row bitmap says which rows they are.
 //!
 //! Invariants: bytes are in the file and synced before a `B` record names them; the file's

@@ -2,7 +2,7 @@
 //!
 //! One sled tree holds the records under one-byte key prefixes, so that every state change
 //! is a single atomic `apply_batch`; the prompts themselves are appended to per-dataset
-//! block files ([`crate::blocks`]) that sled records point into:
+//! block files ([`crate::store::blocks`]) that sled records point into:
 //!
 //! | key | value | meaning |
 //! | --- | --- | --- |
@@ -16,7 +16,7 @@
 //!
 //! `ds` is the dataset's u16 index (BE), `row` its 0-based line (u64 BE), so scans run in
 //! file order; `shard` is u64 BE. Results done but not yet in a shard are in the dataset's
-//! results log ([`crate::results`], `results/<ds>.log`), between the counters'
+//! results log ([`crate::store::results`], `results/<ds>.log`), between the counters'
 //! `results_start` and `results_end`. An item is in exactly one of pending (its `P` bit),
 //! the results log, an `S` record, `f`. Format 1 stored each item under its own keys (`i`
 //! item, `p` pending, `k` id index); format 2 stored unsharded results in sled (`r` ds row →
@@ -45,12 +45,12 @@
 //! open sees the marker and the run rebuilds every dataset's records and counters
 //! ([`Queue::repair`]) before anything else touches them.
 
-use crate::blocks::{
+use crate::output::shard::ShardRow;
+use crate::store::blocks::{
     encode_block, Bitmap, Block, BlockError, BlockFile, BlockRef, RecordReader, BLOCK_ITEMS,
     BLOCK_SPAN,
 };
-use crate::results::{encode_record, ResultLog};
-use crate::shard::ShardRow;
+use crate::store::results::{encode_record, ResultLog};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::collections::{BTreeMap, VecDeque};
@@ -484,7 +484,7 @@ impl Queue {
     /// [`Queue::open`], with the injected migration stop armed at `migration_stop` batches.
     fn open_with(dir: &Path, migration_stop: u64) -> Result<Queue, QueueError> {
         use fs2::FileExt;
-        crate::blocks::create_dir_durably(dir).map_err(|e| QueueError::Open {
+        crate::store::blocks::create_dir_durably(dir).map_err(|e| QueueError::Open {
             path: dir.to_path_buf(),
             detail: e.to_string(),
         })?;
@@ -1888,8 +1888,8 @@ fn open_sled(dir: &Path) -> Result<sled::Db, QueueError> {
                 let queue = dir.join("queue");
                 std::fs::File::open(queue.join("conf"))
                     .and_then(|conf| conf.sync_all())
-                    .and_then(|_| crate::blocks::sync_parent(&queue.join("db")))
-                    .and_then(|_| crate::blocks::sync_parent(&queue))
+                    .and_then(|_| crate::store::blocks::sync_parent(&queue.join("db")))
+                    .and_then(|_| crate::store::blocks::sync_parent(&queue))
                     .map_err(|e| QueueError::Open {
                         path: queue.clone(),
                         detail: format!("cannot sync the queue's folder: {e}"),

@@ -4,9 +4,9 @@
 //! comes from a running process. Invariant: nothing here reads an item; the cost is one
 //! small record per dataset.
 
-use crate::budget::format_duration;
 use crate::config::Config;
-use crate::queue::{Queue, QueueError};
+use crate::estimate::lengths::format_duration;
+use crate::store::queue::{Queue, QueueError};
 use serde::{Deserialize, Serialize};
 
 /// One dataset's line.

@@ -25,8 +25,8 @@
 //! shard is sealed on the same limits as before: the buffer is written out before any
 //! limit is checked or the shard sealed.
 
-use crate::queue::{Queue, QueueError, Repair, ShardedRow};
-use crate::shard::{self, SealedShard, ShardError, ShardLimits, ShardRow, ShardWriter};
+use crate::output::shard::{self, SealedShard, ShardError, ShardLimits, ShardRow, ShardWriter};
+use crate::store::queue::{Queue, QueueError, Repair, ShardedRow};
 use crate::upstream::CountSource;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -113,7 +113,7 @@ pub struct Recovery {
 }
 
 /// Rows buffered per open shard before they are converted and appended (one row group).
-pub const APPEND_BATCH_ROWS: usize = crate::shard::ROW_GROUP_MAX_ROWS;
+pub const APPEND_BATCH_ROWS: usize = crate::output::shard::ROW_GROUP_MAX_ROWS;
 /// ... or once their text and ids reach this many bytes, whichever first.
 const APPEND_BATCH_BYTES: usize = 8 << 20;
 

@@ -1,6 +1,6 @@
 //! Token budgets and the length arithmetic behind ETAs: how many tokens the work in flight
 //! will still produce, and how long a request that has streamed so far will still run
-//! ([`LengthModel::survival`]; [`crate::drain`] turns that into when a dataset is finished).
+//! ([`LengthModel::survival`]; [`crate::estimate::tail`] turns that into when a dataset is finished).
 //!
 //! [`LengthModel`] fits a log-normal completion-length distribution by maximum likelihood to
 //! the completions seen so far *and* to the requests in flight, treated as right-censored
@@ -174,7 +174,7 @@ impl LengthModel {
 
     /// A final length for a request that has streamed `streamed` tokens, drawn from the fit
     /// conditioned on `L > streamed` by inverting its survival function at `u` ∈ (0, 1): the
-    /// ETA's sampled drain ([`crate::drain`]) feeds it stratified `u` so that few draws
+    /// ETA's sampled drain ([`crate::estimate::tail`]) feeds it stratified `u` so that few draws
     /// suffice. Without a fit every request runs to the cap (the conservative prior), as does
     /// one the fit thinks should already be over.
     pub fn sample_final(&self, streamed: u32, u: f64) -> f64 {
@@ -210,7 +210,7 @@ impl LengthModel {
 
     /// Expected longest remaining length (in tokens) among requests that have streamed
     /// `streamed`: E[max_i (L_i − s_i) | L_i > s_i]. What decides when a draining dataset
-    /// is done at a constant per-request speed (the ETA's simulation, [`crate::drain`], also
+    /// is done at a constant per-request speed (the ETA's simulation, [`crate::estimate::tail`], also
     /// lets the speed rise as the batch shrinks).
     pub fn expected_max_remaining(&self, streamed: &[u32]) -> f64 {
         if streamed.is_empty() {

@@ -17,12 +17,12 @@
 //! started: a worker between attempts gives its lease back at once.
 
 use crate::config::{Config, Sampling};
-use crate::metrics::DatasetMetrics;
-use crate::queue::{Failure, Item, Outcome, Queue};
-use crate::scheduler::{Lease, Scheduler};
-use crate::servers::Servers;
-use crate::shard::ShardRow;
-use crate::template::PromptBuilder;
+use crate::observe::metrics::DatasetMetrics;
+use crate::output::shard::ShardRow;
+use crate::prompt::template::PromptBuilder;
+use crate::run::scheduler::{Lease, Scheduler};
+use crate::run::servers::Servers;
+use crate::store::queue::{Failure, Item, Outcome, Queue};
 use crate::upstream::{CountSource, GenerateRequest, Generation, Upstream, UpstreamError};
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;

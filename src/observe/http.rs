@@ -8,8 +8,8 @@
 //! taken out after 3 consecutive errors, connection refused included, and probed back in),
 //! 503 otherwise.
 
-use crate::metrics::Metrics;
-use crate::status::StatusReport;
+use crate::observe::metrics::Metrics;
+use crate::observe::status::StatusReport;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;

@@ -4,22 +4,22 @@
 //!
 //! Rates are per dataset over streamed tokens (work in flight included); ETAs use the
 //! server's speed learned from the totals over datasets, since datasets share it
-//! ([`crate::drain::SpeedLearner`], [`crate::scheduler::lane_etas`],
-//! [`crate::scheduler::run_eta`]). `/status` reports an ETA counted down from the tick that
+//! ([`crate::estimate::tail::SpeedLearner`], [`crate::run::scheduler::lane_etas`],
+//! [`crate::run::scheduler::run_eta`]). `/status` reports an ETA counted down from the tick that
 //! computed it, so a poll between ticks is not up to a second late.
 //!
 //! At the end of a run the monitor waits (bounded) until every lease has ended, so the last
 //! gauges, the last progress line of each dataset and the final bars show final numbers.
 
-use crate::bars::{self, DatasetBar, RunLine};
 use crate::config::Config;
-use crate::drain::SpeedLearner;
-use crate::metrics::Metrics;
-use crate::progress::{format_line, LineClock, LineFields, Rate};
-use crate::queue::Queue;
-use crate::scheduler::{lane_etas, run_eta, Scheduler};
-use crate::status::StatusReport;
-use crate::worker::Ctx;
+use crate::estimate::tail::SpeedLearner;
+use crate::observe::bars::{self, DatasetBar, RunLine};
+use crate::observe::metrics::Metrics;
+use crate::observe::progress::{format_line, LineClock, LineFields, Rate};
+use crate::observe::status::StatusReport;
+use crate::run::scheduler::{lane_etas, run_eta, Scheduler};
+use crate::run::worker::Ctx;
+use crate::store::queue::Queue;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};

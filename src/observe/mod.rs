@@ -1,0 +1,9 @@
+//! Observation: metrics, the HTTP endpoint, `spool status`, progress lines and bars. Reads
+//! the run's state, never changes it.
+
+pub mod bars;
+pub mod http;
+pub mod metrics;
+pub mod monitor;
+pub mod progress;
+pub mod status;

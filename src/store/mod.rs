@@ -1,0 +1,9 @@
+//! Stage 3, store: the crash-safe queue (sled records, prompt blocks, the results log),
+//! the one source of truth of what is pending, in flight, done and sharded.
+//!
+//! Invariant: a state change is acknowledged only after it is durable; every record format
+//! is versioned and migrated forward.
+
+pub mod blocks;
+pub mod queue;
+pub mod results;
