@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod estimate;
 pub mod input;
+pub mod knobs;
 pub mod mock;
 pub mod observe;
 pub mod output;
