@@ -1,4 +1,4 @@
-//! `make bench-shard` (issue 7, scenario 5): the crate's own [`ShardWriter`] writing zstd
+//! `make bench-shard`: the crate's own [`ShardWriter`] writing zstd
 //! Parquet shards of long completions with token-id lists, at zstd levels 1, 3 and 9.
 //!
 //! Rows are generated before the clock starts (seeded): a prompt of ~200 tokens, a

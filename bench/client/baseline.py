@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The Python client spool is measured against (issue 7, scenario 1).
+"""The Python client spool is measured against in `make bench-overhead`.
 
 Written the way such throw-away generation jobs usually are: asyncio + aiohttp, one task
 per prompt gated by a semaphore, one JSONL line appended per completion, and resume by

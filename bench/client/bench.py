@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 7, client scenarios: `make bench-overhead`, `bench-stream`, `bench-throughput`.
+"""Client benchmarks: `make bench-overhead`, `bench-stream`, `bench-throughput`.
 
   overhead    scenario 1: instant mock (`--instant`: every request answered at once, no
               5 ms scheduler tick; ~100-token completions); spool vs

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`make bench-scale` (issue 7, scenario 3): spool at scale, prompt strings, no tokenizer.
+"""`make bench-scale` spool at scale, prompt strings, no tokenizer.
 
 For N prompts (default 10,000,000; `--prompts N`):
   1. generate them once (target/bench-data/scale-prompts-N.jsonl, gen_prompts.py);

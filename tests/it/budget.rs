@@ -1,5 +1,5 @@
 //! Budgets, the cancel policy, slots across the dataset boundary, and routing around a dead
-//! server (issue 4's behaviour, pinned).
+//! server.
 
 use crate::process::edit_config;
 use crate::support::*;

@@ -1,4 +1,4 @@
-//! `spool export` (issue 6): `tokens` rows are prompt ids ++ completion ids with the loss
+//! `spool export`: `tokens` rows are prompt ids ++ completion ids with the loss
 //! mask aligned; `sharegpt` rows are the input turns plus the completion.
 
 use crate::support::*;

@@ -1,4 +1,4 @@
-//! Faults (SPEC §4.4) against the real code: Retry-After, servers that are down and come
+//! Faults against the real code: Retry-After, servers that are down and come
 //! back, streams cut half way, hanging requests, endless responses, a full disk and an
 //! unwritable output. Fault-specific helpers (hand-written servers, tmpfs mounts) used by
 //! other test files live here too (`pub(crate)`).

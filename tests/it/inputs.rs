@@ -1,4 +1,4 @@
-//! Issue 6: every input format, parallel intake, context limits, the start-up probe.
+//! Every input format, parallel intake, context limits, the start-up probe.
 
 use crate::support::*;
 use arrow_array::builder::{Int64Builder, ListBuilder, StringBuilder, StructBuilder};

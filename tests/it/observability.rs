@@ -1,4 +1,4 @@
-//! Observability of a real `spool run` (SPEC §4.5, §6): the `/metrics` scrape passes
+//! Observability of a real `spool run`: the `/metrics` scrape passes
 //! `promtool check metrics` and carries every series with its documented labels; every
 //! PromQL query of the Grafana dashboard answers with data from a real Prometheus that
 //! scraped a run; `/readyz` follows server reachability; progress bars on a pseudo-terminal
@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// SPEC §6: name → (type, labels). Histograms list their own labels (`le` comes on top).
-const SPEC_SERIES: &[(&str, &str, &[&str])] = &[
+/// The README's metrics table: name → (type, labels). Histograms list their own labels (`le` comes on top).
+const DOCUMENTED_SERIES: &[(&str, &str, &[&str])] = &[
     ("spool_requests_total", "counter", &["dataset", "outcome"]),
     ("spool_completion_tokens_total", "counter", &["dataset"]),
     ("spool_prompt_tokens_total", "counter", &["dataset"]),
@@ -37,7 +37,7 @@ const SPEC_SERIES: &[(&str, &str, &[&str])] = &[
     ("spool_shard_bytes_total", "counter", &["dataset"]),
 ];
 
-/// Series spool adds to SPEC §6 (documented in the README).
+/// More series, also in the README's metrics table.
 const EXTRA_SERIES: &[(&str, &str, &[&str])] = &[("spool_run_eta_seconds", "gauge", &[])];
 
 // ---------------------------------------------------------------------------------------
@@ -270,7 +270,7 @@ fn strip_ansi(s: &str) -> String {
     out
 }
 
-/// Whether `line` has the shape of SPEC §4.5:
+/// Whether `line` has the shape of the README's progress line:
 /// `B3_magicoder 50/9998 (0 err) 0.3 req/s 1.1k tok/s avg_comp=1232tok tot=0.1M/10.0M ETA=2h41m`.
 fn is_progress_line(line: &str) -> bool {
     let t: Vec<&str> = line.split_whitespace().collect();
@@ -312,7 +312,7 @@ fn is_progress_line(line: &str) -> bool {
 // The scrape itself
 
 /// A scrape taken while the run is going passes `promtool check metrics` and carries every
-/// SPEC §6 series with exactly its documented type and labels; the other endpoints and
+/// The documented series with exactly its documented type and labels; the other endpoints and
 /// `spool status` (live, then from the queue) answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mid_run_scrape_passes_promtool_with_every_spec_series() {
@@ -392,12 +392,12 @@ async fn mid_run_scrape_passes_promtool_with_every_spec_series() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    // Every SPEC series: type and exact label names, for every dataset / the server.
-    for (name, kind, labels) in SPEC_SERIES.iter().chain(EXTRA_SERIES) {
+    // Every documented series: type and exact label names, for every dataset / the server.
+    for (name, kind, labels) in DOCUMENTED_SERIES.iter().chain(EXTRA_SERIES) {
         let (t, samples) = fams
             .get(*name)
             .unwrap_or_else(|| panic!("{name} missing from the scrape:\n{text}"));
-        assert_eq!(t, kind, "{name} has type {t}, SPEC says {kind}");
+        assert_eq!(t, kind, "{name} has type {t}, the README says {kind}");
         assert!(!samples.is_empty(), "{name} has no sample");
         let want: BTreeSet<&str> = labels.iter().copied().collect();
         for (sname, l, _) in samples {
@@ -741,12 +741,12 @@ async fn dashboard_queries_answer_from_real_prometheus() {
     assert_eq!(run.interrupt(Duration::from_secs(30)), Some(130));
 }
 
-/// The dashboard is built on exactly the SPEC §6 series (plus the documented addition),
+/// The dashboard is built on exactly the documented series,
 /// every series is on some panel, and it has the variables and panels the issue asks for.
 #[test]
 fn dashboard_uses_every_spec_series_and_only_those() {
     let exprs = dashboard_exprs();
-    let known: BTreeSet<&str> = SPEC_SERIES
+    let known: BTreeSet<&str> = DOCUMENTED_SERIES
         .iter()
         .chain(EXTRA_SERIES)
         .map(|s| s.0)
@@ -1203,7 +1203,7 @@ async fn progress_bars_on_a_terminal() {
     }
 }
 
-/// Without a terminal (stderr piped) the SPEC §4.5 lines are logged, with no escape codes,
+/// Without a terminal (stderr piped) the progress lines are logged, with no escape codes,
 /// ending with a final line per dataset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progress_lines_without_a_terminal() {

@@ -1,4 +1,4 @@
-//! SIGINT/SIGTERM to the real binary mid-run (SPEC §4.4): requests in flight drain within
+//! SIGINT/SIGTERM to the real binary mid-run: requests in flight drain within
 //! `shutdown_grace_s`, the open shard is sealed, exit 130, and the next run resumes
 //! exactly; a second signal exits at once and resume is still exact.
 
