@@ -7,3 +7,4 @@
 pub mod blocks;
 pub mod queue;
 pub mod results;
+pub mod row;

@@ -45,12 +45,12 @@
 //! open sees the marker and the run rebuilds every dataset's records and counters
 //! ([`Queue::repair`]) before anything else touches them.
 
-use crate::output::shard::ShardRow;
 use crate::store::blocks::{
     encode_block, Bitmap, Block, BlockError, BlockFile, BlockRef, RecordReader, BLOCK_ITEMS,
     BLOCK_SPAN,
 };
 use crate::store::results::{encode_record, ResultLog};
+use crate::store::row::ShardRow;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::collections::{BTreeMap, VecDeque};

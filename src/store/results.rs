@@ -20,8 +20,8 @@
 //! already in shards and is given back to the file system (a hole punched) as shards are
 //! sealed, so the log's disk use stays about one shard's worth of rows.
 
-use crate::output::shard::ShardRow;
 use crate::store::blocks::{BlockError, BlockFile, RecordReader};
+use crate::store::row::ShardRow;
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
