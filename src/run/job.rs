@@ -111,7 +111,10 @@ async fn run_job(
     }
     crate::store::blocks::create_dir_durably(&cfg.output_dir)
         .with_context(|| format!("cannot create output_dir {}", cfg.output_dir.display()))?;
-    let mut queue = Arc::new(Queue::open(&cfg.data_dir)?);
+    let mut queue = Arc::new(Queue::open_with(
+        &cfg.data_dir,
+        &crate::knobs::Knobs::from_env().faults,
+    )?);
     let api_key = cfg.api_key()?;
 
     let (tokenizer, template) = load_prompt_tools(&cfg)?;
