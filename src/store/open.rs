@@ -141,8 +141,8 @@ impl Queue {
     /// Flushes, closes and reopens the sled database, so that sled writes a recovery
     /// snapshot now (sled 0.34 writes one only at open). The next open — after a clean
     /// stop or a SIGKILL — then replays only the log written after this point, instead of
-    /// everything since this process opened the queue (at 1 M prompts, the enqueue log is
-    /// ~1.7 GB and its replay took 4.2 s). Costs that replay once, here. The lock file stays
+    /// everything since this process opened the queue (after a big intake, seconds of
+    /// replay). Costs that replay once, here. The lock file stays
     /// held throughout; counters, flags and the armed fault carry over. Needs the only
     /// handle (`Arc::try_unwrap`): sled cannot reopen while a `Tree` of it is alive.
     pub fn checkpoint(self) -> Result<Queue, QueueError> {

@@ -185,7 +185,8 @@ mod tests {
     use crate::store::fixtures::item;
 
     /// The queue records are a compatibility boundary: a format-1 dataset record (no
-    /// `scan_mark`) still reads, and a record without a mark is written exactly as before.
+    /// `scan_mark`) still reads, and a record without a mark is written exactly as format 1
+    /// wrote it.
     #[test]
     fn a_format_1_dataset_record_reads_and_writes_unchanged() {
         let old = r#"{"index":0,"name":"a","scanned_lines":5,"items":4,"done":1,"failed":0,"rejected":1,"completion_tokens":9,"prompt_tokens":3,"next_shard":0,"sharded":0,"wasted_tokens":0}"#;

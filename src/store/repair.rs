@@ -454,12 +454,12 @@ mod tests {
             .collect()
     }
 
-    /// Regression (found by the full-queue-disk test): a commit torn by a failed write left
-    /// an item in no state — its pending bit gone, its result never recorded (format 3: the
-    /// counters, which record the results log's end, sort after the pending bits and were
-    /// not written, so the log's tail is cut off at the next open) — and the next run
-    /// finished without it. Now the failed write poisons the queue and leaves the marker,
-    /// and the repair brings the item back to pending with counters recounted.
+    /// A commit torn by a failed write leaves an item in no state — its pending bit gone,
+    /// its result never recorded (the counters, which record the results log's end, sort
+    /// after the pending bits and are not written, so the log's tail is cut off at the next
+    /// open). The failed write poisons the queue and leaves the marker, and the repair
+    /// brings the item back to pending with counters recounted, so no run finishes
+    /// without it.
     #[test]
     fn a_torn_commit_poisons_the_queue_and_the_repair_brings_the_item_back() {
         let dir = tempfile::tempdir().unwrap();

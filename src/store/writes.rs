@@ -138,8 +138,8 @@ pub(crate) fn mark_needs_repair(marker: &Path) {
 /// Drives sled's garbage collection after a big batch. sled frees the node versions a write
 /// replaces through crossbeam's epoch GC, which reclaims only a few bags of garbage per
 /// `pin`; a writer that applies big batches without reading in between pins too rarely, so
-/// garbage outgrew reclamation and RSS grew by ~2 KB per enqueued item (2.6 GiB at 1 M).
-/// Flushing this thread's bag and collecting about once per 64 writes keeps it flat.
+/// garbage would outgrow reclamation and memory grow with every enqueued item. Flushing
+/// this thread's bag and collecting about once per 64 writes keeps it flat.
 pub(crate) fn reclaim(writes: usize) {
     for _ in 0..writes.div_ceil(64) {
         crossbeam_epoch::pin().flush();
