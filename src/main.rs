@@ -225,7 +225,8 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
                     cfg.source.display()
                 );
             }
-            let queue = spool::store::queue::Queue::open(&cfg.data_dir).map_err(|e| match e {
+            let faults = spool::knobs::Knobs::from_env().faults;
+            let queue = spool::store::queue::Queue::open_with(&cfg.data_dir, &faults).map_err(|e| match e {
                 spool::store::queue::QueueError::Locked { .. } => anyhow::Error::new(e).context(
                     "cannot verify while a `spool run` is active: it holds the queue; verify after it stops",
                 ),
@@ -246,7 +247,10 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Retry { dataset } => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
-            let queue = spool::store::queue::Queue::open(&cfg.data_dir)?;
+            let queue = spool::store::queue::Queue::open_with(
+                &cfg.data_dir,
+                &spool::knobs::Knobs::from_env().faults,
+            )?;
             let mut total = 0;
             for s in queue.states() {
                 if dataset.as_ref().is_some_and(|d| d != &s.name) {
@@ -367,7 +371,10 @@ async fn status_report(cfg: &Config) -> anyhow::Result<StatusReport> {
             }
         }
     }
-    match spool::store::queue::Queue::open(&cfg.data_dir) {
+    match spool::store::queue::Queue::open_with(
+        &cfg.data_dir,
+        &spool::knobs::Knobs::from_env().faults,
+    ) {
         Ok(q) => Ok(StatusReport::from_queue(&q, cfg)?),
         Err(spool::store::queue::QueueError::Locked { path }) => {
             anyhow::bail!(

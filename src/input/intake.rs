@@ -390,10 +390,7 @@ pub fn intake(
     output_dir: &Path,
     opts: &IntakeOptions,
 ) -> Result<IntakeReport, IntakeError> {
-    let state = queue.state(ds).ok_or_else(|| QueueError::Corrupt {
-        key: d.name.clone(),
-        detail: "dataset not opened".into(),
-    })?;
+    let state = queue.state(ds).ok_or(QueueError::UnknownDataset { ds })?;
     let mut reader = DatasetReader::open(&d.path, &d.name)?;
     let parser = reader.parser();
     // Restart fast path: an unchanged prefix (same bytes, by fingerprint) holds only rows

@@ -25,8 +25,9 @@
 //! shard is sealed on the same limits as before: the buffer is written out before any
 //! limit is checked or the shard sealed.
 
-use crate::output::shard::{self, SealedShard, ShardError, ShardLimits, ShardRow, ShardWriter};
+use crate::output::shard::{self, SealedShard, ShardError, ShardLimits, ShardWriter};
 use crate::store::queue::{Queue, QueueError, Repair, ShardedRow};
+use crate::store::row::ShardRow;
 use crate::upstream::CountSource;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -871,8 +871,9 @@ fn scan_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::shard::{ShardLimits, ShardRow, ShardWriter};
+    use crate::output::shard::{ShardLimits, ShardWriter};
     use crate::store::queue::{Item, Outcome};
+    use crate::store::row::ShardRow;
 
     fn item(id: &str) -> (u64, Item) {
         let row: u64 = id[1..].parse().unwrap();

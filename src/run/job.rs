@@ -23,12 +23,13 @@ use crate::observe::metrics::{DatasetMetrics, Metrics};
 use crate::observe::monitor::{live_status, monitor_loop, LiveRates};
 use crate::observe::status::{grouped, StatusReport};
 use crate::output::archive::{self, Archive, ArchiveDataset};
-use crate::output::shard::{ShardLimits, ShardRow};
+use crate::output::shard::ShardLimits;
 use crate::prompt::template::{ChatTemplate, PromptBuilder, Tokenizer};
 use crate::run::scheduler::{LaneSpec, Next, Scheduler};
 use crate::run::servers::Servers;
 use crate::run::worker::{work, Ctx, Finished};
 use crate::store::queue::{Outcome, Queue};
+use crate::store::row::ShardRow;
 use crate::upstream::{CountSource, Upstream, UpstreamOptions};
 use anyhow::{Context, Result};
 use std::collections::HashMap;
@@ -110,7 +111,10 @@ async fn run_job(
     }
     crate::store::blocks::create_dir_durably(&cfg.output_dir)
         .with_context(|| format!("cannot create output_dir {}", cfg.output_dir.display()))?;
-    let mut queue = Arc::new(Queue::open(&cfg.data_dir)?);
+    let mut queue = Arc::new(Queue::open_with(
+        &cfg.data_dir,
+        &crate::knobs::Knobs::from_env().faults,
+    )?);
     let api_key = cfg.api_key()?;
 
     let (tokenizer, template) = load_prompt_tools(&cfg)?;

@@ -18,11 +18,11 @@
 
 use crate::config::{Config, Sampling};
 use crate::observe::metrics::DatasetMetrics;
-use crate::output::shard::ShardRow;
 use crate::prompt::template::PromptBuilder;
 use crate::run::scheduler::{Lease, Scheduler};
 use crate::run::servers::Servers;
 use crate::store::queue::{Failure, Item, Outcome, Queue};
+use crate::store::row::ShardRow;
 use crate::upstream::{CountSource, GenerateRequest, Generation, Upstream, UpstreamError};
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;

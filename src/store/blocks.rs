@@ -4,10 +4,10 @@
 //! `data_dir/items/<ds>.blocks`, syncs the file, and only then records each block in sled
 //! (a `B` record: [`BlockRef`]). A block is never rewritten, so an item costs one sequential
 //! append instead of per-item B-tree inserts, and sled holds a few records per thousand
-//! items (its memory and restart time no longer grow with the prompts' bytes).
+//! items (its memory and restart time do not grow with the prompts' bytes).
 //!
 //! Block bytes (little-endian): `count: u32`, `count` id lengths (`u32`), the ids, `count`
-//! record lengths (`u32`), the records ([`Item::encode_record`](crate::store::queue::Item::encode_record)). Items
+//! record lengths (`u32`), the records ([`Item::encode_record`](crate::store::records::Item::encode_record)). Items
 //! are in row order; the [`BlockRef`]'s row bitmap says which rows they are.
 //!
 //! Invariants: bytes are in the file and synced before a `B` record names them; the file's
@@ -390,8 +390,8 @@ pub struct BlockFile {
     /// Where the next block goes: the end of the last recorded block.
     end: Mutex<u64>,
     /// The id offsets of the block [`BlockFile::read_id`] read last, keyed by its offset,
-    /// length and count: consecutive candidates mostly fall in one block, and re-reading
-    /// its length table for each was ~5 % of intake's CPU on a file repeated whole.
+    /// length and count: consecutive candidates mostly fall in one block, so its length
+    /// table is read once for them rather than once each.
     id_starts: Mutex<IdStarts>,
 }
 

@@ -5,5 +5,15 @@
 //! is versioned and migrated forward.
 
 pub mod blocks;
+mod cache;
+#[cfg(test)]
+mod fixtures;
+pub mod keys;
+mod migrate;
+mod open;
 pub mod queue;
+pub mod records;
+pub mod repair;
 pub mod results;
+pub mod row;
+mod writes;

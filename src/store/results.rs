@@ -1,27 +1,27 @@
 //! The results log: each dataset's done results, appended as they complete, until they are
-//! in a shard (queue format 3).
+//! in a shard (queue format 3 on).
 //!
-//! A result used to be a sled record (`r`) written at its commit and removed when its shard
-//! was sealed: two writes of ~1.5 KB through sled's pages per completion, the largest share
-//! of the client's CPU at thousands of completions per second (BENCHMARKS.md, scenario 1).
-//! Now the committer appends the batch's results to `data_dir/results/<ds>.log` and syncs
-//! it *before* the queue records the batch; the dataset's counters record where the log's
-//! recorded part ends (`results_end`) and where its unsharded part starts
-//! (`results_start`). Bytes past `results_end` (a kill between the append and the queue's
-//! batch) are cut off when the log is opened, and their items are still pending.
+//! A result is appended to a file rather than written to sled, because a sled record per
+//! result would cost two writes through sled's pages per completion (its insert and, when
+//! its shard is sealed, its removal), the most expensive part of a commit at thousands of
+//! completions per second. The committer appends the batch's results to
+//! `data_dir/results/<ds>.log` and syncs it *before* the queue records the batch; the
+//! dataset's counters record where the log's recorded part ends (`results_end`) and where
+//! its unsharded part starts (`results_start`). Bytes past `results_end` (a kill between
+//! the append and the queue's batch) are cut off when the log is opened, and their items
+//! are still pending.
 //!
 //! Record: `len` (u32 LE) · xxHash64 of the payload (u64 LE) · payload: the [`ShardRow`]
-//! in binary ([`encode_row`]: a version byte, then its fields in declaration order; JSON
-//! had been ~2.5 % of the client's CPU at thousands of completions per second, most of it
-//! escaping text and printing token ids). Every read checks the checksum; a damaged log is
-//! named with its offset.
+//! in binary ([`encode_row`]: a version byte, then its fields in declaration order, because
+//! JSON spends its time escaping text and printing token ids). Every read checks the
+//! checksum; a damaged log is named with its offset.
 //!
 //! Invariant: the log is only appended to; the part before `results_start` holds only rows
 //! already in shards and is given back to the file system (a hole punched) as shards are
 //! sealed, so the log's disk use stays about one shard's worth of rows.
 
-use crate::output::shard::ShardRow;
 use crate::store::blocks::{BlockError, BlockFile, RecordReader};
+use crate::store::row::ShardRow;
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! End to end in-process: config → intake → mock server → queue → Parquet shards.
 
 use crate::support::*;
-use spool::output::shard::ShardRow;
+use spool::store::row::ShardRow;
 
 fn qwen_tokenizer_table() -> String {
     let dir = fixtures().join("tokenizers/qwen3");

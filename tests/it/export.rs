@@ -7,7 +7,7 @@ use arrow_array::types::{Int32Type, UInt8Type};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::{json, Value};
 use spool::output::export::{export, Format};
-use spool::output::shard::ShardRow;
+use spool::store::row::ShardRow;
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;

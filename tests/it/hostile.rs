@@ -26,7 +26,7 @@
 
 use crate::process::assert_verify_clean;
 use crate::support::{shard_rows, spool_bin, write_prompts};
-use spool::output::shard::ShardRow;
+use spool::store::row::ShardRow;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

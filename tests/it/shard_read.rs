@@ -7,7 +7,8 @@
 use std::path::Path;
 use std::process::Command;
 
-use spool::output::shard::{self, ShardLimits, ShardRow, ShardWriter};
+use spool::output::shard::{self, ShardLimits, ShardWriter};
+use spool::store::row::ShardRow;
 
 fn rows() -> Vec<ShardRow> {
     vec![

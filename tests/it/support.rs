@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use spool::mock::{MockConfig, MockState, MockStats};
-use spool::output::shard::ShardRow;
+use spool::store::row::ShardRow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
