@@ -8,9 +8,62 @@
 //! map spool used to build (`request_bodies_are_the_bytes_the_value_map_sent`), so servers
 //! see no change from the typed serialisation.
 
+use super::dialect::{stream_error, to_json, Dialect};
 use super::{sse, GenerateRequest, Generation, TokenSink, UpstreamError};
+use futures_util::future::BoxFuture;
 use serde_json::Value;
 use std::borrow::Cow;
+
+/// An OpenAI-style dialect: completions (`prompt`, `text`) or chat (`messages`, `message`
+/// and `delta` content); both share the answer's shape, so one type speaks both.
+pub(super) struct OpenAi {
+    chat: bool,
+}
+
+/// `/v1/completions`.
+pub(super) static COMPLETIONS: OpenAi = OpenAi { chat: false };
+/// `/v1/chat/completions`.
+pub(super) static CHAT: OpenAi = OpenAi { chat: true };
+
+impl Dialect for OpenAi {
+    fn path(&self) -> &'static str {
+        if self.chat {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        }
+    }
+
+    fn health_path(&self) -> &'static str {
+        "/v1/models"
+    }
+
+    fn body(
+        &self,
+        req: &GenerateRequest<'_>,
+        model: &str,
+        stream: bool,
+    ) -> Result<Vec<u8>, UpstreamError> {
+        to_json(&request_body(req, model, stream, self.chat))
+    }
+
+    fn parse_whole(&self, body: &[u8]) -> Result<Generation, UpstreamError> {
+        parse_full(body, self.chat)
+    }
+
+    fn read_stream<'a>(
+        &'a self,
+        r: &'a mut sse::Reader,
+        sink: TokenSink<'a>,
+    ) -> BoxFuture<'a, Result<Generation, UpstreamError>> {
+        Box::pin(read_stream(r, self.chat, sink))
+    }
+
+    /// These servers stop generating when the connection is dropped.
+    fn abort(&self, _rid: &str) -> Option<(&'static str, Value)> {
+        None
+    }
+}
 
 // --- Requests, serialised from borrowed fields. -------------------------------------------
 //
@@ -251,7 +304,7 @@ pub(super) async fn read_stream(
         let mut v: Body<'_> = serde_json::from_str(&data)
             .map_err(|e| UpstreamError::Malformed(format!("stream chunk: {e}")))?;
         if let Some(err) = &v.error {
-            return Err(super::stream_error(err));
+            return Err(stream_error(err));
         }
         if let Some(u) = &v.usage {
             prompt_tokens = u.prompt_tokens.or(prompt_tokens);
