@@ -1,4 +1,5 @@
-//! What the inference server is, learned at start-up (SPEC §3 context limits, §7 shapes).
+//! What the inference server is, learned at start-up: its context length and the shape of
+//! its answers.
 //!
 //! Two things, both logged once per server:
 //!
@@ -422,6 +423,9 @@ pub async fn probe(
 mod tests {
     use super::*;
 
+    /// Each server kind's endpoint gives its context length under its own key (the
+    /// configured model's, else the first); the smallest of several servers is used, and a
+    /// configured length wins.
     #[test]
     fn context_lengths_from_each_server_shape() {
         let mock_sglang =
@@ -470,6 +474,8 @@ mod tests {
         json!({"text": text, "output_ids": ids, "meta_info": {"completion_tokens": count}})
     }
 
+    /// SGLang's cumulative and delta streams are told apart by ids and counts, or by the
+    /// text alone; one event is too few to tell, and an error event is an error.
     #[test]
     fn sglang_stream_shapes_are_told_apart() {
         let cumulative = [
@@ -499,6 +505,8 @@ mod tests {
         assert!(analyse(Api::Sglang, true, &err).is_err());
     }
 
+    /// OpenAI-style answers, streamed or whole, report whether token ids and usage came
+    /// back; their streams are deltas.
     #[test]
     fn openai_answers_report_ids_and_usage() {
         let events = [

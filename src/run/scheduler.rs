@@ -2,9 +2,9 @@
 //!
 //! Datasets are lanes served in config order; a lane stops dispatching when its rows run
 //! out or when its completed tokens plus the expected final tokens of its requests in
-//! flight reach its budget, and the free slot goes to the next lane at once (SPEC §4.2,
-//! §4.3). Leases live only in memory: the queue still has a leased item as pending, so a
-//! crash returns it to the queue by itself.
+//! flight reach its budget, and the free slot goes to the next lane at once. Leases live
+//! only in memory: the queue still has a leased item as pending, so a crash returns it to
+//! the queue by itself.
 //!
 //! Invariants: a row is leased at most once at a time; a lease ends exactly once, by
 //! [`Scheduler::completed`], [`Scheduler::failed`] or [`Scheduler::release`]; streamed

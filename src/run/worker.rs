@@ -502,6 +502,8 @@ mod tests {
     use super::backoff;
     use std::time::Duration;
 
+    /// Each attempt's backoff lies in half to all of 0.5 s doubled per attempt, capped at
+    /// 60 s, and is jittered.
     #[test]
     fn backoff_doubles_with_jitter_and_is_capped() {
         for attempt in 1..=12u32 {
@@ -524,6 +526,7 @@ mod tests {
         }
     }
 
+    /// A server's `Retry-After` is a floor on the backoff, and a short one does not shorten it.
     #[test]
     fn backoff_never_undercuts_retry_after() {
         for attempt in 1..=8 {

@@ -289,6 +289,8 @@ mod tests {
         assert_eq!(parse_retry_after("soon", now), None);
     }
 
+    /// Transient conditions (timeouts, 408, 429, 5xx) are retried; a bad request, a too
+    /// large answer, a redirect and a bad URL are not, and none of them is "unreachable".
     #[test]
     fn retriable_classification() {
         let s = |code| UpstreamError::Status {
@@ -314,8 +316,8 @@ mod tests {
         }
     }
 
-    /// Regression: a connect *timeout* (a host that is down drops the SYN) was classified
-    /// as a request timeout, so a dead server burned attempts until items failed for good.
+    /// A connect *timeout* (a host that is down drops the SYN) is unreachable, not a
+    /// request timeout: a dead server must not burn attempts until items fail for good.
     #[tokio::test]
     async fn connect_timeout_is_unreachable_not_a_timeout() {
         use std::os::fd::AsRawFd;
@@ -338,6 +340,8 @@ mod tests {
         assert!(e.is_unreachable(), "{e:?}");
     }
 
+    /// The human message is found in vLLM's and OpenAI's error bodies; other bodies are
+    /// shown as they are.
     #[test]
     fn error_messages_from_real_server_shapes() {
         let vllm = br#"{"object":"error","message":"This model's maximum context length is 8 tokens.","type":"BadRequestError","code":400}"#;

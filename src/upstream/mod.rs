@@ -457,6 +457,7 @@ async fn read_prefix(mut resp: reqwest::Response, cap: usize) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    /// `max_tokens` is cut to what the context leaves after the prompt, never below 1.
     #[test]
     fn max_tokens_clamped_to_the_context_left() {
         assert_eq!(max_tokens_that_fit(200, 64, 10), 54);
@@ -465,6 +466,7 @@ mod tests {
         assert_eq!(max_tokens_that_fit(200, 64, 100), 1);
     }
 
+    /// The API key shows neither in the client's `Debug` nor in an error that echoes it.
     #[test]
     fn debug_and_errors_never_show_the_api_key() {
         let key = "sk-test-SECRET-1234567890";

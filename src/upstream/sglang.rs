@@ -346,6 +346,8 @@ mod tests {
         );
     }
 
+    /// A cumulative stream (every event repeats the output so far) counts each token once
+    /// and keeps the last text and ids.
     #[test]
     fn cumulative_stream_is_not_double_counted() {
         let mut s = StreamState::default();
@@ -362,6 +364,7 @@ mod tests {
         assert_eq!(g.finish_reason, "length");
     }
 
+    /// A delta stream (`--incremental-streaming-output`) appends each event's text and ids.
     #[test]
     fn incremental_stream_accumulates() {
         let mut s = StreamState::default();
@@ -375,6 +378,8 @@ mod tests {
         assert_eq!(g.token_ids.unwrap(), vec![1, 2, 3, 4]);
     }
 
+    /// One-token events cannot tell the shapes apart until the running count does; the
+    /// output is still read right.
     #[test]
     fn one_token_events_are_ambiguous_until_resolved() {
         // Incremental with single-token events: [1], then [2] with count 2 → deltas.
@@ -386,6 +391,7 @@ mod tests {
         assert_eq!(g.text, " a b");
     }
 
+    /// A stream that ends without a finish reason is a cut stream, not a generation.
     #[test]
     fn stream_without_finish_is_cut() {
         let mut s = StreamState::default();
