@@ -1,5 +1,6 @@
 //! The interface every API dialect implements: where a generation is posted, the body it
-//! sends, how a whole answer and a stream are read, how a request is aborted.
+//! sends, how a whole answer and a stream are read, how a request is aborted, and what the
+//! start-up self-check sends and reads.
 //!
 //! Invariants: [`of`] is the one place an [`Api`] picks its dialect, so the client in
 //! `mod.rs` never asks which API it speaks; a dialect is stateless (one static value per
@@ -12,7 +13,7 @@ use crate::config::Api;
 use futures_util::future::BoxFuture;
 
 /// One API dialect. Adding one means a file implementing this and an arm in [`of`].
-pub(super) trait Dialect: Send + Sync {
+pub(crate) trait Dialect: Send + Sync {
     /// The path generation requests are posted to (e.g. `/generate`).
     fn path(&self) -> &'static str;
 
@@ -40,10 +41,41 @@ pub(super) trait Dialect: Send + Sync {
     /// The request (path and body) that stops the server generating `rid`; `None` when
     /// dropping the connection is what aborts it.
     fn abort(&self, rid: &str) -> Option<(&'static str, serde_json::Value)>;
+
+    /// The self-check's request body (posted to [`Dialect::path`]): `max_tokens` tokens,
+    /// greedy, `ignore_eos`, the prompt's ids when known, else a one-word prompt.
+    fn check_body(
+        &self,
+        model: &str,
+        stream: bool,
+        prompt_ids: Option<&[u32]>,
+        max_tokens: u32,
+        rid: &str,
+    ) -> serde_json::Value;
+
+    /// What one event of a self-check answer (or the whole answer) holds.
+    fn check_event(&self, event: &serde_json::Value) -> Seen;
+
+    /// Whether every stream carries deltas only; `false`: the shape (cumulative or deltas)
+    /// depends on the server's flags and is told from the events.
+    fn streams_deltas_only(&self) -> bool;
+}
+
+/// What one self-check event holds, in the dialect's terms read out.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Seen {
+    /// How many completion token ids it carries (`None`: no ids field).
+    pub(crate) ids: Option<usize>,
+    /// The running completion token count it reports.
+    pub(crate) count: Option<u64>,
+    /// Its completion text.
+    pub(crate) text: String,
+    /// It reports usage (a completion token count) apart from a running count.
+    pub(crate) usage: bool,
 }
 
 /// The dialect `api` speaks.
-pub(super) fn of(api: Api) -> &'static dyn Dialect {
+pub(crate) fn of(api: Api) -> &'static dyn Dialect {
     match api {
         Api::Sglang => &sglang::Sglang,
         Api::Completions => &openai::COMPLETIONS,
@@ -137,6 +169,35 @@ mod tests {
         assert!(
             matches!(e, UpstreamError::StreamCut(_)) && e.is_retriable(),
             "{e:?}"
+        );
+    }
+
+    /// The self-check's bodies, byte for byte: SGLang's with the prompt ids and the `rid`,
+    /// OpenAI's with usage asked for when streaming, chat with a one-turn prompt.
+    #[test]
+    fn self_check_bodies_are_pinned_byte_for_byte() {
+        let body = |api, stream, ids: Option<&[u32]>| {
+            of(api).check_body("m", stream, ids, 8, "r").to_string()
+        };
+        assert_eq!(
+            body(Api::Sglang, true, Some(&[1, 2])),
+            r#"{"sampling_params":{"max_new_tokens":8,"temperature":0.0,"ignore_eos":true},"stream":true,"input_ids":[1,2],"rid":"r"}"#
+        );
+        assert_eq!(
+            body(Api::Sglang, false, None),
+            r#"{"sampling_params":{"max_new_tokens":8,"temperature":0.0,"ignore_eos":true},"stream":false,"text":"Hello","rid":"r"}"#
+        );
+        assert_eq!(
+            body(Api::Completions, true, None),
+            r#"{"model":"m","max_tokens":8,"temperature":0.0,"ignore_eos":true,"stream":true,"return_token_ids":true,"stream_options":{"include_usage":true},"prompt":"Hello"}"#
+        );
+        assert_eq!(
+            body(Api::Completions, false, Some(&[3])),
+            r#"{"model":"m","max_tokens":8,"temperature":0.0,"ignore_eos":true,"stream":false,"return_token_ids":true,"prompt":[3]}"#
+        );
+        assert_eq!(
+            body(Api::Chat, false, Some(&[3])),
+            r#"{"model":"m","max_tokens":8,"temperature":0.0,"ignore_eos":true,"stream":false,"return_token_ids":true,"messages":[{"role":"user","content":"Hello"}]}"#
         );
     }
 }

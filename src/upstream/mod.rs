@@ -12,7 +12,7 @@
 //! ([`UpstreamError::Redirect`]) whether the answer is streamed or whole; the API key is
 //! sent as a header and never appears in an error or a log line.
 
-mod dialect;
+pub(crate) mod dialect;
 mod error;
 mod h1;
 mod openai;

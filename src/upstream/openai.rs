@@ -8,7 +8,7 @@
 //! (`request_bodies_are_pinned_byte_for_byte`), and a field left unset is skipped, never
 //! sent as `null`; an answer's unknown fields are ignored.
 
-use super::dialect::{stream_error, to_json, Dialect};
+use super::dialect::{stream_error, to_json, Dialect, Seen};
 use super::{sse, GenerateRequest, Generation, TokenSink, UpstreamError};
 use futures_util::future::BoxFuture;
 use serde_json::Value;
@@ -62,6 +62,65 @@ impl Dialect for OpenAi {
     /// These servers stop generating when the connection is dropped.
     fn abort(&self, _rid: &str) -> Option<(&'static str, Value)> {
         None
+    }
+
+    fn check_body(
+        &self,
+        model: &str,
+        stream: bool,
+        prompt_ids: Option<&[u32]>,
+        max_tokens: u32,
+        _rid: &str,
+    ) -> Value {
+        let mut b = serde_json::json!({
+            "model": model,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": true,
+            "stream": stream,
+            "return_token_ids": true,
+        });
+        if stream {
+            b["stream_options"] = serde_json::json!({"include_usage": true});
+        }
+        if self.chat {
+            b["messages"] = serde_json::json!([{"role": "user", "content": "Hello"}]);
+        } else {
+            match prompt_ids {
+                Some(ids) => b["prompt"] = serde_json::json!(ids),
+                None => b["prompt"] = serde_json::json!("Hello"),
+            }
+        }
+        b
+    }
+
+    fn check_event(&self, e: &Value) -> Seen {
+        let c = e.get("choices").and_then(|c| c.get(0));
+        let text = c
+            .and_then(|c| {
+                c.get("text")
+                    .or_else(|| c.get("delta").and_then(|d| d.get("content")))
+                    .or_else(|| c.get("message").and_then(|m| m.get("content")))
+            })
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        Seen {
+            ids: c
+                .and_then(|c| c.get("token_ids"))
+                .and_then(Value::as_array)
+                .map(Vec::len),
+            count: None,
+            text,
+            usage: e
+                .get("usage")
+                .and_then(|u| u.get("completion_tokens"))
+                .is_some(),
+        }
+    }
+
+    fn streams_deltas_only(&self) -> bool {
+        true
     }
 }
 

@@ -5,7 +5,7 @@
 //! `meta_info.completion_tokens` (always cumulative) so tokens are never double counted.
 //! `finish_reason` is an object such as `{"type": "length", "length": 128}`.
 
-use super::dialect::{stream_error, to_json, Dialect};
+use super::dialect::{stream_error, to_json, Dialect, Seen};
 use super::{sse, GenerateRequest, Generation, TokenSink, UpstreamError};
 use crate::config::Sampling;
 use futures_util::future::BoxFuture;
@@ -47,6 +47,47 @@ impl Dialect for Sglang {
     /// SGLang keeps generating after the connection drops; `/abort_request` stops it.
     fn abort(&self, rid: &str) -> Option<(&'static str, Value)> {
         Some(("/abort_request", json!({ "rid": rid })))
+    }
+
+    fn check_body(
+        &self,
+        _model: &str,
+        stream: bool,
+        prompt_ids: Option<&[u32]>,
+        max_tokens: u32,
+        rid: &str,
+    ) -> Value {
+        let mut b = json!({
+            "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0, "ignore_eos": true},
+            "stream": stream,
+        });
+        match prompt_ids {
+            Some(ids) => b["input_ids"] = json!(ids),
+            None => b["text"] = json!("Hello"),
+        }
+        b["rid"] = json!(rid);
+        b
+    }
+
+    fn check_event(&self, e: &Value) -> Seen {
+        let meta = e.get("meta_info");
+        Seen {
+            ids: e.get("output_ids").and_then(Value::as_array).map(Vec::len),
+            count: meta
+                .and_then(|m| m.get("completion_tokens"))
+                .and_then(Value::as_u64),
+            text: e
+                .get("text")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            usage: false,
+        }
+    }
+
+    /// Cumulative by default, deltas with `--incremental-streaming-output`.
+    fn streams_deltas_only(&self) -> bool {
+        false
     }
 }
 
