@@ -1,9 +1,12 @@
 //! The inference server as seen by a worker: one `generate` call per attempt.
 //!
-//! `sglang` speaks SGLang's native `/generate`; `openai` speaks `/v1/completions` and
-//! `/v1/chat/completions` (vLLM, llama.cpp, SGLang's OpenAI layer, …). Both stream SSE or
-//! not, and both report tokens as they arrive through a [`TokenSink`] so budgets and ETAs
-//! see work in flight.
+//! The client here is the same for every API; what differs is a dialect behind
+//! [`dialect::Dialect`], one per file: `sglang` speaks SGLang's native `/generate`, `openai`
+//! speaks `/v1/completions` and `/v1/chat/completions` (vLLM, llama.cpp, SGLang's OpenAI
+//! layer, …). Every dialect streams SSE or not, and reports tokens as they arrive through a
+//! [`TokenSink`] so budgets and ETAs see work in flight. Whole answers to `http://` servers
+//! go through `h1` (hyper's connection API), the rest through reqwest; `error` says why an
+//! attempt failed.
 //!
 //! Invariants: a `Generation` is returned only for a response that ended normally (a stream
 //! must end with a finish reason or `[DONE]`); a stream cut half way is an error and its
@@ -292,10 +295,7 @@ impl Upstream {
             base.trim_end_matches('/'),
             self.dialect.health_path()
         );
-        let mut rb = self.client.get(&url).timeout(Duration::from_secs(5));
-        if let Some(k) = &self.api_key {
-            rb = rb.bearer_auth(k);
-        }
+        let rb = self.authorized(self.client.get(&url).timeout(Duration::from_secs(5)));
         matches!(rb.send().await, Ok(r) if r.status().is_success())
     }
 
@@ -352,10 +352,7 @@ impl Upstream {
         timeout: Duration,
     ) -> Result<serde_json::Value, UpstreamError> {
         let url = format!("{}{}", base.trim_end_matches('/'), path);
-        let mut rb = self.client.get(&url).timeout(timeout);
-        if let Some(k) = &self.api_key {
-            rb = rb.bearer_auth(k);
-        }
+        let rb = self.authorized(self.client.get(&url).timeout(timeout));
         let resp = rb.send().await.map_err(|e| map_reqwest(&url, e))?;
         let resp = check_status(resp).await.map_err(|e| self.redact(e))?;
         let bytes = read_capped(resp, 1 << 20).await?;
