@@ -320,7 +320,8 @@ async fn run_job(
         }
     }
 
-    let servers = Arc::new(Servers::new(&cfg.server.urls));
+    let knobs = crate::knobs::Knobs::from_env();
+    let servers = Arc::new(Servers::new(&cfg.server.urls, knobs.down_log_interval));
     for s in &servers.list {
         metrics.server_up.with_label_values(&[&s.url]).set(1);
         metrics.inflight.with_label_values(&[&s.url]).set(0);
@@ -338,7 +339,7 @@ async fn run_job(
             policy: cfg.run.budget_policy,
         })
         .collect();
-    let sched = Arc::new(Scheduler::new(queue.clone(), specs));
+    let sched = Arc::new(Scheduler::new(queue.clone(), specs, knobs.bench));
 
     if cfg.run.budget_policy == crate::config::BudgetPolicy::Cancel {
         // Policy "cancel": abort a dataset's requests in flight as soon as what they have
@@ -465,6 +466,7 @@ async fn run_job(
         hard_stop: hard_stop.clone(),
         commits: commit_tx,
         nonce: AtomicU64::new(0),
+        faults: crate::run::worker::FaultPoints::new(&knobs.faults),
     });
 
     // Monitor: rates, gauges, progress lines, live status, server probes.
@@ -521,8 +523,7 @@ async fn run_job(
             if stop.is_cancelled() {
                 break 'dispatch;
             }
-            if !servers.any_up() {
-                crate::run::worker::log_all_down(&servers);
+            if servers.every_server_down() {
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
                     _ = stop.cancelled() => break 'dispatch,

@@ -1,4 +1,5 @@
-//! What the inference server is, learned at start-up (SPEC §3 context limits, §7 shapes).
+//! What the inference server is, learned at start-up: its context length and the shape of
+//! its answers.
 //!
 //! Two things, both logged once per server:
 //!
@@ -20,8 +21,8 @@
 //! on (the workers wait for it as usual).
 
 use crate::config::{Api, Config};
-use crate::upstream::{sse, Upstream, UpstreamError};
-use serde_json::{json, Value};
+use crate::upstream::{dialect, sse, Upstream, UpstreamError};
+use serde_json::Value;
 use std::time::Duration;
 
 /// Timeout of each context-length query.
@@ -129,51 +130,6 @@ pub async fn discover_context(up: &Upstream, base: &str, model: &str) -> Option<
     None
 }
 
-/// The self-check request body for `api`.
-fn check_body(
-    api: Api,
-    model: &str,
-    stream: bool,
-    prompt_ids: Option<&[u32]>,
-) -> (&'static str, Value) {
-    match api {
-        Api::Sglang => {
-            let mut b = json!({
-                "sampling_params": {"max_new_tokens": CHECK_TOKENS, "temperature": 0.0, "ignore_eos": true},
-                "stream": stream,
-            });
-            match prompt_ids {
-                Some(ids) => b["input_ids"] = json!(ids),
-                None => b["text"] = json!("Hello"),
-            }
-            ("/generate", b)
-        }
-        Api::Completions | Api::Chat => {
-            let mut b = json!({
-                "model": model,
-                "max_tokens": CHECK_TOKENS,
-                "temperature": 0.0,
-                "ignore_eos": true,
-                "stream": stream,
-                "return_token_ids": true,
-            });
-            if stream {
-                b["stream_options"] = json!({"include_usage": true});
-            }
-            if api == Api::Chat {
-                b["messages"] = json!([{"role": "user", "content": "Hello"}]);
-                ("/v1/chat/completions", b)
-            } else {
-                match prompt_ids {
-                    Some(ids) => b["prompt"] = json!(ids),
-                    None => b["prompt"] = json!("Hello"),
-                }
-                ("/v1/completions", b)
-            }
-        }
-    }
-}
-
 /// The JSON events of an SSE body, read by the workers' parser (`[DONE]` and events that
 /// are not JSON skipped: the self-check only describes what it sees).
 fn sse_events(body: &[u8]) -> Result<Vec<Value>, String> {
@@ -188,6 +144,7 @@ fn sse_events(body: &[u8]) -> Result<Vec<Value>, String> {
 
 /// Reads what a self-check answer says (`events`: the stream's events, or the one body).
 pub fn analyse(api: Api, stream: bool, events: &[Value]) -> Result<SelfCheck, String> {
+    let dialect = dialect::of(api);
     if let Some(err) = events.iter().find_map(|e| e.get("error")) {
         return Err(format!("the server answered with an error: {err}"));
     }
@@ -199,43 +156,9 @@ pub fn analyse(api: Api, stream: bool, events: &[Value]) -> Result<SelfCheck, St
             Value::Array(a) if a.len() == 1 => &a[0],
             e => e,
         };
-        let (ids, count, text) = match api {
-            Api::Sglang => {
-                let meta = e.get("meta_info");
-                (
-                    e.get("output_ids").and_then(Value::as_array).map(Vec::len),
-                    meta.and_then(|m| m.get("completion_tokens"))
-                        .and_then(Value::as_u64),
-                    e.get("text")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_string(),
-                )
-            }
-            Api::Completions | Api::Chat => {
-                if e.get("usage")
-                    .and_then(|u| u.get("completion_tokens"))
-                    .is_some()
-                {
-                    usage = true;
-                }
-                let c = e.get("choices").and_then(|c| c.get(0));
-                let text = c
-                    .and_then(|c| {
-                        c.get("text")
-                            .or_else(|| c.get("delta").and_then(|d| d.get("content")))
-                            .or_else(|| c.get("message").and_then(|m| m.get("content")))
-                    })
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string();
-                let ids = c
-                    .and_then(|c| c.get("token_ids"))
-                    .and_then(Value::as_array)
-                    .map(Vec::len);
-                (ids, None, text)
-            }
-        };
+        let seen_e = dialect.check_event(e);
+        usage |= seen_e.usage;
+        let (ids, count, text) = (seen_e.ids, seen_e.count, seen_e.text);
         if ids.is_some() {
             token_ids = true;
         }
@@ -251,10 +174,10 @@ pub fn analyse(api: Api, stream: bool, events: &[Value]) -> Result<SelfCheck, St
     }
     let shape = if !stream {
         None
-    } else if api != Api::Sglang {
+    } else if dialect.streams_deltas_only() {
         Some(StreamShape::Incremental)
     } else {
-        Some(sglang_shape(&seen))
+        Some(shape_of(&seen))
     };
     Ok(SelfCheck {
         stream: shape,
@@ -266,7 +189,7 @@ pub fn analyse(api: Api, stream: bool, events: &[Value]) -> Result<SelfCheck, St
 
 /// Which hypothesis every event agrees with: ids (or text) that are the whole output so
 /// far, or only the new part. Both (one event) or neither: unknown.
-fn sglang_shape(seen: &[(Option<usize>, Option<u64>, String)]) -> StreamShape {
+fn shape_of(seen: &[(Option<usize>, Option<u64>, String)]) -> StreamShape {
     let with_counts: Vec<(usize, u64)> = seen
         .iter()
         .filter_map(|(ids, c, _)| Some(((*ids)?, (*c)?)))
@@ -312,12 +235,10 @@ pub async fn self_check(
     nonce: u64,
 ) -> Result<SelfCheck, String> {
     let rid = format!("_selfcheck-0-{nonce}");
-    let (path, mut body) = check_body(api, model, stream, prompt_ids);
-    if api == Api::Sglang {
-        body["rid"] = json!(rid);
-    }
+    let dialect = dialect::of(api);
+    let body = dialect.check_body(model, stream, prompt_ids, CHECK_TOKENS, &rid);
     let bytes = up
-        .post_raw(base, path, &rid, &body, CHECK_TIMEOUT)
+        .post_raw(base, dialect.path(), &rid, &body, CHECK_TIMEOUT)
         .await
         .map_err(|e: UpstreamError| e.to_string())?;
     let events = if stream {
@@ -421,7 +342,11 @@ pub async fn probe(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
+    /// Each server kind's endpoint gives its context length under its own key (the
+    /// configured model's, else the first); the smallest of several servers is used, and a
+    /// configured length wins.
     #[test]
     fn context_lengths_from_each_server_shape() {
         let mock_sglang =
@@ -470,6 +395,8 @@ mod tests {
         json!({"text": text, "output_ids": ids, "meta_info": {"completion_tokens": count}})
     }
 
+    /// SGLang's cumulative and delta streams are told apart by ids and counts, or by the
+    /// text alone; one event is too few to tell, and an error event is an error.
     #[test]
     fn sglang_stream_shapes_are_told_apart() {
         let cumulative = [
@@ -499,6 +426,8 @@ mod tests {
         assert!(analyse(Api::Sglang, true, &err).is_err());
     }
 
+    /// OpenAI-style answers, streamed or whole, report whether token ids and usage came
+    /// back; their streams are deltas.
     #[test]
     fn openai_answers_report_ids_and_usage() {
         let events = [

@@ -2,9 +2,9 @@
 //!
 //! Datasets are lanes served in config order; a lane stops dispatching when its rows run
 //! out or when its completed tokens plus the expected final tokens of its requests in
-//! flight reach its budget, and the free slot goes to the next lane at once (SPEC §4.2,
-//! §4.3). Leases live only in memory: the queue still has a leased item as pending, so a
-//! crash returns it to the queue by itself.
+//! flight reach its budget, and the free slot goes to the next lane at once. Leases live
+//! only in memory: the queue still has a leased item as pending, so a crash returns it to
+//! the queue by itself.
 //!
 //! Invariants: a row is leased at most once at a time; a lease ends exactly once, by
 //! [`Scheduler::completed`], [`Scheduler::failed`] or [`Scheduler::release`]; streamed
@@ -13,18 +13,13 @@
 use crate::config::BudgetPolicy;
 use crate::estimate::lengths::LengthModel;
 use crate::estimate::tail::{finish_times, LaneWork, SpeedCurve};
+use crate::knobs::Bench;
 use crate::store::queue::{Queue, QueueError};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-
-/// Benchmarks only (`make bench-eta`): budgets gate on completed tokens alone, as a naive
-/// script does, to measure what the estimate of work in flight saves.
-pub const NAIVE_BUDGET_ENV: &str = "SPOOL_BENCH_NAIVE_BUDGET";
-/// Benchmarks only: serve datasets strictly one after the other (wait for each tail).
-pub const SERIAL_DATASETS_ENV: &str = "SPOOL_BENCH_SERIAL_DATASETS";
 
 /// What the scheduler needs to know of a dataset.
 #[derive(Debug, Clone)]
@@ -181,8 +176,11 @@ pub enum Next {
 }
 
 impl Scheduler {
-    /// Lanes in config order; `done_tokens` seeds each with the queue's completed tokens.
-    pub fn new(queue: Arc<Queue>, specs: Vec<LaneSpec>) -> Self {
+    /// Lanes in config order, each seeded with the queue's completed tokens. `bench`:
+    /// `naive_budget` gates budgets on completed tokens alone, as a naive script does (the
+    /// baseline `make bench-eta` measures the estimate of work in flight against);
+    /// `serial_datasets` serves datasets strictly one after the other.
+    pub fn new(queue: Arc<Queue>, specs: Vec<LaneSpec>, bench: Bench) -> Self {
         let lanes = specs
             .into_iter()
             .map(|spec| {
@@ -201,7 +199,7 @@ impl Scheduler {
                     completed_tokens,
                     cancel: CancellationToken::new(),
                     budget_logged: false,
-                    naive_budget: std::env::var_os(NAIVE_BUDGET_ENV).is_some(),
+                    naive_budget: bench.naive_budget,
                     closed: false,
                     admitted: 0,
                 }
@@ -211,7 +209,7 @@ impl Scheduler {
             lanes: Mutex::new(lanes),
             queue,
             last_fit: Mutex::new(None),
-            serial: std::env::var_os(SERIAL_DATASETS_ENV).is_some(),
+            serial: bench.serial_datasets,
             changed: Notify::new(),
         }
     }
@@ -566,7 +564,7 @@ mod tests {
     #[test]
     fn the_next_lane_gets_slots_while_the_first_drains() {
         let (_d, q) = queue_with(&[0, 1]);
-        let s = Scheduler::new(q, vec![spec(0, None), spec(1, None)]);
+        let s = Scheduler::new(q, vec![spec(0, None), spec(1, None)], Bench::default());
         let a = [lease(&s), lease(&s)];
         assert!(a.iter().all(|l| l.ds == 0));
         // Lane 0 has no rows left but two in flight: lane 1 is served.
@@ -578,7 +576,7 @@ mod tests {
     fn budget_stops_dispatch_counting_work_in_flight() {
         let (_d, q) = queue_with(&(0..50).collect::<Vec<_>>());
         // max_tokens 100, no samples yet: each lease is expected to make 100 tokens.
-        let s = Scheduler::new(q, vec![spec(0, Some(250)), spec(1, None)]);
+        let s = Scheduler::new(q, vec![spec(0, Some(250)), spec(1, None)], Bench::default());
         let l: Vec<_> = (0..3).map(|_| lease(&s)).collect();
         assert!(l.iter().all(|x| x.ds == 0));
         // 3 × 100 ≥ 250: lane 0 stops, lane 1 takes the slot.
@@ -600,7 +598,7 @@ mod tests {
         let (_d, q) = queue_with(&(0..50).collect::<Vec<_>>());
         let mut sp = spec(0, Some(1000));
         sp.policy = BudgetPolicy::Cancel;
-        let s = Scheduler::new(q, vec![sp, spec(1, None)]);
+        let s = Scheduler::new(q, vec![sp, spec(1, None)], Bench::default());
         let l: Vec<_> = (0..5).map(|_| lease(&s)).collect();
         assert!(l.iter().all(|x| x.ds == 0));
         l[0].streamed.store(600, Ordering::Relaxed);
@@ -634,7 +632,7 @@ mod tests {
     #[test]
     fn a_fresh_dataset_borrows_the_learned_lengths_for_its_eta() {
         let (_d, q) = queue_with(&(0..50).collect::<Vec<_>>());
-        let s = Scheduler::new(q, vec![spec(0, None), spec(1, None)]);
+        let s = Scheduler::new(q, vec![spec(0, None), spec(1, None)], Bench::default());
         s.seed_lengths(0, (0..40u32).map(|i| 15 + i % 20));
         let views = s.views();
         assert!(views[0].work.lengths.fitted().is_some());
@@ -655,7 +653,7 @@ mod tests {
     #[test]
     fn released_rows_come_back_first_and_done_is_reported() {
         let (_d, q) = queue_with(&[0]);
-        let s = Scheduler::new(q, vec![spec(0, None)]);
+        let s = Scheduler::new(q, vec![spec(0, None)], Bench::default());
         let a = lease(&s);
         assert!(matches!(s.next().unwrap(), Next::Wait));
         s.release(&a);

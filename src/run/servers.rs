@@ -1,10 +1,12 @@
 //! The inference servers: least-requests-in-flight routing, take-out after repeated
-//! errors, probe-in when a health check answers (SPEC §4.3).
+//! errors, probe-in when a health check answers, and the "every server down" state.
 //!
-//! Invariant: `inflight` counts exactly the attempts between `pick` and their end, so
+//! Invariants: `inflight` counts exactly the attempts between `pick` and their end, so
 //! routing and the `spool_inflight_requests` gauge agree; it changes only through the
 //! [`InFlight`] guard of [`Server::begin`], so an attempt that panics or is cancelled is
-//! no longer counted.
+//! no longer counted. The "no inference server reachable" line is written here only, by
+//! [`Servers::every_server_down`], at most once per interval whoever asks (the dispatcher
+//! and every waiting worker ask), so an outage is visible without flooding the log.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -39,14 +41,35 @@ impl Drop for InFlight<'_> {
 /// The servers with least-requests routing and take-out / probe-in.
 pub(crate) struct Servers {
     pub(crate) list: Vec<Server>,
-    pub(crate) last_down_log: Mutex<Option<Instant>>,
+    down_log: DownLog,
+}
+
+/// When "every server down" was last logged: the line repeats at most once per
+/// `interval` while the outage lasts, whoever notices it.
+struct DownLog {
+    interval: Duration,
+    last: Mutex<Option<Instant>>,
+}
+
+impl DownLog {
+    /// Whether the line is due now; if so, it counts as written from now on.
+    fn due(&self) -> bool {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < self.interval) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
+    }
 }
 
 /// Consecutive failures that take a server out of rotation.
 const TAKE_OUT_AFTER: u32 = 3;
 
 impl Servers {
-    pub(crate) fn new(urls: &[String]) -> Self {
+    /// The servers of `urls`, all in rotation; "every server down" is repeated at most
+    /// once per `down_log_interval`.
+    pub(crate) fn new(urls: &[String], down_log_interval: Duration) -> Self {
         Self {
             list: urls
                 .iter()
@@ -57,7 +80,10 @@ impl Servers {
                     errors: AtomicU32::new(0),
                 })
                 .collect(),
-            last_down_log: Mutex::new(None),
+            down_log: DownLog {
+                interval: down_log_interval,
+                last: Mutex::new(None),
+            },
         }
     }
 
@@ -78,10 +104,12 @@ impl Servers {
             .unwrap_or(0)
     }
 
+    /// Whether some server is in rotation (a worker waiting for one polls this).
     pub(crate) fn any_up(&self) -> bool {
         self.list.iter().any(|s| s.up.load(Ordering::Relaxed))
     }
 
+    /// Server `i` answered: its error count restarts and it is back in rotation.
     pub(crate) fn ok(&self, i: usize) {
         let s = &self.list[i];
         s.errors.store(0, Ordering::Relaxed);
@@ -90,6 +118,8 @@ impl Servers {
         }
     }
 
+    /// Server `i` failed an attempt; [`TAKE_OUT_AFTER`] in a row take it out of rotation
+    /// until a probe or an answer puts it back.
     pub(crate) fn error(&self, i: usize) {
         let s = &self.list[i];
         let n = s.errors.fetch_add(1, Ordering::Relaxed) + 1;
@@ -98,16 +128,20 @@ impl Servers {
         }
     }
 
-    /// Logs "every server down" at most once a minute.
-    pub(crate) fn log_all_down(&self) {
-        let mut last = self.last_down_log.lock().unwrap_or_else(|p| p.into_inner());
-        if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
-            *last = Some(Instant::now());
+    /// Whether every server is out of rotation. When it is, the log says so (at most once
+    /// per interval for all callers together): the dispatcher and the workers that found
+    /// no server report it here, and the line is written once for them all.
+    pub(crate) fn every_server_down(&self) -> bool {
+        if self.any_up() {
+            return false;
+        }
+        if self.down_log.due() {
             tracing::warn!(
                 servers = self.list.len(),
                 "no inference server reachable: dispatch paused until one answers"
             );
         }
+        true
     }
 }
 
@@ -121,7 +155,7 @@ mod tests {
     /// unwinding through it, or by its future being dropped (a cancel) while it waits.
     #[tokio::test]
     async fn an_attempt_that_panics_or_is_dropped_is_no_longer_in_flight() {
-        let servers = Servers::new(&["http://127.0.0.1:1".to_string()]);
+        let servers = Servers::new(&["http://127.0.0.1:1".to_string()], Duration::from_secs(60));
         let s = &servers.list[0];
         let count = || s.inflight.load(Ordering::Relaxed);
 
@@ -149,5 +183,36 @@ mod tests {
         let cancelled = tokio::time::timeout(std::time::Duration::from_millis(10), waiting).await;
         assert!(cancelled.is_err());
         assert_eq!(count(), 0, "a dropped attempt left it counted");
+    }
+
+    /// "Every server down" is reported to the caller each time, but logged only once per
+    /// interval for all callers together; with servers up nothing is reported.
+    #[test]
+    fn every_server_down_is_logged_once_per_interval() {
+        let servers = Servers::new(&["http://127.0.0.1:1".to_string()], Duration::from_secs(60));
+        assert!(
+            !servers.every_server_down(),
+            "a fresh server is in rotation"
+        );
+        for _ in 0..TAKE_OUT_AFTER {
+            servers.error(0);
+        }
+        assert!(servers.every_server_down());
+        assert!(servers.every_server_down(), "still down: reported again");
+        assert!(
+            !servers.down_log.due(),
+            "logged once, not again within the interval"
+        );
+        servers.ok(0);
+        assert!(!servers.every_server_down());
+
+        let often = DownLog {
+            interval: Duration::ZERO,
+            last: Mutex::new(None),
+        };
+        assert!(
+            often.due() && often.due(),
+            "a zero interval repeats every time"
+        );
     }
 }

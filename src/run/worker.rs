@@ -9,12 +9,12 @@
 //! the scheduler would wait forever for a lease that never ends. A connection refused
 //! burns no attempt.
 //!
-//! Faults (SPEC §4.4): transient errors are retried after [`backoff`] (exponential, jitter,
-//! never sooner than `Retry-After`); other 4xx fail the item with the server's message.
-//! A server that cannot be reached burns no attempt; while every server is down the
-//! worker waits for one to come back (the monitor probes them) and the log says so once
-//! per [`DOWN_LOG_INTERVAL_ENV`] (a minute). After the shutdown signal no new attempt is
-//! started: a worker between attempts gives its lease back at once.
+//! Faults: transient errors are retried after [`backoff`] (exponential, jitter, never
+//! sooner than `Retry-After`); other 4xx fail the item with the server's message. A server
+//! that cannot be reached burns no attempt; while every server is down the worker waits
+//! for one to come back (the monitor probes them) and reports it to
+//! [`Servers::every_server_down`], which logs it. After the shutdown signal no new attempt
+//! is started: a worker between attempts gives its lease back at once.
 
 use crate::config::{Config, Sampling};
 use crate::observe::metrics::DatasetMetrics;
@@ -59,99 +59,68 @@ pub(crate) struct Ctx {
     pub(crate) hard_stop: CancellationToken,
     pub(crate) commits: mpsc::UnboundedSender<Finished>,
     pub(crate) nonce: AtomicU64,
+    /// Panics a test injects (none in a plain run).
+    pub(crate) faults: FaultPoints,
 }
 
-/// Env var (tests only): `N` makes the Nth request attempt of the process panic inside its
-/// task, `N-M` the Nth to the Mth (counted from 1 in the order attempts start), as a bug in
-/// the HTTP client meeting a hostile answer would.
-pub const FAULT_PANIC_ENV: &str = "SPOOL_FAULT_PANIC_IN_REQUEST";
-
-/// Env var (tests only): `N` (or `N-M`) makes the building of the Nth completed answer's
-/// shard row panic: a panic outside any attempt, which fails the item at once.
-pub const FAULT_PANIC_ROW_ENV: &str = "SPOOL_FAULT_PANIC_IN_ROW";
-
-/// The injected panics of [`FAULT_PANIC_ENV`] and [`FAULT_PANIC_ROW_ENV`].
+/// The injected panics of [`crate::knobs::Faults`]: `panic_in_request` and `panic_in_row`.
 mod fault {
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::OnceLock;
 
-    /// One place that can be made to panic, armed by an env var.
-    pub(super) struct Point {
-        env: &'static str,
+    /// One place that can be made to panic, armed by a knob.
+    pub(crate) struct Point {
+        /// The knob's variable, named in the panic's message.
+        knob: &'static str,
         what: &'static str,
-        /// The armed range (read from the env var once).
-        range: OnceLock<Option<(u64, u64)>>,
+        /// The inclusive range of times reached (from 1) that panic; `None`: disarmed.
+        armed: Option<(u64, u64)>,
         /// Times this place was reached (only counted while armed).
         reached: AtomicU64,
     }
 
-    pub(super) static REQUEST: Point = Point::new(super::FAULT_PANIC_ENV, "request");
-    pub(super) static ROW: Point = Point::new(super::FAULT_PANIC_ROW_ENV, "row");
+    /// The fault points of one run's workers, counted across all of them.
+    pub(crate) struct Points {
+        /// Inside a request attempt, before it is sent.
+        pub(super) request: Point,
+        /// While a completed answer's shard row is built (outside any attempt).
+        pub(super) row: Point,
+    }
+
+    impl Points {
+        /// The points armed as `faults` says (none by default).
+        pub(crate) fn new(faults: &crate::knobs::Faults) -> Points {
+            use crate::knobs::{FAULT_PANIC_IN_REQUEST, FAULT_PANIC_IN_ROW};
+            Points {
+                request: Point::new(FAULT_PANIC_IN_REQUEST, "request", faults.panic_in_request),
+                row: Point::new(FAULT_PANIC_IN_ROW, "row", faults.panic_in_row),
+            }
+        }
+    }
 
     impl Point {
-        const fn new(env: &'static str, what: &'static str) -> Point {
+        fn new(knob: &'static str, what: &'static str, armed: Option<(u64, u64)>) -> Point {
             Point {
-                env,
+                knob,
                 what,
-                range: OnceLock::new(),
+                armed,
                 reached: AtomicU64::new(0),
             }
         }
 
         /// Panics when this is one of the armed times this place is reached.
         pub(super) fn panic_if_due(&self) {
-            let armed = *self
-                .range
-                .get_or_init(|| parse(&std::env::var(self.env).ok()?));
-            let Some((first, last)) = armed else {
+            let Some((first, last)) = self.armed else {
                 return;
             };
             let n = self.reached.fetch_add(1, Ordering::Relaxed) + 1;
             if (first..=last).contains(&n) {
-                panic!("injected panic in {} {n} ({})", self.what, self.env);
+                panic!("injected panic in {} {n} ({})", self.what, self.knob);
             }
         }
     }
-
-    /// `N` → (N, N); `N-M` → (N, M); anything else disarms the fault.
-    fn parse(v: &str) -> Option<(u64, u64)> {
-        let (a, b) = v.trim().split_once('-').unwrap_or((v.trim(), v.trim()));
-        let (a, b) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
-        (a >= 1 && a <= b).then_some((a, b))
-    }
 }
 
-/// Env var: how often (ms) the "no inference server reachable" line is repeated while
-/// every server is down; default 60 000 (SPEC §4.4: once a minute). Tests shorten it.
-pub const DOWN_LOG_INTERVAL_ENV: &str = "SPOOL_DOWN_LOG_INTERVAL_MS";
-
-fn down_log_interval() -> Duration {
-    static INTERVAL: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *INTERVAL.get_or_init(|| {
-        std::env::var(DOWN_LOG_INTERVAL_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_millis)
-            .unwrap_or(Duration::from_secs(60))
-    })
-}
-
-/// Logs "every server down" at most once per [`DOWN_LOG_INTERVAL_ENV`], whoever notices
-/// (the dispatcher or a worker).
-pub(crate) fn log_all_down(servers: &Servers) {
-    {
-        let mut last = servers
-            .last_down_log
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if last.is_some_and(|t| t.elapsed() < down_log_interval()) {
-            return;
-        }
-        // Due: let `Servers::log_all_down` (the line's one definition) write it.
-        *last = None;
-    }
-    servers.log_all_down();
-}
+pub(crate) use fault::Points as FaultPoints;
 
 /// Resolves once some server is back in rotation (the monitor's probe or another
 /// worker's success puts it back).
@@ -337,7 +306,7 @@ async fn attempt_until_done(ctx: &Ctx, lease: &Lease, attempts: &mut u32) -> End
         // the in-flight count is restored by the guard whether it ends, panics or is dropped.
         let in_flight = server.begin();
         let attempt = AssertUnwindSafe(async {
-            fault::REQUEST.panic_if_due();
+            ctx.faults.request.panic_if_due();
             ctx.upstream.generate(&server.url, &req, &sink).await
         })
         .catch_unwind();
@@ -391,10 +360,7 @@ async fn attempt_until_done(ctx: &Ctx, lease: &Lease, attempts: &mut u32) -> End
             ctx.servers.error(si);
             unreachable_waits += 1;
             tracing::debug!(dataset = %name, row = lease.row, error = %err, "server unreachable; no attempt counted");
-            let all_down = !ctx.servers.any_up();
-            if all_down {
-                log_all_down(&ctx.servers);
-            }
+            let all_down = ctx.servers.every_server_down();
             // Try again after the backoff (a server that answers requests but not its
             // health probe is still found), or as soon as a probe finds one back.
             let wait = backoff(unreachable_waits.min(6), None);
@@ -477,7 +443,7 @@ fn to_row(
     g: Generation,
     attempts: u32,
 ) -> (ShardRow, CountSource) {
-    fault::ROW.panic_if_due();
+    ctx.faults.row.panic_if_due();
     let tok = ctx.builder.tokenizer();
     let server_ids = g.token_ids.is_some();
     let completion_ids = match (g.token_ids, tok) {
@@ -536,6 +502,8 @@ mod tests {
     use super::backoff;
     use std::time::Duration;
 
+    /// Each attempt's backoff lies in half to all of 0.5 s doubled per attempt, capped at
+    /// 60 s, and is jittered.
     #[test]
     fn backoff_doubles_with_jitter_and_is_capped() {
         for attempt in 1..=12u32 {
@@ -558,6 +526,7 @@ mod tests {
         }
     }
 
+    /// A server's `Retry-After` is a floor on the backoff, and a short one does not shorten it.
     #[test]
     fn backoff_never_undercuts_retry_after() {
         for attempt in 1..=8 {

@@ -1,9 +1,12 @@
 //! The inference server as seen by a worker: one `generate` call per attempt.
 //!
-//! `sglang` speaks SGLang's native `/generate`; `openai` speaks `/v1/completions` and
-//! `/v1/chat/completions` (vLLM, llama.cpp, SGLang's OpenAI layer, …). Both stream SSE or
-//! not, and both report tokens as they arrive through a [`TokenSink`] so budgets and ETAs
-//! see work in flight.
+//! The client here is the same for every API; what differs is a dialect behind
+//! [`dialect::Dialect`], one per file: `sglang` speaks SGLang's native `/generate`, `openai`
+//! speaks `/v1/completions` and `/v1/chat/completions` (vLLM, llama.cpp, SGLang's OpenAI
+//! layer, …). Every dialect streams SSE or not, and reports tokens as they arrive through a
+//! [`TokenSink`] so budgets and ETAs see work in flight. Whole answers to `http://` servers
+//! go through `h1` (hyper's connection API), the rest through reqwest; `error` says why an
+//! attempt failed.
 //!
 //! Invariants: a `Generation` is returned only for a response that ended normally (a stream
 //! must end with a finish reason or `[DONE]`); a stream cut half way is an error and its
@@ -12,138 +15,20 @@
 //! ([`UpstreamError::Redirect`]) whether the answer is streamed or whole; the API key is
 //! sent as a header and never appears in an error or a log line.
 
+pub(crate) mod dialect;
+mod error;
 mod h1;
 mod openai;
 mod sglang;
 pub(crate) mod sse;
 pub mod tls;
 
+pub use error::UpstreamError;
+
 use crate::config::{Api, Sampling};
+use dialect::Dialect;
+use error::{ambiguous_framing, map_reqwest, redirect_error, root_cause, status_error};
 use std::time::{Duration, Instant};
-
-/// Why an attempt failed; `is_retriable` decides between backoff and a permanent failure.
-#[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
-    #[error("cannot connect to {url}: {detail}")]
-    Connect { url: String, detail: String },
-    #[error("request timed out")]
-    Timeout,
-    #[error("HTTP {code}: {message}")]
-    Status {
-        code: u16,
-        message: String,
-        retry_after: Option<Duration>,
-    },
-    #[error("stream cut before the end: {0}")]
-    StreamCut(String),
-    #[error("malformed response: {0}")]
-    Malformed(String),
-    #[error("response larger than {0} bytes, refused")]
-    TooLarge(u64),
-    /// Inference servers do not redirect, and following one to another host would hand it
-    /// the API key: a redirect is refused on every path, naming where it pointed.
-    #[error("HTTP {code} redirect from {url} to {location} refused: spool does not follow redirects (point server.url at the final address)")]
-    Redirect {
-        code: u16,
-        url: String,
-        location: String,
-    },
-    /// A server URL no request can be made to (a path with a space, an invalid host).
-    #[error("cannot request {url}: {detail}")]
-    BadUrl { url: String, detail: String },
-}
-
-impl UpstreamError {
-    /// Transient errors (connection, timeout, 408, 429, 5xx, cut streams, garbled bodies)
-    /// are worth another attempt; other 4xx mean the request itself is bad.
-    pub fn is_retriable(&self) -> bool {
-        match self {
-            UpstreamError::Connect { .. }
-            | UpstreamError::Timeout
-            | UpstreamError::StreamCut(_)
-            | UpstreamError::Malformed(_) => true,
-            UpstreamError::Status { code, .. } => *code == 408 || *code == 429 || *code >= 500,
-            UpstreamError::TooLarge(_)
-            | UpstreamError::Redirect { .. }
-            | UpstreamError::BadUrl { .. } => false,
-        }
-    }
-
-    /// The server's `Retry-After`, which backoff honours.
-    pub fn retry_after(&self) -> Option<Duration> {
-        match self {
-            UpstreamError::Status { retry_after, .. } => *retry_after,
-            _ => None,
-        }
-    }
-
-    /// A connection that could not be made says nothing about the item: it must not burn
-    /// an attempt (SPEC §4.4, dispatch pauses while every server is down).
-    pub fn is_unreachable(&self) -> bool {
-        matches!(self, UpstreamError::Connect { .. })
-    }
-
-    /// The same error with every occurrence of `secret` replaced by `***` (a server may
-    /// echo the request's headers in its error body; the key must not reach a log line,
-    /// the queue or `status`).
-    pub fn redacted(self, secret: &str) -> UpstreamError {
-        if secret.is_empty() {
-            return self;
-        }
-        let r = |s: String| {
-            if s.contains(secret) {
-                s.replace(secret, "***")
-            } else {
-                s
-            }
-        };
-        match self {
-            UpstreamError::Connect { url, detail } => UpstreamError::Connect {
-                url: r(url),
-                detail: r(detail),
-            },
-            UpstreamError::Status {
-                code,
-                message,
-                retry_after,
-            } => UpstreamError::Status {
-                code,
-                message: r(message),
-                retry_after,
-            },
-            UpstreamError::StreamCut(s) => UpstreamError::StreamCut(r(s)),
-            UpstreamError::Malformed(s) => UpstreamError::Malformed(r(s)),
-            UpstreamError::Redirect {
-                code,
-                url,
-                location,
-            } => UpstreamError::Redirect {
-                code,
-                url: r(url),
-                location: r(location),
-            },
-            UpstreamError::BadUrl { url, detail } => UpstreamError::BadUrl {
-                url: r(url),
-                detail: r(detail),
-            },
-            e @ (UpstreamError::Timeout | UpstreamError::TooLarge(_)) => e,
-        }
-    }
-
-    /// Short label for metrics and logs.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            UpstreamError::Connect { .. } => "connect",
-            UpstreamError::Timeout => "timeout",
-            UpstreamError::Status { .. } => "status",
-            UpstreamError::StreamCut(_) => "stream_cut",
-            UpstreamError::Malformed(_) => "malformed",
-            UpstreamError::TooLarge(_) => "too_large",
-            UpstreamError::Redirect { .. } => "redirect",
-            UpstreamError::BadUrl { .. } => "bad_url",
-        }
-    }
-}
 
 /// Where a completion's token count came from (recorded in shard metadata).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -195,6 +80,8 @@ pub struct Upstream {
     h1: std::sync::Arc<h1::H1Client>,
     request_timeout: Duration,
     api: Api,
+    /// How `api` is spoken (the one place that depends on which API it is).
+    dialect: &'static dyn Dialect,
     model: String,
     api_key: Option<String>,
     stream: bool,
@@ -248,10 +135,7 @@ impl Upstream {
             .redirect(reqwest::redirect::Policy::none())
             .tcp_nodelay(true)
             .build()
-            .map_err(|e| UpstreamError::Connect {
-                url: String::new(),
-                detail: e.to_string(),
-            })?;
+            .map_err(|e| UpstreamError::ClientBuild(e.to_string()))?;
         let connect_timeout = Duration::from_secs(10).min(o.request_timeout);
         Ok(Self {
             client,
@@ -262,6 +146,7 @@ impl Upstream {
             )),
             request_timeout: o.request_timeout,
             api: o.api,
+            dialect: dialect::of(o.api),
             model: o.model,
             api_key: o.api_key,
             stream: o.stream,
@@ -303,11 +188,7 @@ impl Upstream {
             }
             None => req,
         };
-        let path = match self.api {
-            Api::Sglang => "/generate",
-            Api::Completions => "/v1/completions",
-            Api::Chat => "/v1/chat/completions",
-        };
+        let path = self.dialect.path();
         let mut g = if !self.stream && h1::H1Client::serves(base) {
             self.whole_h1(base, path, req, sink).await?
         } else {
@@ -327,16 +208,7 @@ impl Upstream {
         req: &GenerateRequest<'_>,
         sink: TokenSink<'_>,
     ) -> Result<Generation, UpstreamError> {
-        let body = match self.api {
-            Api::Sglang => serde_json::to_vec(&sglang::body(req, false)),
-            Api::Completions | Api::Chat => serde_json::to_vec(&openai::request_body(
-                req,
-                &self.model,
-                false,
-                self.api == Api::Chat,
-            )),
-        }
-        .map_err(|e| UpstreamError::Malformed(format!("request: {e}")))?;
+        let body = self.dialect.body(req, &self.model, false)?;
         let exchange = self
             .h1
             .post_json(base, path, req.rid, body, self.max_response_bytes);
@@ -362,10 +234,7 @@ impl Upstream {
 
     /// A whole (non-streamed) answer's body, its completion tokens reported to `sink`.
     fn parse_whole(&self, body: &[u8], sink: TokenSink<'_>) -> Result<Generation, UpstreamError> {
-        let g = match self.api {
-            Api::Sglang => sglang::parse_full(body)?,
-            Api::Completions | Api::Chat => openai::parse_full(body, self.api == Api::Chat)?,
-        };
+        let g = self.dialect.parse_whole(body)?;
         sink(g.completion_tokens.unwrap_or(0));
         Ok(g)
     }
@@ -380,17 +249,9 @@ impl Upstream {
         sink: TokenSink<'_>,
     ) -> Result<Generation, UpstreamError> {
         let url = format!("{}{}", base.trim_end_matches('/'), path);
-        let rb = match self.api {
-            Api::Sglang => self.post(&url, &sglang::body(req, self.stream)),
-            Api::Completions | Api::Chat => {
-                let chat = self.api == Api::Chat;
-                self.post(
-                    &url,
-                    &openai::request_body(req, &self.model, self.stream, chat),
-                )
-            }
-        };
-        let resp = rb
+        let body = self.dialect.body(req, &self.model, self.stream)?;
+        let resp = self
+            .post_bytes(&url, body)
             .header("x-request-id", req.rid)
             .send()
             .await
@@ -399,12 +260,7 @@ impl Upstream {
         let g = if self.stream {
             let mut reader =
                 sse::Reader::new(resp, self.max_response_bytes, started, base.to_string());
-            match self.api {
-                Api::Sglang => sglang::read_stream(&mut reader, sink).await?,
-                Api::Completions | Api::Chat => {
-                    openai::read_stream(&mut reader, self.api == Api::Chat, sink).await?
-                }
-            }
+            self.dialect.read_stream(&mut reader, sink).await?
         } else {
             if resp
                 .content_length()
@@ -418,14 +274,15 @@ impl Upstream {
         Ok(g)
     }
 
-    /// Asks SGLang to stop generating `rid` (budget cancel). Best effort.
+    /// Asks the server to stop generating `rid` (budget cancel), where the dialect has a
+    /// request for it; elsewhere dropping the connection did. Best effort.
     pub async fn abort(&self, base: &str, rid: &str) {
-        if self.api != Api::Sglang {
-            return; // OpenAI-style servers abort when the connection is dropped.
-        }
-        let url = format!("{}/abort_request", base.trim_end_matches('/'));
+        let Some((path, body)) = self.dialect.abort(rid) else {
+            return;
+        };
+        let url = format!("{}{path}", base.trim_end_matches('/'));
         let _ = self
-            .post(&url, &serde_json::json!({ "rid": rid }))
+            .post(&url, &body)
             .timeout(Duration::from_secs(5))
             .send()
             .await;
@@ -433,29 +290,42 @@ impl Upstream {
 
     /// Whether the server answers its health endpoint.
     pub async fn healthy(&self, base: &str) -> bool {
-        let path = match self.api {
-            Api::Sglang => "/health",
-            _ => "/v1/models",
-        };
-        let url = format!("{}{}", base.trim_end_matches('/'), path);
-        let mut rb = self.client.get(&url).timeout(Duration::from_secs(5));
-        if let Some(k) = &self.api_key {
-            rb = rb.bearer_auth(k);
-        }
+        let url = format!(
+            "{}{}",
+            base.trim_end_matches('/'),
+            self.dialect.health_path()
+        );
+        let rb = self.authorized(self.client.get(&url).timeout(Duration::from_secs(5)));
         matches!(rb.send().await, Ok(r) if r.status().is_success())
     }
 
     /// A POST of `body` as JSON (serialised once, by reqwest) with the API key.
     fn post(&self, url: &str, body: &impl serde::Serialize) -> reqwest::RequestBuilder {
-        let mut rb = self.client.post(url).json(body);
-        if let Some(k) = &self.api_key {
-            rb = rb.bearer_auth(k);
+        self.authorized(self.client.post(url).json(body))
+    }
+
+    /// A POST of a JSON body already serialised, with the same headers in the same order
+    /// as [`Upstream::post`] sends.
+    fn post_bytes(&self, url: &str, body: Vec<u8>) -> reqwest::RequestBuilder {
+        let rb = self
+            .client
+            .post(url)
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                reqwest::header::HeaderValue::from_static("application/json"),
+            )
+            .body(body);
+        self.authorized(rb)
+    }
+
+    /// `rb` with the API key, when one is configured.
+    fn authorized(&self, rb: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.api_key {
+            Some(k) => rb.bearer_auth(k),
+            None => rb,
         }
-        rb
     }
 }
-
-// --- Context limits (issue 6): clamping max_tokens to what the context leaves. ---------
 
 /// `max_tokens` reduced to what a context of `context` tokens leaves after a prompt of
 /// `prompt_tokens` (at least 1: prompts that leave no room are rejected at intake).
@@ -482,10 +352,7 @@ impl Upstream {
         timeout: Duration,
     ) -> Result<serde_json::Value, UpstreamError> {
         let url = format!("{}{}", base.trim_end_matches('/'), path);
-        let mut rb = self.client.get(&url).timeout(timeout);
-        if let Some(k) = &self.api_key {
-            rb = rb.bearer_auth(k);
-        }
+        let rb = self.authorized(self.client.get(&url).timeout(timeout));
         let resp = rb.send().await.map_err(|e| map_reqwest(&url, e))?;
         let resp = check_status(resp).await.map_err(|e| self.redact(e))?;
         let bytes = read_capped(resp, 1 << 20).await?;
@@ -533,63 +400,6 @@ impl Upstream {
     }
 }
 
-// -----------------------------------------------------------------------------------------
-
-/// Classifies a transport error. A connection that could not be made — refused, or a
-/// connect *timeout* (a host that is down drops the SYN) — is `Connect`, which burns no
-/// attempt; checking `is_timeout` first once turned a dead server into permanently failed
-/// items (regression test: `connect_timeout_is_unreachable_not_a_timeout`).
-fn map_reqwest(url: &str, e: reqwest::Error) -> UpstreamError {
-    if e.is_connect() {
-        UpstreamError::Connect {
-            url: url.to_string(),
-            detail: root_cause(&e),
-        }
-    } else if e.is_timeout() {
-        UpstreamError::Timeout
-    } else if e.is_body() || e.is_decode() {
-        UpstreamError::StreamCut(root_cause(&e))
-    } else {
-        // Request-level failures after connecting (reset, closed): transient.
-        UpstreamError::StreamCut(root_cause(&e))
-    }
-}
-
-/// RFC 9112 §6.3: an answer with both `Transfer-Encoding` and `Content-Length` may be read
-/// by either by a proxy on the way, so what follows it on the connection (a smuggled
-/// answer) cannot be trusted; it is handled as an error, which also closes its connection.
-fn ambiguous_framing(headers: &http::HeaderMap) -> Option<UpstreamError> {
-    (headers.contains_key(http::header::TRANSFER_ENCODING)
-        && headers.contains_key(http::header::CONTENT_LENGTH))
-    .then(|| {
-        UpstreamError::Malformed(
-            "answer framed by both Transfer-Encoding and Content-Length (a request-smuggling shape); its connection is closed".into(),
-        )
-    })
-}
-
-fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
-
-/// `Retry-After` as RFC 9110 allows it: delay-seconds (fractions tolerated) or an
-/// HTTP-date, which counts from `now` (a date already past means "now").
-fn parse_retry_after(v: &str, now: std::time::SystemTime) -> Option<Duration> {
-    let v = v.trim();
-    if let Ok(s) = v.parse::<f64>() {
-        return (s.is_finite() && s >= 0.0).then(|| Duration::from_secs_f64(s));
-    }
-    let at = httpdate::parse_http_date(v).ok()?;
-    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
-}
-
 /// Turns a non-2xx response into an error carrying the server's message and Retry-After.
 async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, UpstreamError> {
     if let Some(e) = ambiguous_framing(resp.headers()) {
@@ -610,63 +420,6 @@ async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, Upst
     let retry_after = resp.headers().get(reqwest::header::RETRY_AFTER).cloned();
     let body = read_prefix(resp, 64 << 10).await;
     Err(status_error(status.as_u16(), retry_after.as_ref(), &body))
-}
-
-/// A 3xx answer as the error every path gives it: refused, naming the request's URL and
-/// where the server pointed (shown as sent, lossily if it is not text).
-fn redirect_error(
-    code: u16,
-    url: &str,
-    location: Option<&reqwest::header::HeaderValue>,
-) -> UpstreamError {
-    let location = location.map_or_else(
-        || "(no Location)".to_string(),
-        |l| {
-            String::from_utf8_lossy(l.as_bytes())
-                .chars()
-                .take(500)
-                .collect()
-        },
-    );
-    UpstreamError::Redirect {
-        code,
-        url: url.to_string(),
-        location,
-    }
-}
-
-/// A non-2xx answer as an error: the server's message and its `Retry-After`.
-fn status_error(
-    code: u16,
-    retry_after: Option<&reqwest::header::HeaderValue>,
-    body: &[u8],
-) -> UpstreamError {
-    UpstreamError::Status {
-        code,
-        message: error_message(body),
-        retry_after: retry_after
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| parse_retry_after(v, std::time::SystemTime::now())),
-    }
-}
-
-/// The human part of an error body: vLLM/OpenAI `{"message"}` or `{"error": {"message"}}`.
-fn error_message(body: &[u8]) -> String {
-    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
-        let m = v
-            .get("message")
-            .or_else(|| v.get("error").and_then(|e| e.get("message")))
-            .or_else(|| v.get("error"))
-            .or_else(|| v.get("detail"));
-        if let Some(m) = m {
-            return match m.as_str() {
-                Some(s) => s.to_string(),
-                None => m.to_string(),
-            };
-        }
-    }
-    let s = String::from_utf8_lossy(body);
-    s.chars().take(500).collect()
 }
 
 async fn read_capped(mut resp: reqwest::Response, cap: u64) -> Result<Vec<u8>, UpstreamError> {
@@ -697,136 +450,11 @@ async fn read_prefix(mut resp: reqwest::Response, cap: usize) -> Vec<u8> {
     out
 }
 
-fn sampling_fields(s: &Sampling, obj: &mut serde_json::Map<String, serde_json::Value>) {
-    use serde_json::json;
-    obj.insert("temperature".into(), json!(s.temperature));
-    obj.insert("top_p".into(), json!(s.top_p));
-    if let Some(k) = s.top_k {
-        obj.insert("top_k".into(), json!(k));
-    }
-    if let Some(p) = s.min_p {
-        obj.insert("min_p".into(), json!(p));
-    }
-    if let Some(seed) = s.seed {
-        obj.insert("seed".into(), json!(seed));
-    }
-    if let Some(stop) = &s.stop {
-        obj.insert("stop".into(), json!(stop));
-    }
-}
-
-/// An error object sent inside a 200 stream (SGLang reports request validation this way):
-/// a status code it carries, or a context-length complaint, is permanent; else the stream
-/// is treated as cut.
-fn stream_error(err: &serde_json::Value) -> UpstreamError {
-    let message = err
-        .get("message")
-        .and_then(|m| m.as_str())
-        .map(str::to_string)
-        .unwrap_or_else(|| err.to_string());
-    let code = err.get("code").and_then(|c| c.as_u64()).map(|c| c as u16);
-    let lower = message.to_ascii_lowercase();
-    match code {
-        Some(code) if (400..600).contains(&code) => UpstreamError::Status {
-            code,
-            message,
-            retry_after: None,
-        },
-        _ if lower.contains("context length") || lower.contains("too long") => {
-            UpstreamError::Status {
-                code: 400,
-                message,
-                retry_after: None,
-            }
-        }
-        _ => UpstreamError::StreamCut(format!("server error in stream: {message}")),
-    }
-}
-
-/// A count the server reported: absent or not a number is `None` (servers differ in what
-/// they fill in); a number no token count can be (negative, fractional, past `u32`) is a
-/// malformed answer rather than a value clamped or wrapped into a plausible one.
-fn as_u32(field: &str, v: Option<&serde_json::Value>) -> Result<Option<u32>, UpstreamError> {
-    match v {
-        Some(serde_json::Value::Number(n)) => n
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .map(Some)
-            .ok_or_else(|| UpstreamError::Malformed(format!("`{field}` is {n}, not a count"))),
-        _ => Ok(None),
-    }
-}
-
-/// Token ids the server reported: absent or not a list is `None`; a list holding anything
-/// but ids that fit `u32` is a malformed answer, never truncated into other tokens.
-fn as_ids(field: &str, v: Option<&serde_json::Value>) -> Result<Option<Vec<u32>>, UpstreamError> {
-    let Some(arr) = v.and_then(|v| v.as_array()) else {
-        return Ok(None);
-    };
-    let mut out = Vec::with_capacity(arr.len());
-    for x in arr {
-        let id = x
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| {
-                UpstreamError::Malformed(format!("`{field}` holds {x}, not a token id"))
-            })?;
-        out.push(id);
-    }
-    Ok(Some(out))
-}
-
 #[cfg(test)]
 mod tests {
-
-    /// Retry-After as delay-seconds or as an HTTP-date (RFC 9110 §10.2.3), both honoured;
-    /// a past date means retry now; garbage is ignored.
-    #[test]
-    fn retry_after_takes_seconds_and_http_dates() {
-        let now = httpdate::parse_http_date("Tue, 01 Dec 2026 10:00:00 GMT").unwrap();
-        assert_eq!(parse_retry_after(" 7 ", now), Some(Duration::from_secs(7)));
-        assert_eq!(
-            parse_retry_after("0.5", now),
-            Some(Duration::from_millis(500))
-        );
-        assert_eq!(
-            parse_retry_after("Tue, 01 Dec 2026 10:00:42 GMT", now),
-            Some(Duration::from_secs(42))
-        );
-        assert_eq!(
-            parse_retry_after("Tue, 01 Dec 2026 09:00:00 GMT", now),
-            Some(Duration::ZERO)
-        );
-        assert_eq!(parse_retry_after("-3", now), None);
-        assert_eq!(parse_retry_after("soon", now), None);
-    }
     use super::*;
 
-    #[test]
-    fn retriable_classification() {
-        let s = |code| UpstreamError::Status {
-            code,
-            message: String::new(),
-            retry_after: None,
-        };
-        assert!(s(429).is_retriable() && s(408).is_retriable() && s(503).is_retriable());
-        assert!(!s(400).is_retriable() && !s(404).is_retriable());
-        assert!(UpstreamError::Timeout.is_retriable());
-        assert!(!UpstreamError::TooLarge(1).is_retriable());
-        let redirect = UpstreamError::Redirect {
-            code: 301,
-            url: "http://a/generate".into(),
-            location: "http://b/generate".into(),
-        };
-        let bad = UpstreamError::BadUrl {
-            url: "http://a/b c".into(),
-            detail: "space".into(),
-        };
-        for e in [redirect, bad] {
-            assert!(!e.is_retriable() && !e.is_unreachable(), "{e}");
-        }
-    }
-
+    /// `max_tokens` is cut to what the context leaves after the prompt, never below 1.
     #[test]
     fn max_tokens_clamped_to_the_context_left() {
         assert_eq!(max_tokens_that_fit(200, 64, 10), 54);
@@ -835,6 +463,7 @@ mod tests {
         assert_eq!(max_tokens_that_fit(200, 64, 100), 1);
     }
 
+    /// The API key shows neither in the client's `Debug` nor in an error that echoes it.
     #[test]
     fn debug_and_errors_never_show_the_api_key() {
         let key = "sk-test-SECRET-1234567890";
@@ -859,30 +488,6 @@ mod tests {
             !shown.contains(key) && shown.contains("Bearer ***"),
             "{shown}"
         );
-    }
-
-    /// Regression: a connect *timeout* (a host that is down drops the SYN) was classified
-    /// as a request timeout, so a dead server burned attempts until items failed for good.
-    #[tokio::test]
-    async fn connect_timeout_is_unreachable_not_a_timeout() {
-        use std::os::fd::AsRawFd;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        // A backlog of 0 holds one pending connection; later SYNs are dropped, as by a
-        // host that is down.
-        assert_eq!(unsafe { libc::listen(listener.as_raw_fd(), 0) }, 0);
-        let addr = listener.local_addr().unwrap();
-        let _filler = std::net::TcpStream::connect(addr).unwrap();
-        tls::install_provider();
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(Duration::from_millis(200))
-            .timeout(Duration::from_secs(5))
-            .build()
-            .unwrap();
-        let url = format!("http://{addr}/generate");
-        let err = client.get(&url).send().await.unwrap_err();
-        let e = map_reqwest(&url, err);
-        assert!(e.is_unreachable(), "{e:?}");
     }
 
     /// A redirect gets one answer on both paths, streamed (reqwest) and whole (spool's
@@ -965,14 +570,5 @@ mod tests {
             0,
             "the redirect was followed"
         );
-    }
-
-    #[test]
-    fn error_messages_from_real_server_shapes() {
-        let vllm = br#"{"object":"error","message":"This model's maximum context length is 8 tokens.","type":"BadRequestError","code":400}"#;
-        assert!(error_message(vllm).starts_with("This model's maximum"));
-        let oai = br#"{"error":{"message":"bad thing","type":"invalid_request_error"}}"#;
-        assert_eq!(error_message(oai), "bad thing");
-        assert_eq!(error_message(b"plain"), "plain");
     }
 }

@@ -4,22 +4,129 @@
 //! ignore either still work (counts then come from the tokenizer or the chunks).
 //! Streaming chunks are always deltas.
 //!
-//! Invariant: a request body is the same JSON, byte for byte, as the `serde_json::Value`
-//! map spool used to build (`request_bodies_are_the_bytes_the_value_map_sent`), so servers
-//! see no change from the typed serialisation.
+//! Invariants: a request body's keys, their order and values are pinned byte for byte
+//! (`request_bodies_are_pinned_byte_for_byte`), and a field left unset is skipped, never
+//! sent as `null`; an answer's unknown fields are ignored.
 
+use super::dialect::{stream_error, to_json, Dialect, Seen};
 use super::{sse, GenerateRequest, Generation, TokenSink, UpstreamError};
+use futures_util::future::BoxFuture;
 use serde_json::Value;
 use std::borrow::Cow;
 
-// --- Requests, serialised from borrowed fields. -------------------------------------------
-//
-// Scenario 1 of issue 7 (instant responses): building each body as a `serde_json::Value`
-// map (an allocated key and value per field, the prompt copied, a `Value` per prompt token
-// id, chat messages deep-cloned), serialising it and dropping it was ~4 % of the client's
-// CPU samples at c = 256 (0.9 % after). [`RequestBody`] borrows everything and reqwest
-// serialises it once. Keys, order and values are what the map produced (a test pins the
-// bytes); a field the map left out is skipped, never sent as `null`.
+/// An OpenAI-style dialect: completions (`prompt`, `text`) or chat (`messages`, `message`
+/// and `delta` content); both share the answer's shape, so one type speaks both.
+pub(super) struct OpenAi {
+    chat: bool,
+}
+
+/// `/v1/completions`.
+pub(super) static COMPLETIONS: OpenAi = OpenAi { chat: false };
+/// `/v1/chat/completions`.
+pub(super) static CHAT: OpenAi = OpenAi { chat: true };
+
+impl Dialect for OpenAi {
+    fn path(&self) -> &'static str {
+        if self.chat {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        }
+    }
+
+    fn health_path(&self) -> &'static str {
+        "/v1/models"
+    }
+
+    fn body(
+        &self,
+        req: &GenerateRequest<'_>,
+        model: &str,
+        stream: bool,
+    ) -> Result<Vec<u8>, UpstreamError> {
+        to_json(&request_body(req, model, stream, self.chat))
+    }
+
+    fn parse_whole(&self, body: &[u8]) -> Result<Generation, UpstreamError> {
+        parse_full(body, self.chat)
+    }
+
+    fn read_stream<'a>(
+        &'a self,
+        r: &'a mut sse::Reader,
+        sink: TokenSink<'a>,
+    ) -> BoxFuture<'a, Result<Generation, UpstreamError>> {
+        Box::pin(read_stream(r, self.chat, sink))
+    }
+
+    /// These servers stop generating when the connection is dropped.
+    fn abort(&self, _rid: &str) -> Option<(&'static str, Value)> {
+        None
+    }
+
+    fn check_body(
+        &self,
+        model: &str,
+        stream: bool,
+        prompt_ids: Option<&[u32]>,
+        max_tokens: u32,
+        _rid: &str,
+    ) -> Value {
+        let mut b = serde_json::json!({
+            "model": model,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": true,
+            "stream": stream,
+            "return_token_ids": true,
+        });
+        if stream {
+            b["stream_options"] = serde_json::json!({"include_usage": true});
+        }
+        if self.chat {
+            b["messages"] = serde_json::json!([{"role": "user", "content": "Hello"}]);
+        } else {
+            match prompt_ids {
+                Some(ids) => b["prompt"] = serde_json::json!(ids),
+                None => b["prompt"] = serde_json::json!("Hello"),
+            }
+        }
+        b
+    }
+
+    fn check_event(&self, e: &Value) -> Seen {
+        let c = e.get("choices").and_then(|c| c.get(0));
+        let text = c
+            .and_then(|c| {
+                c.get("text")
+                    .or_else(|| c.get("delta").and_then(|d| d.get("content")))
+                    .or_else(|| c.get("message").and_then(|m| m.get("content")))
+            })
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        Seen {
+            ids: c
+                .and_then(|c| c.get("token_ids"))
+                .and_then(Value::as_array)
+                .map(Vec::len),
+            count: None,
+            text,
+            usage: e
+                .get("usage")
+                .and_then(|u| u.get("completion_tokens"))
+                .is_some(),
+        }
+    }
+
+    fn streams_deltas_only(&self) -> bool {
+        true
+    }
+}
+
+// Requests borrow every field (the prompt, its ids, the chat messages) and are serialised
+// once: with instant answers, a JSON map built per request is a visible share of the
+// client's CPU.
 
 /// One request to `/v1/completions` (`prompt`) or `/v1/chat/completions` (`messages`).
 #[derive(serde::Serialize)]
@@ -117,15 +224,11 @@ pub(super) fn request_body<'a>(
     }
 }
 
-// --- Responses, parsed into borrowed typed structs. ---------------------------------------
-//
-// Scenario 1 of issue 7 (instant responses) showed `serde_json::Value` trees as a visible
-// share of the client's CPU: every chunk built a map per object and a `Value` per token
-// id. These structs read only the fields used; strings borrow from the event when they
-// have no escapes, and token ids go straight into a `Vec<u32>`. Unknown fields are ignored,
-// as with the `Value` reading they replace.
+// Answers are read into typed structs holding only the fields used: strings borrow from
+// the event when they have no escapes and token ids go straight into a `Vec<u32>`, since a
+// JSON tree per chunk is a visible share of the client's CPU with fast servers.
 
-/// A string field where `null` reads as empty (as the `Value` reading did); absent is `None`.
+/// A string field where `null` reads as empty; absent is `None`.
 fn null_as_empty<'de, D>(d: D) -> Result<Option<Cow<'de, str>>, D::Error>
 where
     D: serde::Deserializer<'de>,
@@ -165,9 +268,8 @@ struct Choice<'a> {
     message: Option<Message<'a>>,
     #[serde(default, borrow)]
     delta: Option<Message<'a>>,
-    /// serde's own `Vec<u32>`, in its one pass over the array. The fifth pass of issue 7
-    /// read it twice (skipped to a `RawValue`, then parsed by hand): 2.0 µs against
-    /// 1.45 µs for a mock body of 100 ids (BENCHMARKS.md, sixth pass).
+    /// serde's own `Vec<u32>`, read in its one pass over the array (faster than skipping
+    /// it to a `RawValue` and parsing that by hand).
     #[serde(default)]
     token_ids: Option<Vec<u32>>,
     #[serde(default, borrow)]
@@ -251,7 +353,7 @@ pub(super) async fn read_stream(
         let mut v: Body<'_> = serde_json::from_str(&data)
             .map_err(|e| UpstreamError::Malformed(format!("stream chunk: {e}")))?;
         if let Some(err) = &v.error {
-            return Err(super::stream_error(err));
+            return Err(stream_error(err));
         }
         if let Some(u) = &v.usage {
             prompt_tokens = u.prompt_tokens.or(prompt_tokens);
@@ -374,10 +476,11 @@ mod tests {
         }
     }
 
-    /// The bytes the `Value` map sent before (keys in insertion order with `preserve_order`):
-    /// servers see the same body.
+    /// The bytes of each body shape (completions with text or ids, chat with the prompt or
+    /// the row's messages, every optional sampling field or none): keys in this order,
+    /// unset fields skipped, never `null`.
     #[test]
-    fn request_bodies_are_the_bytes_the_value_map_sent() {
+    fn request_bodies_are_pinned_byte_for_byte() {
         let (none, all) = (sampling(false), sampling(true));
         let messages = serde_json::json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi \"you\""}]);
         fn req<'a>(
@@ -418,6 +521,8 @@ mod tests {
         );
     }
 
+    /// A whole completions body and a whole chat body give their text, ids, usage and
+    /// finish reason.
     #[test]
     fn full_completion_and_chat_bodies_parse() {
         let c = br#"{"choices":[{"index":0,"text":" hi","finish_reason":"length","token_ids":[5,6]}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#;
@@ -444,8 +549,8 @@ mod tests {
 mod typed_tests {
     use super::*;
 
-    /// The typed reading accepts what the `Value` reading did: escaped text (owned),
-    /// `null` text or usage, chat deltas without content, unknown fields.
+    /// Every chunk shape servers send parses: escaped text (owned), `null` text or usage,
+    /// chat deltas without content, unknown fields, an error object.
     #[test]
     fn stream_chunks_of_every_shape_parse() {
         let c = r#"{"id":"x","choices":[{"index":0,"text":" a\"b\n","token_ids":[7],"finish_reason":null,"extra":1}],"usage":null}"#;

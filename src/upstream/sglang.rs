@@ -5,11 +5,94 @@
 //! `meta_info.completion_tokens` (always cumulative) so tokens are never double counted.
 //! `finish_reason` is an object such as `{"type": "length", "length": 128}`.
 
-use super::{
-    as_ids, as_u32, sampling_fields, sse, GenerateRequest, Generation, TokenSink, UpstreamError,
-};
+use super::dialect::{stream_error, to_json, Dialect, Seen};
+use super::{sse, GenerateRequest, Generation, TokenSink, UpstreamError};
+use crate::config::Sampling;
+use futures_util::future::BoxFuture;
 use serde_json::{json, Value};
 
+/// SGLang's `/generate` dialect.
+pub(super) struct Sglang;
+
+impl Dialect for Sglang {
+    fn path(&self) -> &'static str {
+        "/generate"
+    }
+
+    fn health_path(&self) -> &'static str {
+        "/health"
+    }
+
+    fn body(
+        &self,
+        req: &GenerateRequest<'_>,
+        _model: &str,
+        stream: bool,
+    ) -> Result<Vec<u8>, UpstreamError> {
+        to_json(&body(req, stream))
+    }
+
+    fn parse_whole(&self, body: &[u8]) -> Result<Generation, UpstreamError> {
+        parse_full(body)
+    }
+
+    fn read_stream<'a>(
+        &'a self,
+        r: &'a mut sse::Reader,
+        sink: TokenSink<'a>,
+    ) -> BoxFuture<'a, Result<Generation, UpstreamError>> {
+        Box::pin(read_stream(r, sink))
+    }
+
+    /// SGLang keeps generating after the connection drops; `/abort_request` stops it.
+    fn abort(&self, rid: &str) -> Option<(&'static str, Value)> {
+        Some(("/abort_request", json!({ "rid": rid })))
+    }
+
+    fn check_body(
+        &self,
+        _model: &str,
+        stream: bool,
+        prompt_ids: Option<&[u32]>,
+        max_tokens: u32,
+        rid: &str,
+    ) -> Value {
+        let mut b = json!({
+            "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0, "ignore_eos": true},
+            "stream": stream,
+        });
+        match prompt_ids {
+            Some(ids) => b["input_ids"] = json!(ids),
+            None => b["text"] = json!("Hello"),
+        }
+        b["rid"] = json!(rid);
+        b
+    }
+
+    fn check_event(&self, e: &Value) -> Seen {
+        let meta = e.get("meta_info");
+        Seen {
+            ids: e.get("output_ids").and_then(Value::as_array).map(Vec::len),
+            count: meta
+                .and_then(|m| m.get("completion_tokens"))
+                .and_then(Value::as_u64),
+            text: e
+                .get("text")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            usage: false,
+        }
+    }
+
+    /// Cumulative by default, deltas with `--incremental-streaming-output`.
+    fn streams_deltas_only(&self) -> bool {
+        false
+    }
+}
+
+/// The request body: the prompt's ids when known, else its text; SGLang's names for the
+/// sampling fields (`max_new_tokens`, `sampling_seed`).
 pub(super) fn body(req: &GenerateRequest<'_>, stream: bool) -> Value {
     let mut sp = serde_json::Map::new();
     sp.insert("max_new_tokens".into(), json!(req.sampling.max_tokens));
@@ -188,7 +271,7 @@ pub(super) async fn read_stream(
         let v: Value = serde_json::from_str(&data)
             .map_err(|e| UpstreamError::Malformed(format!("/generate event: {e}")))?;
         if let Some(err) = v.get("error") {
-            return Err(super::stream_error(err));
+            return Err(stream_error(err));
         }
         let new = st.push(&v)?;
         r.check_retained(st.text.len() + st.ids.len() * 4)?;
@@ -203,6 +286,58 @@ pub(super) async fn read_stream(
         ));
     }
     st.finish(r.ttft_ms)
+}
+
+/// The sampling fields of `sampling_params` named as in the config (`seed` is renamed by
+/// the caller); unset ones are left out.
+fn sampling_fields(s: &Sampling, obj: &mut serde_json::Map<String, Value>) {
+    obj.insert("temperature".into(), json!(s.temperature));
+    obj.insert("top_p".into(), json!(s.top_p));
+    if let Some(k) = s.top_k {
+        obj.insert("top_k".into(), json!(k));
+    }
+    if let Some(p) = s.min_p {
+        obj.insert("min_p".into(), json!(p));
+    }
+    if let Some(seed) = s.seed {
+        obj.insert("seed".into(), json!(seed));
+    }
+    if let Some(stop) = &s.stop {
+        obj.insert("stop".into(), json!(stop));
+    }
+}
+
+/// A count the server reported: absent or not a number is `None` (servers differ in what
+/// they fill in); a number no token count can be (negative, fractional, past `u32`) is a
+/// malformed answer rather than a value clamped or wrapped into a plausible one.
+fn as_u32(field: &str, v: Option<&Value>) -> Result<Option<u32>, UpstreamError> {
+    match v {
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| UpstreamError::Malformed(format!("`{field}` is {n}, not a count"))),
+        _ => Ok(None),
+    }
+}
+
+/// Token ids the server reported: absent or not a list is `None`; a list holding anything
+/// but ids that fit `u32` is a malformed answer, never truncated into other tokens.
+fn as_ids(field: &str, v: Option<&Value>) -> Result<Option<Vec<u32>>, UpstreamError> {
+    let Some(arr) = v.and_then(|v| v.as_array()) else {
+        return Ok(None);
+    };
+    let mut out = Vec::with_capacity(arr.len());
+    for x in arr {
+        let id = x
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| {
+                UpstreamError::Malformed(format!("`{field}` holds {x}, not a token id"))
+            })?;
+        out.push(id);
+    }
+    Ok(Some(out))
 }
 
 #[cfg(test)]
@@ -252,6 +387,8 @@ mod tests {
         );
     }
 
+    /// A cumulative stream (every event repeats the output so far) counts each token once
+    /// and keeps the last text and ids.
     #[test]
     fn cumulative_stream_is_not_double_counted() {
         let mut s = StreamState::default();
@@ -268,6 +405,7 @@ mod tests {
         assert_eq!(g.finish_reason, "length");
     }
 
+    /// A delta stream (`--incremental-streaming-output`) appends each event's text and ids.
     #[test]
     fn incremental_stream_accumulates() {
         let mut s = StreamState::default();
@@ -281,6 +419,8 @@ mod tests {
         assert_eq!(g.token_ids.unwrap(), vec![1, 2, 3, 4]);
     }
 
+    /// One-token events cannot tell the shapes apart until the running count does; the
+    /// output is still read right.
     #[test]
     fn one_token_events_are_ambiguous_until_resolved() {
         // Incremental with single-token events: [1], then [2] with count 2 → deltas.
@@ -292,6 +432,7 @@ mod tests {
         assert_eq!(g.text, " a b");
     }
 
+    /// A stream that ends without a finish reason is a cut stream, not a generation.
     #[test]
     fn stream_without_finish_is_cut() {
         let mut s = StreamState::default();

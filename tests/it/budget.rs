@@ -168,7 +168,7 @@ fn run_binary(cfg: &Path, naive: bool) -> u64 {
     let mut c = Command::new(spool_bin());
     c.args(["run", "-q", "-c"]).arg(cfg);
     if naive {
-        c.env(spool::run::scheduler::NAIVE_BUDGET_ENV, "1");
+        c.env(spool::knobs::BENCH_NAIVE_BUDGET, "1");
     }
     let o = c.output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
