@@ -127,7 +127,13 @@ fn main() -> anyhow::Result<()> {
         };
         let dir = out.join(format!("level-{level}"));
         let t = Instant::now();
-        let mut w = ShardWriter::create(&dir, i as u64, &limits, vec![])?;
+        let mut w = ShardWriter::create(
+            &dir,
+            i as u64,
+            &limits,
+            vec![],
+            &spool::knobs::Faults::default(),
+        )?;
         for chunk in data.chunks(64) {
             w.append(chunk)?;
         }

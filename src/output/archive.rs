@@ -25,6 +25,7 @@
 //! shard is sealed on the same limits as before: the buffer is written out before any
 //! limit is checked or the shard sealed.
 
+use crate::knobs::Faults;
 use crate::output::shard::{self, SealedShard, ShardError, ShardLimits, ShardRow, ShardWriter};
 use crate::store::queue::{Queue, QueueError, Repair, ShardedRow};
 use crate::upstream::CountSource;
@@ -159,6 +160,8 @@ pub struct Archive {
     limits: ShardLimits,
     datasets: HashMap<u16, ArchiveDataset>,
     open: HashMap<u16, Open>,
+    /// Test-harness fault points, given to every shard writer.
+    faults: Faults,
 }
 
 /// What the archive knows of a dataset: its folder name and its shards' metadata.
@@ -176,6 +179,7 @@ impl Archive {
         output_dir: &Path,
         limits: ShardLimits,
         datasets: HashMap<u16, ArchiveDataset>,
+        faults: &Faults,
     ) -> Self {
         Self {
             queue,
@@ -183,6 +187,7 @@ impl Archive {
             limits,
             datasets,
             open: HashMap::new(),
+            faults: *faults,
         }
     }
 
@@ -256,7 +261,8 @@ impl Archive {
                         v.as_str().unwrap_or("").to_string(),
                     ));
                 }
-                let writer = ShardWriter::create(&self.dir(ds), index, &self.limits, meta)?;
+                let writer =
+                    ShardWriter::create(&self.dir(ds), index, &self.limits, meta, &self.faults)?;
                 self.open.insert(
                     ds,
                     Open {
@@ -380,7 +386,7 @@ mod tests {
             },
         )]);
         let out = tmp.path().join("out");
-        let mut archive = Archive::new(queue, &out, limits, datasets);
+        let mut archive = Archive::new(queue, &out, limits, datasets, &Faults::default());
         let mut sealed = Vec::new();
         for chunk in (0..7u64).collect::<Vec<_>>().chunks(2) {
             let rows = chunk.iter().map(|&i| row(i)).collect();

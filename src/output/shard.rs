@@ -28,20 +28,20 @@
 //! A test checks each column chunk of a written file against that list, so a misspelt
 //! column path cannot silently leave a dictionary on.
 //!
-//! Fault points, for the crash and disk-full test harnesses (read on every call):
-//! - `SPOOL_FAULT_SHARD_PAUSE_MS=N`: `finish` sleeps N ms after the temporary file is
-//!   fsynced but before the rename, and again after the rename (and directory fsync) but
-//!   before returning, so an external SIGKILL can land inside finalisation.
-//! - `SPOOL_FAULT_SHARD_WRITE_ERROR=1`: `append` and `finish` fail with an injected
-//!   [`ShardError::Io`] of kind `StorageFull` ("injected write error
-//!   (SPOOL_FAULT_SHARD_WRITE_ERROR)"), as a full disk would; the writer is then unusable
-//!   and dropping it removes the temporary file.
+//! Fault points, for the crash and disk-full test harnesses, are given at construction
+//! ([`crate::knobs::Faults`]):
+//! - `shard_pause`: `finish` sleeps that long after the temporary file is fsynced but
+//!   before the rename, and again after the rename (and directory fsync) but before
+//!   returning, so an external SIGKILL can land inside finalisation.
+//! - `shard_write_error`: `append` and `finish` fail with an injected [`ShardError::Io`] of
+//!   kind `StorageFull` ("injected write error (SPOOL_FAULT_SHARD_WRITE_ERROR)"), as a full
+//!   disk would; the writer is then unusable and dropping it removes the temporary file.
 
+use crate::knobs::Faults;
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use arrow_array::builder::{ListBuilder, UInt32Builder};
 use arrow_array::{
@@ -57,10 +57,6 @@ use parquet::file::metadata::{KeyValue, ParquetMetaData};
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::ColumnPath;
 
-/// Env var: pause (ms) inside `finish`, before and after the rename.
-pub const FAULT_PAUSE_ENV: &str = "SPOOL_FAULT_SHARD_PAUSE_MS";
-/// Env var: `1` makes `append` and `finish` fail as on a full disk.
-pub const FAULT_WRITE_ERROR_ENV: &str = "SPOOL_FAULT_SHARD_WRITE_ERROR";
 const INJECTED_ERROR: &str = "injected write error (SPOOL_FAULT_SHARD_WRITE_ERROR)";
 
 /// Metadata key: the spool version that wrote the shard (required).
@@ -384,33 +380,16 @@ pub fn is_temp_file(file_name: &str) -> bool {
         .is_some()
 }
 
-/// Test-harness faults, read from the environment on every call.
-#[derive(Debug, Clone, Copy, Default)]
-struct Faults {
-    pause: Option<Duration>,
-    write_error: bool,
-}
-
-impl Faults {
-    fn from_env() -> Self {
-        let pause = std::env::var(FAULT_PAUSE_ENV)
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_millis);
-        let write_error = std::env::var(FAULT_WRITE_ERROR_ENV).is_ok_and(|v| v.trim() == "1");
-        Self { pause, write_error }
-    }
-
-    fn pause(&self, at: &'static str, path: &Path) {
-        if let Some(pause) = self.pause {
-            tracing::warn!(
-                path = %path.display(),
-                at,
-                pause_ms = pause.as_millis() as u64,
-                "fault injection: pausing shard finalisation"
-            );
-            std::thread::sleep(pause);
-        }
+/// Sleeps for the `shard_pause` fault, if set, so a kill harness can land inside `finish`.
+fn fault_pause(faults: &Faults, at: &'static str, path: &Path) {
+    if let Some(pause) = faults.shard_pause {
+        tracing::warn!(
+            path = %path.display(),
+            at,
+            pause_ms = pause.as_millis() as u64,
+            "fault injection: pausing shard finalisation"
+        );
+        std::thread::sleep(pause);
     }
 }
 
@@ -435,8 +414,8 @@ pub struct ShardWriter {
     failed: bool,
     /// The temp file has been renamed (or removed): Drop must leave it alone.
     done: bool,
-    /// Tests set faults here instead of mutating the process environment.
-    fault_override: Option<Faults>,
+    /// Test-harness fault points, fixed at construction.
+    faults: Faults,
 }
 
 impl std::fmt::Debug for ShardWriter {
@@ -459,6 +438,7 @@ impl ShardWriter {
         index: u64,
         limits: &ShardLimits,
         metadata: Vec<(String, String)>,
+        faults: &Faults,
     ) -> Result<Self, ShardError> {
         let final_path = dir.join(shard_file_name(index));
         let temp_path = dir.join(temp_file_name(index));
@@ -522,12 +502,8 @@ impl ShardWriter {
             rows: 0,
             failed: false,
             done: false,
-            fault_override: None,
+            faults: *faults,
         })
-    }
-
-    fn faults(&self) -> Faults {
-        self.fault_override.unwrap_or_else(Faults::from_env)
     }
 
     fn usable_writer(&mut self) -> Result<&mut ArrowWriter<File>, ShardError> {
@@ -547,7 +523,7 @@ impl ShardWriter {
         if rows.is_empty() {
             return Ok(());
         }
-        if self.faults().write_error {
+        if self.faults.shard_write_error {
             self.failed = true;
             return Err(injected_error(&self.temp_path));
         }
@@ -608,8 +584,8 @@ impl ShardWriter {
     /// recovery to adopt via [`read_keys`].
     pub fn finish(mut self) -> Result<SealedShard, ShardError> {
         self.usable_writer()?;
-        let faults = self.faults();
-        if faults.write_error {
+        let faults = self.faults;
+        if faults.shard_write_error {
             self.failed = true;
             return Err(injected_error(&self.temp_path));
         }
@@ -630,7 +606,7 @@ impl ShardWriter {
             .len();
         drop(file);
 
-        faults.pause("before_rename", &self.temp_path);
+        fault_pause(&faults, "before_rename", &self.temp_path);
         if self
             .final_path
             .try_exists()
@@ -644,7 +620,7 @@ impl ShardWriter {
             .map_err(|e| ShardError::io(&self.final_path, e))?;
         self.done = true;
         sync_dir(&self.dir)?;
-        faults.pause("after_rename", &self.final_path);
+        fault_pause(&faults, "after_rename", &self.final_path);
 
         tracing::debug!(
             path = %self.final_path.display(),
@@ -1066,6 +1042,7 @@ pub fn read_info(path: &Path) -> Result<ShardInfo, ShardError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::time::Duration;
 
     fn sample(i: u64) -> ShardRow {
         ShardRow {
@@ -1129,7 +1106,8 @@ mod tests {
     }
 
     fn write(dir: &Path, index: u64, rows: &[ShardRow]) -> SealedShard {
-        let mut w = ShardWriter::create(dir, index, &limits(1_000_000), meta()).unwrap();
+        let mut w = ShardWriter::create(dir, index, &limits(1_000_000), meta(), &Faults::default())
+            .unwrap();
         w.append(rows).unwrap();
         w.finish().unwrap()
     }
@@ -1187,7 +1165,14 @@ mod tests {
         let rows: Vec<ShardRow> = (0..(ROW_GROUP_MAX_ROWS as u64 * 2 + 10))
             .map(sample)
             .collect();
-        let mut w = ShardWriter::create(dir.path(), 0, &limits(1_000_000), meta()).unwrap();
+        let mut w = ShardWriter::create(
+            dir.path(),
+            0,
+            &limits(1_000_000),
+            meta(),
+            &Faults::default(),
+        )
+        .unwrap();
         w.append(&[]).unwrap();
         for chunk in rows.chunks(333) {
             w.append(chunk).unwrap();
@@ -1204,7 +1189,8 @@ mod tests {
     #[test]
     fn shard_is_full_at_max_rows() {
         let dir = tempfile::tempdir().unwrap();
-        let mut w = ShardWriter::create(dir.path(), 0, &limits(5), meta()).unwrap();
+        let mut w =
+            ShardWriter::create(dir.path(), 0, &limits(5), meta(), &Faults::default()).unwrap();
         w.append(&[sample(0), sample(1), sample(2), sample(3)])
             .unwrap();
         assert!(!w.is_full());
@@ -1216,7 +1202,8 @@ mod tests {
             max_bytes: 1,
             ..limits(1000)
         };
-        let mut w = ShardWriter::create(dir.path(), 1, &small_bytes, meta()).unwrap();
+        let mut w =
+            ShardWriter::create(dir.path(), 1, &small_bytes, meta(), &Faults::default()).unwrap();
         assert!(!w.is_full() || w.estimated_bytes() >= 1);
         w.append(&[sample(0)]).unwrap();
         assert!(w.is_full());
@@ -1227,7 +1214,7 @@ mod tests {
     fn shard_invisible_until_finish() {
         let dir = tempfile::tempdir().unwrap();
         let sub = dir.path().join("out").join("ds");
-        let mut w = ShardWriter::create(&sub, 7, &limits(100), meta()).unwrap();
+        let mut w = ShardWriter::create(&sub, 7, &limits(100), meta(), &Faults::default()).unwrap();
         w.append(&[sample(1), sample(2)]).unwrap();
         assert_eq!(list(&sub), vec![".part-000007.parquet.tmp".to_string()]);
         assert!(list(&sub).iter().all(|n| !n.ends_with(".parquet")));
@@ -1238,12 +1225,15 @@ mod tests {
     #[test]
     fn shard_abandon_and_drop_remove_temp() {
         let dir = tempfile::tempdir().unwrap();
-        let mut w = ShardWriter::create(dir.path(), 0, &limits(100), meta()).unwrap();
+        let mut w =
+            ShardWriter::create(dir.path(), 0, &limits(100), meta(), &Faults::default()).unwrap();
         w.append(&[sample(1)]).unwrap();
         w.abandon();
         assert!(list(dir.path()).is_empty());
         {
-            let mut w = ShardWriter::create(dir.path(), 1, &limits(100), meta()).unwrap();
+            let mut w =
+                ShardWriter::create(dir.path(), 1, &limits(100), meta(), &Faults::default())
+                    .unwrap();
             w.append(&[sample(1)]).unwrap();
         }
         assert!(list(dir.path()).is_empty());
@@ -1253,7 +1243,8 @@ mod tests {
     fn shard_never_overwrites_and_replaces_stale_temp() {
         let dir = tempfile::tempdir().unwrap();
         write(dir.path(), 0, &[sample(0)]);
-        let err = ShardWriter::create(dir.path(), 0, &limits(10), meta()).unwrap_err();
+        let err = ShardWriter::create(dir.path(), 0, &limits(10), meta(), &Faults::default())
+            .unwrap_err();
         assert!(matches!(err, ShardError::Exists { .. }), "{err}");
         assert!(err.to_string().contains("part-000000.parquet"), "{err}");
 
@@ -1329,16 +1320,16 @@ mod tests {
             ..limits(10)
         };
         assert!(matches!(
-            ShardWriter::create(dir.path(), 0, &bad_level, meta()),
+            ShardWriter::create(dir.path(), 0, &bad_level, meta(), &Faults::default()),
             Err(ShardError::Invalid { .. })
         ));
         assert!(matches!(
-            ShardWriter::create(dir.path(), 0, &limits(0), meta()),
+            ShardWriter::create(dir.path(), 0, &limits(0), meta(), &Faults::default()),
             Err(ShardError::Invalid { .. })
         ));
         let reserved = vec![("ARROW:schema".to_string(), "x".to_string())];
         assert!(matches!(
-            ShardWriter::create(dir.path(), 0, &limits(10), reserved),
+            ShardWriter::create(dir.path(), 0, &limits(10), reserved, &Faults::default()),
             Err(ShardError::Invalid { .. })
         ));
         assert!(list(dir.path()).is_empty());
@@ -1348,11 +1339,12 @@ mod tests {
     fn shard_injected_write_error() {
         let dir = tempfile::tempdir().unwrap();
         let faults = Faults {
-            pause: None,
-            write_error: true,
+            shard_write_error: true,
+            ..Faults::default()
         };
-        let mut w = ShardWriter::create(dir.path(), 0, &limits(10), meta()).unwrap();
-        w.fault_override = Some(faults);
+        let mut w =
+            ShardWriter::create(dir.path(), 0, &limits(10), meta(), &Faults::default()).unwrap();
+        w.faults = faults;
         let err = w.append(&[sample(0)]).unwrap_err();
         assert!(err.to_string().contains(INJECTED_ERROR), "{err}");
         assert!(
@@ -1364,7 +1356,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Poisoned from now on, even with the fault gone.
-        w.fault_override = Some(Faults::default());
+        w.faults = Faults::default();
         assert!(matches!(
             w.append(&[sample(0)]),
             Err(ShardError::Poisoned { .. })
@@ -1372,9 +1364,10 @@ mod tests {
         assert!(matches!(w.finish(), Err(ShardError::Poisoned { .. })));
         assert!(list(dir.path()).is_empty());
 
-        let mut w = ShardWriter::create(dir.path(), 1, &limits(10), meta()).unwrap();
+        let mut w =
+            ShardWriter::create(dir.path(), 1, &limits(10), meta(), &Faults::default()).unwrap();
         w.append(&[sample(0)]).unwrap();
-        w.fault_override = Some(faults);
+        w.faults = faults;
         let err = w.finish().unwrap_err();
         assert!(err.to_string().contains(INJECTED_ERROR), "{err}");
         assert!(list(dir.path()).is_empty());
@@ -1383,11 +1376,12 @@ mod tests {
     #[test]
     fn shard_pause_fault_still_seals() {
         let dir = tempfile::tempdir().unwrap();
-        let mut w = ShardWriter::create(dir.path(), 2, &limits(10), meta()).unwrap();
-        w.fault_override = Some(Faults {
-            pause: Some(Duration::from_millis(20)),
-            write_error: false,
-        });
+        let mut w =
+            ShardWriter::create(dir.path(), 2, &limits(10), meta(), &Faults::default()).unwrap();
+        w.faults = Faults {
+            shard_pause: Some(Duration::from_millis(20)),
+            ..Faults::default()
+        };
         w.append(&[sample(0)]).unwrap();
         let started = std::time::Instant::now();
         let sealed = w.finish().unwrap();

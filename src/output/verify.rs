@@ -904,8 +904,14 @@ mod tests {
     }
 
     fn write_shard(dir: &Path, index: u64, rows: &[ShardRow]) {
-        let mut w = ShardWriter::create(&dir.join("a"), index, &ShardLimits::default(), metadata())
-            .unwrap();
+        let mut w = ShardWriter::create(
+            &dir.join("a"),
+            index,
+            &ShardLimits::default(),
+            metadata(),
+            &crate::knobs::Faults::default(),
+        )
+        .unwrap();
         w.append(rows).unwrap();
         w.finish().unwrap();
     }

@@ -86,7 +86,14 @@ fn shard_read_by_pyarrow_and_duckdb() {
         compression_level: 9,
     };
     let written = rows();
-    let mut writer = ShardWriter::create(dir.path(), 0, &limits, metadata.clone()).expect("create");
+    let mut writer = ShardWriter::create(
+        dir.path(),
+        0,
+        &limits,
+        metadata.clone(),
+        &spool::knobs::Faults::default(),
+    )
+    .expect("create");
     writer.append(&written).expect("append");
     let sealed = writer.finish().expect("finish");
 

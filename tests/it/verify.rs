@@ -211,8 +211,14 @@ async fn a_token_count_mismatch_is_found() {
     bad.completion_token_ids = Some(vec![1; n + 2]);
     let (bad_row, bad_id) = (bad.row, bad.id.clone());
     std::fs::remove_file(&victim).unwrap();
-    let mut w =
-        ShardWriter::create(&dir.path().join("out/a"), 0, &ShardLimits::default(), meta).unwrap();
+    let mut w = ShardWriter::create(
+        &dir.path().join("out/a"),
+        0,
+        &ShardLimits::default(),
+        meta,
+        &spool::knobs::Faults::default(),
+    )
+    .unwrap();
     w.append(&rows).unwrap();
     w.finish().unwrap();
 
