@@ -14,7 +14,8 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
-use spool::output::shard::{ShardLimits, ShardRow, ShardWriter};
+use spool::output::shard::{ShardLimits, ShardRow};
+use spool::output::writer::ShardWriter;
 use std::time::Instant;
 
 const VOCAB: u32 = 151_669;

@@ -1,4 +1,4 @@
-//! `spool verify`: checks the output folders against the queue (SPEC §1, §5).
+//! `spool verify`: checks the output folders against the queue.
 //!
 //! For every dataset (those of the config, then any other the queue knows) it lists
 //! `output_dir/<dataset>/` and checks:
@@ -6,8 +6,8 @@
 //! - the folder holds only `part-NNNNNN.parquet` shards and `_rejected.jsonl`: a writer's
 //!   temporary file (`.part-NNNNNN.parquet.tmp`, left by a crash) or anything else is a
 //!   [`Problem::StrayFile`];
-//! - every shard opens, has exactly the SPEC §5 schema, the required key-value metadata
-//!   ([`shard::REQUIRED_METADATA_KEYS`]) and zstd column chunks, and decodes to the end
+//! - every shard opens, has exactly the shard schema, the required key-value metadata
+//!   ([`REQUIRED_METADATA_KEYS`]) and zstd column chunks, and decodes to the end
 //!   (every column is decoded, not only the ones checked below);
 //! - every row: its `dataset` column names the folder's dataset, its `id` is the one the
 //!   queue enqueued at that `row`, and when `completion_token_ids` is present its length
@@ -38,19 +38,17 @@
 //! The verifier only reads: it never repairs (that is `spool run`'s recovery).
 
 use crate::config::Config;
+use crate::output::reader::{self, ShardReader};
+use crate::output::schema::REQUIRED_METADATA_KEYS;
 use crate::output::shard::{self, ShardError};
 use crate::store::queue::{DatasetState, Queue, QueueError};
 use arrow_array::{Array, ListArray, RecordBatch, StringArray, UInt32Array, UInt64Array};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// The one non-shard file a dataset folder may hold (written by intake).
 pub const REJECTED_FILE: &str = "_rejected.jsonl";
-
-/// Rows per record batch while scanning a shard (bounds memory per shard read).
-const SCAN_BATCH_ROWS: usize = 1024;
 
 /// Marks a sharded item not (yet) found in any shard.
 const NOT_FOUND: u64 = u64::MAX;
@@ -74,7 +72,7 @@ pub enum VerifyError {
 pub enum Problem {
     /// A shard cannot be opened or decoded (truncated, corrupt, unreadable).
     UnreadableShard { path: PathBuf, error: String },
-    /// A shard's columns are not SPEC §5's.
+    /// A shard's columns are not the shard schema's.
     SchemaDrift { path: PathBuf, detail: String },
     /// A shard lacks a key-value metadata entry every shard must carry.
     MissingMetadata { path: PathBuf, key: String },
@@ -755,17 +753,6 @@ fn list_shards(dir: &Path, problems: &mut Vec<Problem>) -> Result<Vec<u64>, Veri
     Ok(shards)
 }
 
-/// The message of a shard error without the path (the problem names the file).
-fn shard_error_detail(e: &ShardError) -> String {
-    match e {
-        ShardError::Io { source, .. } => source.to_string(),
-        ShardError::Parquet { source, .. } => source.to_string(),
-        ShardError::Arrow { source, .. } => source.to_string(),
-        ShardError::Schema { detail, .. } | ShardError::Invalid { detail, .. } => detail.clone(),
-        other => other.to_string(),
-    }
-}
-
 /// Reads one shard to the end, checking its footer and every row. `Err`: the shard as a
 /// whole is unusable (none of its rows count as found).
 fn scan_shard(path: &Path, dataset: &str) -> Result<ShardScan, Problem> {
@@ -773,18 +760,19 @@ fn scan_shard(path: &Path, dataset: &str) -> Result<ShardScan, Problem> {
         path: path.to_path_buf(),
         error,
     };
-    let info = match shard::read_info(path) {
-        Ok(i) => i,
+    let shard = match ShardReader::open_checked(path) {
+        Ok(r) => r,
         Err(ShardError::Schema { detail, .. }) => {
             return Err(Problem::SchemaDrift {
                 path: path.to_path_buf(),
                 detail,
             })
         }
-        Err(e) => return Err(unreadable(shard_error_detail(&e))),
+        Err(e) => return Err(unreadable(e.detail())),
     };
+    let info = shard.info();
     let mut problems = Vec::new();
-    for key in shard::REQUIRED_METADATA_KEYS {
+    for key in REQUIRED_METADATA_KEYS {
         if !info.metadata.iter().any(|(k, _)| k == key) {
             problems.push(Problem::MissingMetadata {
                 path: path.to_path_buf(),
@@ -798,14 +786,12 @@ fn scan_shard(path: &Path, dataset: &str) -> Result<ShardScan, Problem> {
         });
     }
 
-    let file = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .and_then(|b| b.with_batch_size(SCAN_BATCH_ROWS).build())
-        .map_err(|e| unreadable(e.to_string()))?;
+    // Every column is decoded, so a damaged page anywhere makes the shard unreadable.
     let mut keys = Vec::new();
-    for batch in reader {
-        let batch = batch.map_err(|e| unreadable(e.to_string()))?;
-        scan_batch(path, dataset, &batch, &mut keys, &mut problems).map_err(unreadable)?;
+    for batch in shard.batches(None).map_err(|e| unreadable(e.detail()))? {
+        let batch = batch.map_err(|e| unreadable(e.detail()))?;
+        scan_batch(path, dataset, &batch, &mut keys, &mut problems)
+            .map_err(|e| unreadable(e.detail()))?;
     }
     if keys.len() as u64 != info.rows {
         return Err(unreadable(format!(
@@ -817,13 +803,6 @@ fn scan_shard(path: &Path, dataset: &str) -> Result<ShardScan, Problem> {
     Ok(ShardScan { keys, problems })
 }
 
-fn column<'a, T: 'static>(batch: &'a RecordBatch, name: &str) -> Result<&'a T, String> {
-    batch
-        .column_by_name(name)
-        .and_then(|c| c.as_any().downcast_ref::<T>())
-        .ok_or_else(|| format!("column `{name}` does not decode as its SPEC §5 type"))
-}
-
 /// Checks one decoded batch's rows and appends their keys.
 fn scan_batch(
     path: &Path,
@@ -831,12 +810,12 @@ fn scan_batch(
     batch: &RecordBatch,
     keys: &mut Vec<Key>,
     problems: &mut Vec<Problem>,
-) -> Result<(), String> {
-    let ids = column::<StringArray>(batch, "id")?;
-    let datasets = column::<StringArray>(batch, "dataset")?;
-    let rows = column::<UInt64Array>(batch, "row")?;
-    let tokens = column::<UInt32Array>(batch, "completion_tokens")?;
-    let token_ids = column::<ListArray>(batch, "completion_token_ids")?;
+) -> Result<(), ShardError> {
+    let ids = reader::column::<StringArray>(path, batch, "id")?;
+    let datasets = reader::column::<StringArray>(path, batch, "dataset")?;
+    let rows = reader::column::<UInt64Array>(path, batch, "row")?;
+    let tokens = reader::column::<UInt32Array>(path, batch, "completion_tokens")?;
+    let token_ids = reader::column::<ListArray>(path, batch, "completion_token_ids")?;
     for i in 0..batch.num_rows() {
         let key = Key {
             row: rows.value(i),
@@ -871,7 +850,8 @@ fn scan_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::shard::{ShardLimits, ShardRow, ShardWriter};
+    use crate::output::shard::{ShardLimits, ShardRow};
+    use crate::output::writer::ShardWriter;
     use crate::store::queue::{Item, Outcome};
 
     fn item(id: &str) -> (u64, Item) {
@@ -897,7 +877,7 @@ mod tests {
     }
 
     fn metadata() -> Vec<(String, String)> {
-        shard::REQUIRED_METADATA_KEYS
+        REQUIRED_METADATA_KEYS
             .iter()
             .map(|k| (k.to_string(), "x".to_string()))
             .collect()

@@ -7,7 +7,9 @@
 use std::path::Path;
 use std::process::Command;
 
-use spool::output::shard::{self, ShardLimits, ShardRow, ShardWriter};
+use spool::output::schema;
+use spool::output::shard::{ShardLimits, ShardRow};
+use spool::output::writer::ShardWriter;
 
 fn rows() -> Vec<ShardRow> {
     vec![
@@ -72,13 +74,13 @@ fn rows() -> Vec<ShardRow> {
 fn shard_read_by_pyarrow_and_duckdb() {
     let dir = tempfile::tempdir().expect("tempdir");
     let metadata = vec![
-        (shard::META_VERSION.to_string(), "0.1.0-test".to_string()),
-        (shard::META_CONFIG_SHA256.to_string(), "0f".repeat(32)),
+        (schema::META_VERSION.to_string(), "0.1.0-test".to_string()),
+        (schema::META_CONFIG_SHA256.to_string(), "0f".repeat(32)),
         (
-            shard::META_SAMPLING.to_string(),
+            schema::META_SAMPLING.to_string(),
             r#"{"max_tokens":16,"temperature":0.0}"#.to_string(),
         ),
-        (shard::META_COUNT_SOURCE.to_string(), "server".to_string()),
+        (schema::META_COUNT_SOURCE.to_string(), "server".to_string()),
     ];
     let limits = ShardLimits {
         max_rows: 100,
@@ -130,7 +132,7 @@ fn shard_read_by_pyarrow_and_duckdb() {
     }
     assert_eq!(meta.len(), metadata.len(), "{meta:?}");
 
-    let names: Vec<String> = shard::schema()
+    let names: Vec<String> = schema::schema()
         .fields()
         .iter()
         .map(|f| f.name().clone())
