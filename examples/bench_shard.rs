@@ -14,7 +14,8 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
-use spool::output::shard::{ShardLimits, ShardWriter};
+use spool::output::shard::ShardLimits;
+use spool::output::writer::ShardWriter;
 use spool::store::row::ShardRow;
 use std::time::Instant;
 
@@ -128,7 +129,13 @@ fn main() -> anyhow::Result<()> {
         };
         let dir = out.join(format!("level-{level}"));
         let t = Instant::now();
-        let mut w = ShardWriter::create(&dir, i as u64, &limits, vec![])?;
+        let mut w = ShardWriter::create(
+            &dir,
+            i as u64,
+            &limits,
+            vec![],
+            &spool::knobs::Faults::default(),
+        )?;
         for chunk in data.chunks(64) {
             w.append(chunk)?;
         }

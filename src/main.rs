@@ -273,7 +273,7 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
             Ok(exit::OK)
         }
         Command::Show { shard, rows, width } => {
-            let all = spool::output::shard::read_rows(shard)?;
+            let all = spool::output::reader::read_rows(shard)?;
             for r in all.iter().take(*rows) {
                 let mut v = serde_json::to_value(r)?;
                 if *width > 0 {

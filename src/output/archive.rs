@@ -14,18 +14,22 @@
 //! recording exactly its rows as sharded. Hence:
 //!
 //! Invariant: every done item is either unsharded (no shard yet) or sharded (listed by an
-//! `S` record of exactly one shard file); a `part-*.parquet` file is complete and its rows are never written again.
+//! `S` record of exactly one shard file); a `part-*.parquet` file is complete and its rows
+//! are never written again.
 //!
 //! Rows handed to [`Archive::add`] are buffered in memory and converted to Arrow in
 //! batches of up to [`APPEND_BATCH_ROWS`] (one Parquet row group), not one small batch per
-//! group commit: per-batch Arrow/Parquet overhead was a visible share of the client's CPU
-//! at thousands of completions per second (issue 7). The buffer holds only rows already
-//! durable in the queue, so a crash loses nothing (recovery seeds the archive from the
-//! unsharded results), and a
-//! shard is sealed on the same limits as before: the buffer is written out before any
-//! limit is checked or the shard sealed.
+//! group commit, because per-batch Arrow/Parquet overhead is paid per call and completions
+//! arrive by the thousand per second. The buffer holds only rows already durable in the
+//! queue, so a crash loses nothing (recovery seeds the archive from the unsharded results),
+//! and it is written out before any limit is checked or the shard sealed, so shards close
+//! on the configured limits exactly.
 
-use crate::output::shard::{self, SealedShard, ShardError, ShardLimits, ShardWriter};
+use crate::knobs::Faults;
+use crate::output::reader;
+use crate::output::schema::META_COUNT_SOURCE;
+use crate::output::shard::{self, SealedShard, ShardError, ShardLimits};
+use crate::output::writer::{row_bytes, ShardWriter, ROW_GROUP_MAX_ROWS};
 use crate::store::queue::{Queue, QueueError, Repair, ShardedRow};
 use crate::store::row::ShardRow;
 use crate::upstream::CountSource;
@@ -47,6 +51,9 @@ pub enum ArchiveError {
     },
     #[error("shard {path} holds row {row} (id `{id}`), which the queue does not have waiting for a shard; refusing to guess (run `spool verify`)")]
     Inconsistent { path: PathBuf, row: u64, id: String },
+    /// [`Archive::seal`] was asked for a dataset with no open shard.
+    #[error("dataset `{dataset}` has no open shard to seal")]
+    NotOpen { dataset: String },
 }
 
 /// Repairs every dataset of a queue left torn by a failed write (see [`Queue::repair`]),
@@ -68,7 +75,7 @@ pub fn repair_queue(
         // first shard's is the one recorded.
         shards.sort();
         for (index, path) in shards {
-            for c in shard::read_counts(&path)? {
+            for c in reader::read_counts(&path)? {
                 in_shards.entry(c.row).or_insert(ShardedRow {
                     shard: index,
                     prompt_tokens: c.prompt_tokens,
@@ -114,20 +121,9 @@ pub struct Recovery {
 }
 
 /// Rows buffered per open shard before they are converted and appended (one row group).
-pub const APPEND_BATCH_ROWS: usize = crate::output::shard::ROW_GROUP_MAX_ROWS;
+pub const APPEND_BATCH_ROWS: usize = ROW_GROUP_MAX_ROWS;
 /// ... or once their text and ids reach this many bytes, whichever first.
 const APPEND_BATCH_BYTES: usize = 8 << 20;
-
-/// Text and id bytes of a row: what buffering it costs, roughly.
-fn row_bytes(r: &ShardRow) -> usize {
-    r.id.len()
-        + r.prompt.len()
-        + r.completion.len()
-        + r.messages.as_ref().map_or(0, String::len)
-        + 4 * (r.prompt_token_ids.as_ref().map_or(0, Vec::len)
-            + r.completion_token_ids.as_ref().map_or(0, Vec::len))
-        + 64
-}
 
 struct Open {
     writer: ShardWriter,
@@ -160,6 +156,8 @@ pub struct Archive {
     limits: ShardLimits,
     datasets: HashMap<u16, ArchiveDataset>,
     open: HashMap<u16, Open>,
+    /// Test-harness fault points, given to every shard writer.
+    faults: Faults,
 }
 
 /// What the archive knows of a dataset: its folder name and its shards' metadata.
@@ -177,6 +175,7 @@ impl Archive {
         output_dir: &Path,
         limits: ShardLimits,
         datasets: HashMap<u16, ArchiveDataset>,
+        faults: &Faults,
     ) -> Self {
         Self {
             queue,
@@ -184,6 +183,7 @@ impl Archive {
             limits,
             datasets,
             open: HashMap::new(),
+            faults: *faults,
         }
     }
 
@@ -216,7 +216,7 @@ impl Archive {
         }
         unrecorded.sort();
         for (index, path) in unrecorded {
-            let keys = shard::read_keys(&path)?;
+            let keys = reader::read_keys(&path)?;
             let mut rows = Vec::with_capacity(keys.len());
             for (id, row) in keys {
                 if !self.queue.is_unsharded(ds, row)? {
@@ -232,6 +232,32 @@ impl Archive {
         Ok(rec)
     }
 
+    /// A new shard for dataset `ds`, numbered by the queue's `next_shard`, its metadata
+    /// stamped with where `source` says the rows' token counts came from.
+    fn open_shard(&self, ds: u16, source: Option<CountSource>) -> Result<Open, ArchiveError> {
+        let index = self.queue.state(ds).map(|s| s.next_shard).unwrap_or(0);
+        let mut meta = self
+            .datasets
+            .get(&ds)
+            .map(|d| d.metadata.clone())
+            .unwrap_or_default();
+        if let Some(src) = source {
+            let v = serde_json::to_value(src).unwrap_or_default();
+            meta.push((
+                META_COUNT_SOURCE.into(),
+                v.as_str().unwrap_or("").to_string(),
+            ));
+        }
+        let writer = ShardWriter::create(&self.dir(ds), index, &self.limits, meta, &self.faults)?;
+        Ok(Open {
+            writer,
+            pending: Vec::new(),
+            pending_bytes: 0,
+            rows: Vec::new(),
+            seen: Default::default(),
+        })
+    }
+
     /// Appends durable results; returns the shards sealed on the way. `source` says where
     /// the rows' token counts came from (stamped into the shard that opens for them).
     pub fn add(
@@ -243,39 +269,11 @@ impl Archive {
         let mut sealed = Vec::new();
         let mut rest = rows.into_iter().peekable();
         while rest.peek().is_some() {
-            if !self.open.contains_key(&ds) {
-                let index = self.queue.state(ds).map(|s| s.next_shard).unwrap_or(0);
-                let mut meta = self
-                    .datasets
-                    .get(&ds)
-                    .map(|d| d.metadata.clone())
-                    .unwrap_or_default();
-                if let Some(src) = source {
-                    let v = serde_json::to_value(src).unwrap_or_default();
-                    meta.push((
-                        "spool.count_source".into(),
-                        v.as_str().unwrap_or("").to_string(),
-                    ));
-                }
-                let writer = ShardWriter::create(&self.dir(ds), index, &self.limits, meta)?;
-                self.open.insert(
-                    ds,
-                    Open {
-                        writer,
-                        pending: Vec::new(),
-                        pending_bytes: 0,
-                        rows: Vec::new(),
-                        seen: Default::default(),
-                    },
-                );
-            }
-            let Some(open) = self.open.get_mut(&ds) else {
-                return Err(QueueError::Corrupt {
-                    key: format!("shard of {ds}"),
-                    detail: "no open shard after opening one".into(),
-                }
-                .into());
+            let open = match self.open.remove(&ds) {
+                Some(open) => open,
+                None => self.open_shard(ds, source)?,
             };
+            let open = self.open.entry(ds).or_insert(open);
             // Respect max_rows exactly: take only what fits.
             let room = self.limits.max_rows.saturating_sub(open.rows.len()).max(1);
             let mut taken = 0;
@@ -310,13 +308,13 @@ impl Archive {
         Ok(sealed)
     }
 
-    /// Closes a dataset's open shard, if any (end of run, shutdown).
+    /// Closes a dataset's open shard (end of run, shutdown).
     pub fn seal(&mut self, ds: u16) -> Result<SealedShard, ArchiveError> {
-        let open = self.open.remove(&ds).ok_or_else(|| QueueError::Corrupt {
-            key: format!("shard of {ds}"),
-            detail: "no open shard".into(),
-        })?;
-        let mut open = open;
+        let Some(mut open) = self.open.remove(&ds) else {
+            return Err(ArchiveError::NotOpen {
+                dataset: self.name(ds).to_string(),
+            });
+        };
         open.append_pending()?;
         let sealed = open.writer.finish()?;
         self.queue.mark_sharded(ds, sealed.index, &open.rows)?;
@@ -381,7 +379,7 @@ mod tests {
             },
         )]);
         let out = tmp.path().join("out");
-        let mut archive = Archive::new(queue, &out, limits, datasets);
+        let mut archive = Archive::new(queue, &out, limits, datasets, &Faults::default());
         let mut sealed = Vec::new();
         for chunk in (0..7u64).collect::<Vec<_>>().chunks(2) {
             let rows = chunk.iter().map(|&i| row(i)).collect();
@@ -397,12 +395,36 @@ mod tests {
         let mut all = Vec::new();
         for s in &sealed {
             all.extend(
-                shard::read_rows(&s.path)
+                reader::read_rows(&s.path)
                     .unwrap()
                     .into_iter()
                     .map(|r| r.row),
             );
         }
         assert_eq!(all, (0..7).collect::<Vec<_>>());
+    }
+
+    /// Sealing a dataset with no open shard is refused as exactly that, naming the dataset.
+    #[test]
+    fn sealing_without_an_open_shard_names_the_dataset() {
+        let tmp = tempfile::tempdir().unwrap();
+        let queue = Arc::new(Queue::open(&tmp.path().join("q")).unwrap());
+        let ds = queue.open_dataset("d").unwrap().index;
+        let datasets = HashMap::from([(
+            ds,
+            ArchiveDataset {
+                name: "d".into(),
+                metadata: Vec::new(),
+            },
+        )]);
+        let out = tmp.path().join("out");
+        let limits = ShardLimits::default();
+        let mut archive = Archive::new(queue, &out, limits, datasets, &Faults::default());
+        let err = archive.seal(ds).unwrap_err();
+        assert!(
+            matches!(&err, ArchiveError::NotOpen { dataset } if dataset == "d"),
+            "{err}"
+        );
+        assert!(archive.seal_all().unwrap().is_empty());
     }
 }

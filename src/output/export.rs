@@ -1,4 +1,4 @@
-//! `spool export`: the shards in the forms drafter-training tools read (SPEC §1).
+//! `spool export`: the shards in the forms drafter-training tools read.
 //!
 //! - `sharegpt`: JSONL, one line per completed item,
 //!   `{"id", "dataset", "conversations": [...input turns, {"role": "assistant", "content": completion}]}`.
@@ -13,8 +13,8 @@
 //!   Rows without ids (no `[tokenizer]` in the run) cannot be exported in this form; they
 //!   are counted and reported.
 //!
-//! Streaming: shards are read one at a time, 1024 rows per batch, with only the columns
-//! the format needs decoded; the output is written as it goes (Parquet row groups of at
+//! Streaming: shards are read one at a time through the shard reader, batch by batch, with
+//! only the columns the format needs decoded; the output is written as it goes (Parquet row groups of at
 //! most [`ROW_GROUP_ROWS`] rows), so memory does not grow with the number of shards.
 //! Order: datasets in config order, shards in index order, rows in shard order. The output
 //! is written under a temporary name next to `--out` and renamed when complete, so a
@@ -22,15 +22,13 @@
 //! export may run while `spool run` is still writing.
 
 use crate::config::Config;
-use crate::output::shard::{parse_shard_index, read_info};
-use anyhow::{bail, Context, Result};
+use crate::output::reader::{column, ids_at, ShardReader};
+use crate::output::shard::parse_shard_index;
+use anyhow::{anyhow, bail, Context, Result};
 use arrow_array::builder::{Int32Builder, ListBuilder, StringBuilder, UInt8Builder};
-use arrow_array::cast::AsArray;
-use arrow_array::types::UInt32Type;
 use arrow_array::{Array, ArrayRef, ListArray, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::arrow::{ArrowWriter, ProjectionMask};
+use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use serde_json::{json, Value};
@@ -41,8 +39,6 @@ use std::sync::Arc;
 
 /// Rows per row group of a `tokens` file.
 pub const ROW_GROUP_ROWS: usize = 4096;
-/// Rows per batch read from a shard.
-const READ_BATCH_ROWS: usize = 1024;
 
 /// The output form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -99,54 +95,32 @@ fn shards_of(output_dir: &Path, dataset: &str) -> Result<Vec<PathBuf>> {
     Ok(v.into_iter().map(|(_, p)| p).collect())
 }
 
-/// Reads the `columns` of a shard batch by batch (schema checked first).
+/// Reads the `columns` of a shard batch by batch (schema checked first). Past the footer,
+/// errors name the file in export's own words, with the reader's cause.
 fn read_columns(
     path: &Path,
     columns: &[&str],
     mut f: impl FnMut(&RecordBatch) -> Result<()>,
 ) -> Result<()> {
-    read_info(path)?;
-    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+    let batches = ShardReader::open_checked(path)?
+        .batches(Some(columns))
+        .map_err(|e| anyhow!(e.detail()))
         .with_context(|| format!("cannot read {}", path.display()))?;
-    let roots: Vec<usize> = columns
-        .iter()
-        .map(|c| builder.schema().index_of(c))
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("{}: missing column", path.display()))?;
-    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-    let reader = builder
-        .with_projection(mask)
-        .with_batch_size(READ_BATCH_ROWS)
-        .build()
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    for batch in reader {
-        let batch = batch.with_context(|| format!("cannot decode {}", path.display()))?;
+    for batch in batches {
+        let batch = batch
+            .map_err(|e| anyhow!(e.detail()))
+            .with_context(|| format!("cannot decode {}", path.display()))?;
         f(&batch)?;
     }
     Ok(())
 }
 
 fn strings<'a>(path: &Path, b: &'a RecordBatch, name: &str) -> Result<&'a StringArray> {
-    b.column_by_name(name)
-        .and_then(|c| c.as_string_opt::<i32>())
-        .with_context(|| format!("{}: column `{name}` is not a string", path.display()))
+    Ok(column::<StringArray>(path, b, name)?)
 }
 
 fn lists<'a>(path: &Path, b: &'a RecordBatch, name: &str) -> Result<&'a ListArray> {
-    b.column_by_name(name)
-        .and_then(|c| c.as_list_opt::<i32>())
-        .with_context(|| format!("{}: column `{name}` is not a list", path.display()))
-}
-
-/// Ids of row `i` of a list<uint32> column, `None` when null.
-fn ids_at(list: &ListArray, i: usize) -> Option<Vec<u32>> {
-    if list.is_null(i) {
-        return None;
-    }
-    let v = list.value(i);
-    v.as_primitive_opt::<UInt32Type>()
-        .map(|a| a.values().to_vec())
+    Ok(column::<ListArray>(path, b, name)?)
 }
 
 /// One `sharegpt` line: the input turns plus the completion as the assistant turn.
@@ -335,7 +309,7 @@ fn export_tokens(cfg: &Config, names: &[&str], tmp: &Path) -> Result<ExportRepor
                     let prompt = lists(&shard, b, "prompt_token_ids")?;
                     let completion = lists(&shard, b, "completion_token_ids")?;
                     for i in 0..b.num_rows() {
-                        match (ids_at(prompt, i), ids_at(completion, i)) {
+                        match (ids_at(&shard, prompt, i)?, ids_at(&shard, completion, i)?) {
                             (Some(p), Some(c)) => {
                                 w.push(id.value(i), name, &p, &c)?;
                                 report.rows += 1;
@@ -362,6 +336,8 @@ fn export_tokens(cfg: &Config, names: &[&str], tmp: &Path) -> Result<ExportRepor
 mod tests {
     use super::*;
 
+    /// A `sharegpt` line is the stored input turns (or the prompt as one user turn) plus the
+    /// completion as the assistant turn; messages that are not JSON are an error.
     #[test]
     fn sharegpt_lines_append_the_completion() {
         let m = r#"[{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]"#;
@@ -380,6 +356,7 @@ mod tests {
         assert!(sharegpt_line("c", "d", "p", Some("{"), "x").is_err());
     }
 
+    /// The export is written under a hidden temporary name beside `--out`.
     #[test]
     fn temp_file_is_hidden_next_to_the_output() {
         assert_eq!(

@@ -1,9 +1,12 @@
 //! Stage 5, output: committed results become zstd Parquet shards; the same shards are read
-//! back by `verify`, `export` and `show`.
+//! back by `spool show`, `verify` and `export` through the one [`reader`].
 //!
 //! Invariant: a shard is visible under its final name only once it is complete and synced.
 
 pub mod archive;
 pub mod export;
+pub mod reader;
+pub mod schema;
 pub mod shard;
 pub mod verify;
+pub mod writer;

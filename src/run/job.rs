@@ -309,7 +309,13 @@ async fn run_job(
 
     // Shards: adopt what a crash left finished, drop what it left half written (before
     // any request; intake does not touch results or shards).
-    let mut archive = Archive::new(queue.clone(), &cfg.output_dir, limits, arch_datasets);
+    let mut archive = Archive::new(
+        queue.clone(),
+        &cfg.output_dir,
+        limits,
+        arch_datasets,
+        &crate::knobs::Knobs::from_env().faults,
+    );
     for &ds in &ds_of {
         let rec = archive
             .recover(ds)

@@ -133,7 +133,8 @@ async fn each_api_streaming_and_not_fills_every_column() {
             assert!(plain.iter().all(|r| r.dataset == "plain"));
             // 30 rows at max_rows = 25: two shards.
             assert_eq!(shard_files(&out, "plain").len(), 2);
-            let meta = spool::output::shard::read_metadata(&shard_files(&out, "plain")[0]).unwrap();
+            let meta =
+                spool::output::reader::read_metadata(&shard_files(&out, "plain")[0]).unwrap();
             let keys: Vec<&str> = meta.iter().map(|(k, _)| k.as_str()).collect();
             for k in [
                 "spool.version",

@@ -7,7 +7,9 @@
 use std::path::Path;
 use std::process::Command;
 
-use spool::output::shard::{self, ShardLimits, ShardWriter};
+use spool::output::schema;
+use spool::output::shard::ShardLimits;
+use spool::output::writer::ShardWriter;
 use spool::store::row::ShardRow;
 
 fn rows() -> Vec<ShardRow> {
@@ -73,13 +75,13 @@ fn rows() -> Vec<ShardRow> {
 fn shard_read_by_pyarrow_and_duckdb() {
     let dir = tempfile::tempdir().expect("tempdir");
     let metadata = vec![
-        (shard::META_VERSION.to_string(), "0.1.0-test".to_string()),
-        (shard::META_CONFIG_SHA256.to_string(), "0f".repeat(32)),
+        (schema::META_VERSION.to_string(), "0.1.0-test".to_string()),
+        (schema::META_CONFIG_SHA256.to_string(), "0f".repeat(32)),
         (
-            shard::META_SAMPLING.to_string(),
+            schema::META_SAMPLING.to_string(),
             r#"{"max_tokens":16,"temperature":0.0}"#.to_string(),
         ),
-        (shard::META_COUNT_SOURCE.to_string(), "server".to_string()),
+        (schema::META_COUNT_SOURCE.to_string(), "server".to_string()),
     ];
     let limits = ShardLimits {
         max_rows: 100,
@@ -87,7 +89,14 @@ fn shard_read_by_pyarrow_and_duckdb() {
         compression_level: 9,
     };
     let written = rows();
-    let mut writer = ShardWriter::create(dir.path(), 0, &limits, metadata.clone()).expect("create");
+    let mut writer = ShardWriter::create(
+        dir.path(),
+        0,
+        &limits,
+        metadata.clone(),
+        &spool::knobs::Faults::default(),
+    )
+    .expect("create");
     writer.append(&written).expect("append");
     let sealed = writer.finish().expect("finish");
 
@@ -124,7 +133,7 @@ fn shard_read_by_pyarrow_and_duckdb() {
     }
     assert_eq!(meta.len(), metadata.len(), "{meta:?}");
 
-    let names: Vec<String> = shard::schema()
+    let names: Vec<String> = schema::schema()
         .fields()
         .iter()
         .map(|f| f.name().clone())

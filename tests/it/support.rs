@@ -203,7 +203,7 @@ pub fn shard_files(out: &Path, dataset: &str) -> Vec<PathBuf> {
 pub fn shard_rows(out: &Path, dataset: &str) -> Vec<ShardRow> {
     shard_files(out, dataset)
         .iter()
-        .flat_map(|p| spool::output::shard::read_rows(p).unwrap())
+        .flat_map(|p| spool::output::reader::read_rows(p).unwrap())
         .collect()
 }
 

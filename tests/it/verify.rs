@@ -3,8 +3,10 @@
 //! named, in the library and through the real binary's exit code and output.
 
 use crate::support::*;
-use spool::output::shard::{self, ShardLimits, ShardWriter};
+use spool::output::reader;
+use spool::output::shard::{self, ShardLimits};
 use spool::output::verify::{verify, Problem, VerifyReport};
+use spool::output::writer::ShardWriter;
 use spool::store::queue::Queue;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -74,7 +76,7 @@ async fn a_clean_run_verifies_clean() {
 async fn a_deleted_shard_leaves_done_items_in_no_shard() {
     let (dir, cfg) = finished_run().await;
     let victim = shard(&dir, 1);
-    let keys: BTreeSet<(u64, String)> = shard::read_keys(&victim)
+    let keys: BTreeSet<(u64, String)> = reader::read_keys(&victim)
         .unwrap()
         .into_iter()
         .map(|(id, row)| (row, id))
@@ -204,15 +206,21 @@ async fn stray_and_temporary_files_are_reported() {
 async fn a_token_count_mismatch_is_found() {
     let (dir, cfg) = finished_run().await;
     let victim = shard(&dir, 0);
-    let mut rows = shard::read_rows(&victim).unwrap();
-    let meta = shard::read_metadata(&victim).unwrap();
+    let mut rows = reader::read_rows(&victim).unwrap();
+    let meta = reader::read_metadata(&victim).unwrap();
     let bad = &mut rows[3];
     let n = bad.completion_tokens as usize;
     bad.completion_token_ids = Some(vec![1; n + 2]);
     let (bad_row, bad_id) = (bad.row, bad.id.clone());
     std::fs::remove_file(&victim).unwrap();
-    let mut w =
-        ShardWriter::create(&dir.path().join("out/a"), 0, &ShardLimits::default(), meta).unwrap();
+    let mut w = ShardWriter::create(
+        &dir.path().join("out/a"),
+        0,
+        &ShardLimits::default(),
+        meta,
+        &spool::knobs::Faults::default(),
+    )
+    .unwrap();
     w.append(&rows).unwrap();
     w.finish().unwrap();
 

@@ -1,4 +1,4 @@
-//! `spool verify`: checks the output folders against the queue (SPEC §1, §5).
+//! `spool verify`: checks the output folders against the queue.
 //!
 //! For every dataset (those of the config, then any other the queue knows) it lists
 //! `output_dir/<dataset>/` and checks:
@@ -6,8 +6,8 @@
 //! - the folder holds only `part-NNNNNN.parquet` shards and `_rejected.jsonl`: a writer's
 //!   temporary file (`.part-NNNNNN.parquet.tmp`, left by a crash) or anything else is a
 //!   [`Problem::StrayFile`];
-//! - every shard opens, has exactly the SPEC §5 schema, the required key-value metadata
-//!   ([`shard::REQUIRED_METADATA_KEYS`]) and zstd column chunks, and decodes to the end
+//! - every shard opens, has exactly the shard schema, the required key-value metadata
+//!   ([`REQUIRED_METADATA_KEYS`]) and zstd column chunks, and decodes to the end
 //!   (every column is decoded, not only the ones checked below);
 //! - every row: its `dataset` column names the folder's dataset, its `id` is the one the
 //!   queue enqueued at that `row`, and when `completion_token_ids` is present its length
@@ -38,19 +38,19 @@
 //! The verifier only reads: it never repairs (that is `spool run`'s recovery).
 
 use crate::config::Config;
+use crate::output::reader::{self, ShardReader};
+use crate::output::schema::REQUIRED_METADATA_KEYS;
 use crate::output::shard::{self, ShardError};
 use crate::store::queue::{DatasetState, Queue, QueueError};
 use arrow_array::{Array, ListArray, RecordBatch, StringArray, UInt32Array, UInt64Array};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use std::collections::{BTreeMap, HashSet};
-use std::fmt;
 use std::path::{Path, PathBuf};
+
+mod problem;
+pub use problem::Problem;
 
 /// The one non-shard file a dataset folder may hold (written by intake).
 pub const REJECTED_FILE: &str = "_rejected.jsonl";
-
-/// Rows per record batch while scanning a shard (bounds memory per shard read).
-const SCAN_BATCH_ROWS: usize = 1024;
 
 /// Marks a sharded item not (yet) found in any shard.
 const NOT_FOUND: u64 = u64::MAX;
@@ -66,307 +66,6 @@ pub enum VerifyError {
         path: PathBuf,
         source: std::io::Error,
     },
-}
-
-/// One inconsistency between the shards and the queue. Each names the file, dataset, row
-/// and id involved so the user can find it; the `Display` is one line.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Problem {
-    /// A shard cannot be opened or decoded (truncated, corrupt, unreadable).
-    UnreadableShard { path: PathBuf, error: String },
-    /// A shard's columns are not SPEC §5's.
-    SchemaDrift { path: PathBuf, detail: String },
-    /// A shard lacks a key-value metadata entry every shard must carry.
-    MissingMetadata { path: PathBuf, key: String },
-    /// A shard has column chunks not compressed with zstd.
-    NotZstd { path: PathBuf },
-    /// A file in a dataset folder that is neither a shard nor `_rejected.jsonl`
-    /// (including a writer's temporary file left by a crash).
-    StrayFile { path: PathBuf },
-    /// A shard numbered at or past the dataset's `next_shard`: renamed, but the queue was
-    /// not updated (a crash in between). `adoptable`: its rows are all waiting in the
-    /// queue, so the next `spool run` adopts it; otherwise that run refuses to start.
-    UnrecordedShard {
-        path: PathBuf,
-        next_shard: u64,
-        adoptable: bool,
-    },
-    /// A shard the queue records rows in does not exist.
-    MissingShard { path: PathBuf, rows: u64 },
-    /// The queue says the item is done and in shard `recorded`, but no readable shard
-    /// holds it.
-    DoneButInNoShard {
-        dataset: String,
-        row: u64,
-        id: String,
-        recorded: PathBuf,
-    },
-    /// The item is in more than one shard row.
-    Duplicate {
-        dataset: String,
-        row: u64,
-        id: String,
-        places: Vec<PathBuf>,
-    },
-    /// A shard row the queue does not have as sharded; `queue_state` says what the queue
-    /// has instead.
-    NotInQueue {
-        path: PathBuf,
-        row: u64,
-        id: String,
-        queue_state: &'static str,
-    },
-    /// The item is in one shard, but not the one the queue recorded.
-    WrongShard {
-        dataset: String,
-        row: u64,
-        id: String,
-        recorded: PathBuf,
-        found: PathBuf,
-    },
-    /// A row whose `dataset` column is not the dataset of the folder it is in.
-    WrongDataset {
-        path: PathBuf,
-        row: u64,
-        id: String,
-        found: String,
-    },
-    /// A row whose id is not the one the queue enqueued at that row (`queue_row`: where
-    /// the queue has that id, if anywhere).
-    IdMismatch {
-        path: PathBuf,
-        row: u64,
-        id: String,
-        /// The id of the queue's item at that row, if it has one.
-        queue_id: Option<String>,
-    },
-    /// `completion_token_ids` does not hold `completion_tokens` ids.
-    TokenCountMismatch {
-        path: PathBuf,
-        row: u64,
-        id: String,
-        completion_tokens: u32,
-        ids_len: usize,
-    },
-    /// An enqueued item in no state at all (neither pending, done nor failed): a torn write
-    /// lost it.
-    Stateless {
-        dataset: String,
-        row: u64,
-        id: String,
-    },
-    /// The queue holds what a failed write left (its `needs-repair` marker).
-    NeedsRepair { path: PathBuf },
-    /// A durable counter of the queue differs from what the scan counted.
-    CounterMismatch {
-        dataset: String,
-        what: &'static str,
-        counter: u64,
-        counted: u64,
-    },
-}
-
-impl Problem {
-    /// The file the problem is about, when it is about one file.
-    pub fn path(&self) -> Option<&Path> {
-        match self {
-            Problem::UnreadableShard { path, .. }
-            | Problem::SchemaDrift { path, .. }
-            | Problem::MissingMetadata { path, .. }
-            | Problem::NotZstd { path }
-            | Problem::StrayFile { path }
-            | Problem::UnrecordedShard { path, .. }
-            | Problem::MissingShard { path, .. }
-            | Problem::NotInQueue { path, .. }
-            | Problem::WrongDataset { path, .. }
-            | Problem::IdMismatch { path, .. }
-            | Problem::TokenCountMismatch { path, .. }
-            | Problem::NeedsRepair { path } => Some(path),
-            Problem::DoneButInNoShard { recorded, .. } => Some(recorded),
-            Problem::WrongShard { found, .. } => Some(found),
-            Problem::Duplicate { .. }
-            | Problem::CounterMismatch { .. }
-            | Problem::Stateless { .. } => None,
-        }
-    }
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Problem::UnreadableShard { path, error } => {
-                write!(f, "{}: unreadable shard: {error}", path.display())
-            }
-            Problem::SchemaDrift { path, detail } => write!(
-                f,
-                "{}: schema differs from SPEC §5: {detail}",
-                path.display()
-            ),
-            Problem::MissingMetadata { path, key } => {
-                write!(f, "{}: metadata key `{key}` is missing", path.display())
-            }
-            Problem::NotZstd { path } => write!(
-                f,
-                "{}: some column chunks are not zstd-compressed",
-                path.display()
-            ),
-            Problem::StrayFile { path } => {
-                let name = path
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                if shard::is_temp_file(&name) {
-                    write!(
-                        f,
-                        "{}: stray file: a shard writer's temporary file left by a crash \
-                         (the next `spool run` deletes it)",
-                        path.display()
-                    )
-                } else {
-                    write!(
-                        f,
-                        "{}: stray file: neither a part-NNNNNN.parquet shard nor {REJECTED_FILE}",
-                        path.display()
-                    )
-                }
-            }
-            Problem::UnrecordedShard {
-                path,
-                next_shard,
-                adoptable,
-            } => {
-                write!(
-                    f,
-                    "{}: shard not recorded in the queue (its next_shard is {next_shard}): \
-                     a run stopped between the rename and the queue update; ",
-                    path.display()
-                )?;
-                if *adoptable {
-                    write!(f, "the next `spool run` adopts it")
-                } else {
-                    write!(
-                        f,
-                        "its rows are not all waiting for a shard, so `spool run` will refuse it \
-                         (see the other problems for its rows)"
-                    )
-                }
-            }
-            Problem::MissingShard { path, rows } => write!(
-                f,
-                "{}: missing: the queue records {rows} row(s) in this shard",
-                path.display()
-            ),
-            Problem::DoneButInNoShard {
-                dataset,
-                row,
-                id,
-                recorded,
-            } => write!(
-                f,
-                "{dataset}: row {row} (id `{id}`) is done and recorded in {}, but no readable \
-                 shard holds it",
-                recorded.display()
-            ),
-            Problem::Duplicate {
-                dataset,
-                row,
-                id,
-                places,
-            } => {
-                let places: Vec<String> = places.iter().map(|p| p.display().to_string()).collect();
-                write!(
-                    f,
-                    "{dataset}: row {row} (id `{id}`) is in {} shard rows: {}",
-                    places.len(),
-                    places.join(", ")
-                )
-            }
-            Problem::NotInQueue {
-                path,
-                row,
-                id,
-                queue_state,
-            } => write!(
-                f,
-                "{}: row {row} (id `{id}`) is not recorded as sharded in the queue, which has it \
-                 {queue_state}",
-                path.display()
-            ),
-            Problem::WrongShard {
-                dataset,
-                row,
-                id,
-                recorded,
-                found,
-            } => write!(
-                f,
-                "{dataset}: row {row} (id `{id}`) is in {} but the queue records it in {}",
-                found.display(),
-                recorded.display()
-            ),
-            Problem::WrongDataset {
-                path,
-                row,
-                id,
-                found,
-            } => write!(
-                f,
-                "{}: row {row} (id `{id}`) belongs to dataset `{found}`",
-                path.display()
-            ),
-            Problem::IdMismatch {
-                path,
-                row,
-                id,
-                queue_id,
-            } => match queue_id {
-                Some(q) => write!(
-                    f,
-                    "{}: row {row} has id `{id}`, but the queue's item at row {row} is `{q}`",
-                    path.display()
-                ),
-                None => write!(
-                    f,
-                    "{}: row {row} has id `{id}`, but the queue has no item at row {row}",
-                    path.display()
-                ),
-            },
-            Problem::TokenCountMismatch {
-                path,
-                row,
-                id,
-                completion_tokens,
-                ids_len,
-            } => write!(
-                f,
-                "{}: row {row} (id `{id}`): completion_tokens is {completion_tokens} but \
-                 completion_token_ids holds {ids_len} ids",
-                path.display()
-            ),
-            Problem::CounterMismatch {
-                dataset,
-                what,
-                counter,
-                counted,
-            } => write!(
-                f,
-                "{dataset}: queue counter `{what}` is {counter} but the queue records and shards \
-                 hold {counted}"
-            ),
-            Problem::Stateless { dataset, row, id } => write!(
-                f,
-                "{dataset}: row {row} (id `{id}`) is enqueued but neither pending, done nor \
-                 failed (a failed write lost it; `spool run` repairs the queue when it left its \
-                 marker)"
-            ),
-            Problem::NeedsRepair { path } => write!(
-                f,
-                "{}: a queue write failed in the last run and may have left half a batch; the \
-                 next `spool run` repairs the queue before anything else",
-                path.display()
-            ),
-        }
-    }
 }
 
 /// What was checked for one dataset.
@@ -755,17 +454,6 @@ fn list_shards(dir: &Path, problems: &mut Vec<Problem>) -> Result<Vec<u64>, Veri
     Ok(shards)
 }
 
-/// The message of a shard error without the path (the problem names the file).
-fn shard_error_detail(e: &ShardError) -> String {
-    match e {
-        ShardError::Io { source, .. } => source.to_string(),
-        ShardError::Parquet { source, .. } => source.to_string(),
-        ShardError::Arrow { source, .. } => source.to_string(),
-        ShardError::Schema { detail, .. } | ShardError::Invalid { detail, .. } => detail.clone(),
-        other => other.to_string(),
-    }
-}
-
 /// Reads one shard to the end, checking its footer and every row. `Err`: the shard as a
 /// whole is unusable (none of its rows count as found).
 fn scan_shard(path: &Path, dataset: &str) -> Result<ShardScan, Problem> {
@@ -773,18 +461,19 @@ fn scan_shard(path: &Path, dataset: &str) -> Result<ShardScan, Problem> {
         path: path.to_path_buf(),
         error,
     };
-    let info = match shard::read_info(path) {
-        Ok(i) => i,
+    let shard = match ShardReader::open_checked(path) {
+        Ok(r) => r,
         Err(ShardError::Schema { detail, .. }) => {
             return Err(Problem::SchemaDrift {
                 path: path.to_path_buf(),
                 detail,
             })
         }
-        Err(e) => return Err(unreadable(shard_error_detail(&e))),
+        Err(e) => return Err(unreadable(e.detail())),
     };
+    let info = shard.info();
     let mut problems = Vec::new();
-    for key in shard::REQUIRED_METADATA_KEYS {
+    for key in REQUIRED_METADATA_KEYS {
         if !info.metadata.iter().any(|(k, _)| k == key) {
             problems.push(Problem::MissingMetadata {
                 path: path.to_path_buf(),
@@ -798,14 +487,12 @@ fn scan_shard(path: &Path, dataset: &str) -> Result<ShardScan, Problem> {
         });
     }
 
-    let file = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .and_then(|b| b.with_batch_size(SCAN_BATCH_ROWS).build())
-        .map_err(|e| unreadable(e.to_string()))?;
+    // Every column is decoded, so a damaged page anywhere makes the shard unreadable.
     let mut keys = Vec::new();
-    for batch in reader {
-        let batch = batch.map_err(|e| unreadable(e.to_string()))?;
-        scan_batch(path, dataset, &batch, &mut keys, &mut problems).map_err(unreadable)?;
+    for batch in shard.batches(None).map_err(|e| unreadable(e.detail()))? {
+        let batch = batch.map_err(|e| unreadable(e.detail()))?;
+        scan_batch(path, dataset, &batch, &mut keys, &mut problems)
+            .map_err(|e| unreadable(e.detail()))?;
     }
     if keys.len() as u64 != info.rows {
         return Err(unreadable(format!(
@@ -817,13 +504,6 @@ fn scan_shard(path: &Path, dataset: &str) -> Result<ShardScan, Problem> {
     Ok(ShardScan { keys, problems })
 }
 
-fn column<'a, T: 'static>(batch: &'a RecordBatch, name: &str) -> Result<&'a T, String> {
-    batch
-        .column_by_name(name)
-        .and_then(|c| c.as_any().downcast_ref::<T>())
-        .ok_or_else(|| format!("column `{name}` does not decode as its SPEC §5 type"))
-}
-
 /// Checks one decoded batch's rows and appends their keys.
 fn scan_batch(
     path: &Path,
@@ -831,12 +511,12 @@ fn scan_batch(
     batch: &RecordBatch,
     keys: &mut Vec<Key>,
     problems: &mut Vec<Problem>,
-) -> Result<(), String> {
-    let ids = column::<StringArray>(batch, "id")?;
-    let datasets = column::<StringArray>(batch, "dataset")?;
-    let rows = column::<UInt64Array>(batch, "row")?;
-    let tokens = column::<UInt32Array>(batch, "completion_tokens")?;
-    let token_ids = column::<ListArray>(batch, "completion_token_ids")?;
+) -> Result<(), ShardError> {
+    let ids = reader::column::<StringArray>(path, batch, "id")?;
+    let datasets = reader::column::<StringArray>(path, batch, "dataset")?;
+    let rows = reader::column::<UInt64Array>(path, batch, "row")?;
+    let tokens = reader::column::<UInt32Array>(path, batch, "completion_tokens")?;
+    let token_ids = reader::column::<ListArray>(path, batch, "completion_token_ids")?;
     for i in 0..batch.num_rows() {
         let key = Key {
             row: rows.value(i),
@@ -871,7 +551,8 @@ fn scan_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::shard::{ShardLimits, ShardWriter};
+    use crate::output::shard::ShardLimits;
+    use crate::output::writer::ShardWriter;
     use crate::store::queue::{Item, Outcome};
     use crate::store::row::ShardRow;
 
@@ -898,15 +579,21 @@ mod tests {
     }
 
     fn metadata() -> Vec<(String, String)> {
-        shard::REQUIRED_METADATA_KEYS
+        REQUIRED_METADATA_KEYS
             .iter()
             .map(|k| (k.to_string(), "x".to_string()))
             .collect()
     }
 
     fn write_shard(dir: &Path, index: u64, rows: &[ShardRow]) {
-        let mut w = ShardWriter::create(&dir.join("a"), index, &ShardLimits::default(), metadata())
-            .unwrap();
+        let mut w = ShardWriter::create(
+            &dir.join("a"),
+            index,
+            &ShardLimits::default(),
+            metadata(),
+            &crate::knobs::Faults::default(),
+        )
+        .unwrap();
         w.append(rows).unwrap();
         w.finish().unwrap();
     }
