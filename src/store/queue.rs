@@ -1069,6 +1069,13 @@ impl Queue {
             .unwrap_or(false)
     }
 
+    /// Arms the injected torn commit for the `nth` commit from now (tests of the modules
+    /// that drive commits).
+    #[cfg(test)]
+    pub(crate) fn tear_commit_for_tests(&self, nth: u64) {
+        self.torn_commit_in.store(nth, Ordering::SeqCst);
+    }
+
     /// Where the queue lives.
     pub fn path(&self) -> &Path {
         &self.path
