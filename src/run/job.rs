@@ -5,8 +5,8 @@
 //! prompt tools → connect to and probe the servers → intake every dataset → checkpoint the
 //! queue after a big intake (while this job holds its only handle) → recover the output
 //! folder → start the archive thread, the committer, the monitor and the endpoint →
-//! dispatch. Shutdown ([`shutdown`](crate::run::shutdown)) runs in a fixed order on the
-//! signal, a fatal error, or when all is done.
+//! dispatch. Shutdown (`run::shutdown`) runs in a fixed order on the signal, a fatal error,
+//! or when all is done.
 //!
 //! Tasks: the dispatcher leases rows into request slots; one worker task per lease talks to
 //! a server with retries; the committer applies finished attempts in group commits and only
@@ -28,20 +28,19 @@ use crate::output::shard::{
 use crate::prompt::template::{ChatTemplate, PromptBuilder, Tokenizer};
 use crate::run::archiver::{output_failure, Archiver, Archiving};
 use crate::run::committer::{self, Committer};
-use crate::run::scheduler::{LaneSpec, Next, Scheduler};
+use crate::run::dispatcher::dispatch;
+use crate::run::scheduler::{LaneSpec, Scheduler};
 use crate::run::servers::Servers;
 use crate::run::shutdown::{shut_down, Running, Stop};
-use crate::run::worker::{work, Ctx};
+use crate::run::worker::Ctx;
 use crate::store::queue::Queue;
 use crate::upstream::{Upstream, UpstreamOptions};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 /// Items enqueued by one run past which the queue is checkpointed before dispatch
 /// ([`Queue::checkpoint`]): ~1.7 KB of sled log each, so ~170 MB (a fraction of a second to
@@ -184,7 +183,8 @@ async fn run_job(
         nonce: AtomicU64::new(0),
     });
     let (monitor, http) = job.observe(&ctx, &metrics, &queue, &sched).await?;
-    let requests = job.dispatch(&ctx, &sched, &servers).await?;
+    let concurrency = job.cfg.run.concurrency;
+    let requests = dispatch(&ctx, &sched, &servers, &job.stop.stop, concurrency).await?;
     let running = Running {
         requests,
         grace: Duration::from_secs_f64(job.cfg.run.shutdown_grace_s.max(0.0)),
@@ -571,60 +571,6 @@ impl Job {
             )))
         };
         Ok(((monitor_stop, monitor), (http_stop, http_task)))
-    }
-
-    /// Leases rows into request slots until every dataset is done or the run stops;
-    /// returns the requests still in flight.
-    async fn dispatch(
-        &self,
-        ctx: &Arc<Ctx>,
-        sched: &Scheduler,
-        servers: &Servers,
-    ) -> Result<TaskTracker, Error> {
-        let stop = &self.stop.stop;
-        let requests = TaskTracker::new();
-        let slots = Arc::new(Semaphore::new(self.cfg.run.concurrency));
-        'dispatch: loop {
-            let permit = tokio::select! {
-                // Stop first: after the signal not one more request goes out.
-                biased;
-                _ = stop.cancelled() => break 'dispatch,
-                p = slots.clone().acquire_owned() => p.map_err(Error::runtime).context("slot semaphore closed")?,
-            };
-            let lease = loop {
-                let notified = sched.changed.notified();
-                tokio::pin!(notified);
-                notified.as_mut().enable();
-                if stop.is_cancelled() {
-                    break 'dispatch;
-                }
-                if !servers.any_up() {
-                    crate::run::worker::log_all_down(servers);
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(500)) => continue,
-                        _ = stop.cancelled() => break 'dispatch,
-                    }
-                }
-                match sched.next()? {
-                    Next::Lease(l) => break l,
-                    Next::Done => break 'dispatch,
-                    Next::Wait => {
-                        tokio::select! {
-                            _ = &mut notified => {}
-                            // Streamed tokens move budget estimates without a notification.
-                            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
-                            _ = stop.cancelled() => break 'dispatch,
-                        }
-                    }
-                }
-            };
-            let ctx = ctx.clone();
-            requests.spawn(async move {
-                work(&ctx, lease).await;
-                drop(permit);
-            });
-        }
-        Ok(requests)
     }
 
     /// The run's outcome, from the queue.

@@ -1,5 +1,6 @@
 //! The run stage: `job` wires the stages together for `spool run` (start-up, dispatch
-//! under budgets) and leans on one module per job: `scheduler` (which row next), `worker`
+//! under budgets) and leans on one module per job: `dispatcher` (leases into request
+//! slots), `scheduler` (which row next), `worker`
 //! and `servers` (requests and where they go), `probe` (what the servers are), `committer`
 //! (the one writer of results and counters), `archiver` (the thread that writes shards)
 //! and `shutdown` (the stop signals, the fatal-error path, the shutdown order).
@@ -9,6 +10,7 @@
 
 mod archiver;
 mod committer;
+mod dispatcher;
 pub mod job;
 pub mod probe;
 pub mod scheduler;
