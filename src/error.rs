@@ -20,10 +20,15 @@ use std::fmt;
 
 /// Exit codes, as the README documents them.
 pub mod exit {
+    /// Finished: every item done (or within its budget).
     pub const OK: u8 = 0;
+    /// A runtime failure: nothing is lost, the next run resumes.
     pub const FAILURE: u8 = 1;
+    /// The user's to fix before running again (config, input, a data dir in use).
     pub const USAGE: u8 = 2;
+    /// Finished, with items failed for good (`spool retry` brings them back).
     pub const ITEMS_FAILED: u8 = 3;
+    /// Stopped by a signal (128 + SIGINT, as shells report it).
     pub const INTERRUPTED: u8 = 130;
 }
 

@@ -26,8 +26,8 @@ use crate::output::shard::{
     ShardLimits, META_CONFIG_SHA256, META_SAMPLING, META_TOKENIZER_SHA256, META_VERSION,
 };
 use crate::prompt::template::{ChatTemplate, PromptBuilder, Tokenizer};
-use crate::run::archiver::{output_failure, Archiver, Archiving};
-use crate::run::committer::{self, Committer};
+use crate::run::archiver::{output_failure, Archiver, Archiving, ToArchive};
+use crate::run::committer::{self, CommitReceiver, Committer};
 use crate::run::dispatcher::dispatch;
 use crate::run::scheduler::{LaneSpec, Scheduler};
 use crate::run::servers::Servers;
@@ -126,42 +126,19 @@ async fn run_job(
     }
     let queue = checkpoint(queue, intake.added).await?;
     let archive = job.recover(&queue, &datasets, tokenizer_sha)?;
-    let servers = Arc::new(Servers::new(&job.cfg.server.urls));
-    for s in &servers.list {
-        metrics.server_up.with_label_values(&[&s.url]).set(1);
-        metrics.inflight.with_label_values(&[&s.url]).set(0);
-    }
+    let servers = job.servers(&metrics);
     let sched = job.schedule(&queue, &datasets);
-    let archiving = Archiver {
-        archive,
-        queue: queue.clone(),
-        datasets: datasets.ds.clone(),
-        names: datasets.names.clone(),
-        metrics: metrics.clone(),
-        stop: job.stop.clone(),
-        output_dir: job.cfg.output_dir.clone(),
-        data_dir: job.cfg.data_dir.clone(),
-    }
-    .spawn()?;
-    let Archiving {
-        to_archive,
-        seeded,
-        thread: archive_thread,
-        done: archive_done,
-    } = archiving;
+    let archiving = job.spawn_archiver(archive, &queue, &datasets, &metrics)?;
     // A failed seeding has already stopped the run (the sender is dropped).
-    let _ = seeded.await;
+    let _ = archiving.seeded.await;
     let (commits, commit_rx) = committer::channel();
-    let committer = Committer {
-        queue: queue.clone(),
-        sched: sched.clone(),
-        dmetrics: intake.dmetrics.clone(),
-        to_archive,
-        stop: job.stop.clone(),
-        data_dir: job.cfg.data_dir.clone(),
-        failed_pause: job.knobs.faults.commit_failed_pause,
-    }
-    .spawn(commit_rx);
+    let committer = job.spawn_committer(
+        &queue,
+        &sched,
+        &intake.dmetrics,
+        archiving.to_archive,
+        commit_rx,
+    );
     let ctx = Arc::new(Ctx {
         sampling: job
             .cfg
@@ -191,7 +168,7 @@ async fn run_job(
         monitor,
         senders: ctx,
         committer,
-        archiver: (archive_thread, archive_done),
+        archiver: (archiving.thread, archiving.done),
         http,
     };
     let flushed = {
@@ -483,6 +460,58 @@ impl Job {
             }
         }
         Ok(archive)
+    }
+
+    /// The servers, each counted up and idle until the monitor's probes say otherwise.
+    fn servers(&self, metrics: &Metrics) -> Arc<Servers> {
+        let servers = Arc::new(Servers::new(&self.cfg.server.urls));
+        for s in &servers.list {
+            metrics.server_up.with_label_values(&[&s.url]).set(1);
+            metrics.inflight.with_label_values(&[&s.url]).set(0);
+        }
+        servers
+    }
+
+    /// Starts the archive thread over the recovered archive.
+    fn spawn_archiver(
+        &self,
+        archive: Archive,
+        queue: &Arc<Queue>,
+        datasets: &Datasets,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Archiving, Error> {
+        Archiver {
+            archive,
+            queue: queue.clone(),
+            datasets: datasets.ds.clone(),
+            names: datasets.names.clone(),
+            metrics: metrics.clone(),
+            stop: self.stop.clone(),
+            output_dir: self.cfg.output_dir.clone(),
+            data_dir: self.cfg.data_dir.clone(),
+        }
+        .spawn()
+    }
+
+    /// Starts the committer, which hands durable rows to `to_archive`.
+    fn spawn_committer(
+        &self,
+        queue: &Arc<Queue>,
+        sched: &Arc<Scheduler>,
+        dmetrics: &[DatasetMetrics],
+        to_archive: ToArchive,
+        rx: CommitReceiver,
+    ) -> JoinHandle<()> {
+        Committer {
+            queue: queue.clone(),
+            sched: sched.clone(),
+            dmetrics: dmetrics.to_vec(),
+            to_archive,
+            stop: self.stop.clone(),
+            data_dir: self.cfg.data_dir.clone(),
+            failed_pause: self.knobs.faults.commit_failed_pause,
+        }
+        .spawn(rx)
     }
 
     /// The scheduler over the datasets; under policy "cancel", a task that aborts a
