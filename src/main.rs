@@ -1,18 +1,17 @@
-//! The `spool` binary: parses arguments, calls into the library, maps errors to the exit
-//! codes of SPEC §1. The only place that prints to stdout.
+//! The `spool` binary: parses arguments, reads the test and benchmark switches once, calls
+//! into the library and exits with the code of how the command ended
+//! ([`spool::error::Kind`]). The only place that prints to stdout.
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 use spool::config::{Config, Overrides};
-use spool::error::{exit, exit_code};
+use spool::error::{exit, exit_code, Context, Error};
 use spool::observe::status::StatusReport;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// mimalloc, not glibc malloc: per-chunk and per-record allocations dominate the client's
-/// CPU profile otherwise (BENCHMARKS.md). Built with `no_thp`: mimalloc would otherwise
-/// ask for transparent huge pages, and each thread's first touch would cost 2 MiB of RSS
-/// (measured: 71 MB → 44 MB peak for a small run).
+/// CPU profile otherwise. Built with `no_thp`: mimalloc would otherwise ask for transparent
+/// huge pages, and each thread's first touch would cost 2 MiB of RSS.
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -114,7 +113,7 @@ fn main() -> ExitCode {
 
 /// Logging to stderr, and the progress mode: on a terminal (and without `-q`) progress
 /// bars are installed and log lines are written above them; otherwise plain progress lines
-/// are logged (SPEC §4.5).
+/// are logged, so a log file stays readable.
 fn init_logging(quiet: bool, verbose: u8) {
     use tracing_subscriber::EnvFilter;
     let default = match (quiet, verbose) {
@@ -146,7 +145,7 @@ fn overrides(cli: &Cli) -> Overrides {
     }
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+fn runtime() -> Result<tokio::runtime::Runtime, Error> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -186,29 +185,26 @@ async fn wait_signal() {
     }
 }
 
-fn real_main(cli: Cli) -> anyhow::Result<u8> {
+fn real_main(cli: Cli) -> Result<u8, Error> {
+    let knobs = spool::knobs::Knobs::from_env();
     match &cli.command {
         Command::Run => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
             let rt = runtime()?;
-            let summary = rt.block_on(spool::run::job::run(cfg, first_signal()));
+            let summary = rt.block_on(spool::run::job::run(cfg, knobs, first_signal()));
             // A storage layer stuck after a disk error must not keep the process alive
             // (dropping the runtime would wait for its blocking tasks forever).
             rt.shutdown_timeout(std::time::Duration::from_secs(5));
             let summary = summary?;
-            if summary.interrupted {
-                return Ok(exit::INTERRUPTED);
-            }
-            let failed = summary.report.failed();
-            if failed > 0 {
+            if summary.ending() == Some(spool::error::Kind::ItemsFailed) {
+                let failed = summary.report.failed();
                 eprintln!("spool: {failed} item(s) failed permanently; see `spool status` and `spool retry`");
-                return Ok(exit::ITEMS_FAILED);
             }
-            Ok(exit::OK)
+            Ok(summary.exit_code())
         }
         Command::Status { json } => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
-            let report = runtime()?.block_on(status_report(&cfg))?;
+            let report = runtime()?.block_on(status_report(&cfg, &knobs.faults))?;
             if *json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -219,15 +215,14 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
         Command::Verify => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
             if !cfg.data_dir.is_dir() {
-                anyhow::bail!(
+                return Err(Error::msg(format!(
                     "no queue in {} (data_dir of {}): nothing has run with this config, so there is nothing to verify",
                     cfg.data_dir.display(),
                     cfg.source.display()
-                );
+                )));
             }
-            let faults = spool::knobs::Knobs::from_env().faults;
-            let queue = spool::store::queue::Queue::open_with(&cfg.data_dir, &faults).map_err(|e| match e {
-                spool::store::queue::QueueError::Locked { .. } => anyhow::Error::new(e).context(
+            let queue = spool::store::queue::Queue::open_with(&cfg.data_dir, &knobs.faults).map_err(|e| match e {
+                spool::store::queue::QueueError::Locked { .. } => Error::from(e).context(
                     "cannot verify while a `spool run` is active: it holds the queue; verify after it stops",
                 ),
                 e => e.into(),
@@ -247,10 +242,7 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Retry { dataset } => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
-            let queue = spool::store::queue::Queue::open_with(
-                &cfg.data_dir,
-                &spool::knobs::Knobs::from_env().faults,
-            )?;
+            let queue = spool::store::queue::Queue::open_with(&cfg.data_dir, &knobs.faults)?;
             let mut total = 0;
             for s in queue.states() {
                 if dataset.as_ref().is_some_and(|d| d != &s.name) {
@@ -262,11 +254,12 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
             }
             if let Some(d) = dataset {
                 if !queue.states().iter().any(|s| &s.name == d) {
-                    anyhow::bail!(spool::config::ConfigError::Invalid {
+                    return Err(spool::config::ConfigError::Invalid {
                         path: cfg.source.clone(),
                         key: "--dataset".into(),
                         detail: format!("no dataset `{d}` in the queue"),
-                    });
+                    }
+                    .into());
                 }
             }
             tracing::info!(items = total, "retry done");
@@ -295,7 +288,14 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
             dataset,
         } => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
-            let r = spool::output::export::export(&cfg, *format, out, dataset.as_deref())?;
+            // Export reports an unknown dataset as a config error inside an untyped error;
+            // everything else it reports is a runtime failure.
+            let r = spool::output::export::export(&cfg, *format, out, dataset.as_deref()).map_err(
+                |e| match e.downcast::<spool::config::ConfigError>() {
+                    Ok(c) => Error::from(c),
+                    Err(e) => Error::runtime(e),
+                },
+            )?;
             println!(
                 "export: {} row(s) from {} shard(s) to {}",
                 r.rows,
@@ -320,7 +320,9 @@ fn real_main(cli: Cli) -> anyhow::Result<u8> {
                 println!("listening on http://{addr}");
                 use std::io::Write;
                 let _ = std::io::stdout().flush();
-                spool::mock::serve(listener, mcfg, wait_signal()).await
+                spool::mock::serve(listener, mcfg, wait_signal())
+                    .await
+                    .map_err(Error::runtime)
             })?;
             Ok(exit::OK)
         }
@@ -345,7 +347,7 @@ fn shorten(v: &mut serde_json::Value, width: usize) {
 }
 
 /// The running process's `/status` when it answers, else the queue alone.
-async fn status_report(cfg: &Config) -> anyhow::Result<StatusReport> {
+async fn status_report(cfg: &Config, faults: &spool::knobs::Faults) -> Result<StatusReport, Error> {
     {
         // The address a running process actually bound (it may have been given on its
         // command line, or be port 0), then the configured one.
@@ -371,19 +373,19 @@ async fn status_report(cfg: &Config) -> anyhow::Result<StatusReport> {
             }
         }
     }
-    match spool::store::queue::Queue::open_with(
-        &cfg.data_dir,
-        &spool::knobs::Knobs::from_env().faults,
-    ) {
+    match spool::store::queue::Queue::open_with(&cfg.data_dir, faults) {
         Ok(q) => Ok(StatusReport::from_queue(&q, cfg)?),
-        Err(spool::store::queue::QueueError::Locked { path }) => {
-            anyhow::bail!(
+        // Exit 1, not 2: the config is right, the endpoint does not answer.
+        Err(spool::store::queue::QueueError::Locked { path }) => Err(Error::msg(format!(
             "a `spool run` holds the queue in {} and its metrics endpoint ({}) does not answer; \
              enable run.metrics_addr to see live status",
             path.display(),
-            if cfg.run.metrics_addr.is_empty() { "disabled" } else { cfg.run.metrics_addr.as_str() }
-        )
-        }
+            if cfg.run.metrics_addr.is_empty() {
+                "disabled"
+            } else {
+                cfg.run.metrics_addr.as_str()
+            }
+        ))),
         Err(e) => Err(e.into()),
     }
 }

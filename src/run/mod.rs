@@ -1,11 +1,19 @@
-//! Stage 4, run: start-up, dispatch under budgets, the workers and their servers, the
-//! committer and shutdown; `job` wires the stages together for `spool run`.
+//! The run stage: `job` wires the stages together for `spool run` (start-up, dispatch
+//! under budgets) and leans on one module per job: `dispatcher` (leases into request
+//! slots), `scheduler` (which row next), `worker`
+//! and `servers` (requests and where they go), `probe` (what the servers are), `committer`
+//! (the one writer of results and counters), `archiver` (the thread that writes shards)
+//! and `shutdown` (the stop signals, the fatal-error path, the shutdown order).
 //!
 //! Invariant: an item is leased to at most one request at a time, and a result is
 //! committed at most once.
 
+mod archiver;
+mod committer;
+mod dispatcher;
 pub mod job;
 pub mod probe;
 pub mod scheduler;
 pub mod servers;
+mod shutdown;
 pub mod worker;

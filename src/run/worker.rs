@@ -29,7 +29,6 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// A finished attempt on its way to the committer.
@@ -57,7 +56,7 @@ pub(crate) struct Ctx {
     pub(crate) stop: CancellationToken,
     /// Cancelled after the shutdown grace: workers give their leases back at once.
     pub(crate) hard_stop: CancellationToken,
-    pub(crate) commits: mpsc::UnboundedSender<Finished>,
+    pub(crate) commits: crate::run::committer::Commits,
     pub(crate) nonce: AtomicU64,
     /// Panics a test injects (none in a plain run).
     pub(crate) faults: FaultPoints,
@@ -246,9 +245,7 @@ pub(crate) async fn work(ctx: &Ctx, lease: Lease) {
             duration_s,
             ttft_s,
         } => {
-            // A closed channel means the committer stopped on a fatal error, which has
-            // stopped the run: the item stays pending in the queue.
-            let _ = ctx.commits.send(Finished {
+            ctx.commits.finished(Finished {
                 lease,
                 outcome,
                 count_source,
@@ -331,7 +328,7 @@ async fn attempt_until_done(ctx: &Ctx, lease: &Lease, attempts: &mut u32) -> End
                 tokio::spawn(async move { up.abort(&url, &rid).await });
                 let wasted = lease.streamed.load(Ordering::Relaxed);
                 if lease.cancel.is_cancelled() && wasted > 0 {
-                    let _ = ctx.queue.add_wasted(lease.ds, u64::from(wasted));
+                    ctx.commits.wasted(lease.ds, u64::from(wasted));
                 }
                 return End::GiveBack;
             }

@@ -167,6 +167,14 @@ impl Queue {
         Ok(self.blocks.append(ds, blocks)?)
     }
 
+    /// Arms the injected torn commit for the `nth` commit from now (tests of the modules
+    /// that drive commits).
+    #[cfg(test)]
+    pub(crate) fn tear_commit_for_tests(&self, nth: u64) {
+        self.torn_commit_in
+            .store(nth, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Where the queue lives.
     pub fn path(&self) -> &Path {
         &self.path

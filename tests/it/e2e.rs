@@ -227,9 +227,13 @@ async fn a_changed_row_is_refused() {
         .unwrap()
         .replace("item 3 of", "item THREE of");
     std::fs::write(&file, text).unwrap();
-    let err = spool::run::job::run(load(&cfg), std::future::pending())
-        .await
-        .unwrap_err();
+    let err = spool::run::job::run(
+        load(&cfg),
+        spool::knobs::Knobs::default(),
+        std::future::pending(),
+    )
+    .await
+    .unwrap_err();
     let msg = format!("{err:#}");
     assert!(
         msg.contains("p.jsonl") && msg.contains("line 4") && msg.contains("changed"),

@@ -177,9 +177,13 @@ pub fn init_logs() {
 /// Runs the job in-process to the end.
 pub async fn run_to_end(path: &Path) -> spool::run::job::RunSummary {
     init_logs();
-    spool::run::job::run(load(path), std::future::pending())
-        .await
-        .unwrap()
+    spool::run::job::run(
+        load(path),
+        spool::knobs::Knobs::default(),
+        std::future::pending(),
+    )
+    .await
+    .unwrap()
 }
 
 /// Every `part-*.parquet` under `out/<dataset>/`, in name order.
