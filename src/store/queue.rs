@@ -39,26 +39,35 @@ use std::sync::{Mutex, MutexGuard};
 /// Queue-level failures: all are fatal for the run (exit 1) except `Locked` (exit 2).
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
+    /// Another process holds `spool.lock`: one process at a time.
     #[error("queue in {path} is used by another spool process (lock held on {path}/spool.lock)")]
     Locked { path: PathBuf },
+    /// The queue's folder, lock file or sled database cannot be opened or made durable, or
+    /// an injected stop ended a migration.
     #[error("cannot open queue in {path}: {detail}")]
     Open { path: PathBuf, detail: String },
+    /// sled failed a read or a write (a failed write also poisons the queue).
     #[error("queue storage error: {0}")]
     Storage(#[from] sled::Error),
+    /// A sled record does not decode: the queue's records are damaged.
     #[error("corrupt queue record {key}: {detail}")]
     Corrupt { key: String, detail: String },
+    /// The queue was written by a newer spool; it is refused, never misread.
     #[error("queue format {found} is newer than this spool understands ({supported})")]
     Version { found: u32, supported: u32 },
+    /// A write failed earlier in this process; writing on could make its tear durable.
     #[error("an earlier queue write failed, so nothing more is written to the queue (the next run repairs it)")]
     Poisoned,
     /// A block file or results log could not be read or written, or is damaged.
     #[error(transparent)]
     File(#[from] BlockError),
+    /// An enqueue offered a row at or before one already enqueued (blocks must not overlap).
     #[error("rows are enqueued in file order, once: row {row} comes after row {last}")]
     RowOrder { row: u64, last: u64 },
     /// A caller named a dataset index the queue has no counters for (never opened).
     #[error("dataset {ds} is not in the queue (it was never opened)")]
     UnknownDataset { ds: u16 },
+    /// A repair finished but its marker could not be removed (the next run repairs again).
     #[error("cannot remove the repair marker {path}: {source}")]
     Marker {
         path: PathBuf,

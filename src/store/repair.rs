@@ -249,7 +249,16 @@ impl Queue {
                 before: before.clone(),
                 ..Default::default()
             },
-            after: before.clone(),
+            // Counted again from the states kept.
+            after: DatasetState {
+                items: 0,
+                done: 0,
+                failed: 0,
+                sharded: 0,
+                completion_tokens: 0,
+                prompt_tokens: 0,
+                ..before.clone()
+            },
             batch: Writes::default(),
             shards: BTreeMap::new(),
             pending: BTreeMap::new(),
@@ -267,15 +276,7 @@ impl Queue {
             b.rep.unscanned_removed += u64::from(r.count);
         }
         let found = self.find_states(ds, &kept, &mut b)?;
-        b.after = DatasetState {
-            items: found.rows.len() as u64,
-            done: 0,
-            failed: 0,
-            sharded: 0,
-            completion_tokens: 0,
-            prompt_tokens: 0,
-            ..before
-        };
+        b.after.items = found.rows.len() as u64;
         let mut r_i = 0;
         for (&row, &rec) in &found.rows {
             // `kept` and `found.rows` are both in row order, and every row is an item of a
