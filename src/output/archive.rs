@@ -91,25 +91,14 @@ pub fn repair_queue(
 
 /// A dataset folder's entries as (file name, path); none when the folder does not exist.
 fn list(dir: &Path) -> Result<Vec<(String, PathBuf)>, ArchiveError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
-            return Err(ArchiveError::List {
-                path: dir.to_path_buf(),
-                source,
-            })
-        }
-    };
-    let mut out = Vec::new();
-    for e in entries {
-        let e = e.map_err(|source| ArchiveError::List {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-        out.push((e.file_name().to_string_lossy().into_owned(), e.path()));
-    }
-    Ok(out)
+    let entries = shard::folder_entries(dir).map_err(|source| ArchiveError::List {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    Ok(entries
+        .into_iter()
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+        .collect())
 }
 
 /// What recovery found in a dataset's folder.

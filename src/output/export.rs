@@ -23,7 +23,7 @@
 
 use crate::config::Config;
 use crate::output::reader::{column, ids_at, ShardReader};
-use crate::output::shard::parse_shard_index;
+use crate::output::shard::{folder_entries, parse_shard_index};
 use anyhow::{anyhow, bail, Context, Result};
 use arrow_array::builder::{Int32Builder, ListBuilder, StringBuilder, UInt8Builder};
 use arrow_array::{Array, ArrayRef, ListArray, RecordBatch, StringArray};
@@ -79,14 +79,9 @@ pub fn tokens_schema() -> SchemaRef {
 /// Complete shards of a dataset, in index order.
 fn shards_of(output_dir: &Path, dataset: &str) -> Result<Vec<PathBuf>> {
     let dir = output_dir.join(dataset);
-    let rd = match std::fs::read_dir(&dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("cannot list {}", dir.display())),
-    };
+    let entries = folder_entries(&dir).with_context(|| format!("cannot list {}", dir.display()))?;
     let mut v = Vec::new();
-    for e in rd {
-        let e = e.with_context(|| format!("cannot list {}", dir.display()))?;
+    for e in entries {
         if let Some(i) = parse_shard_index(&e.file_name().to_string_lossy()) {
             v.push((i, e.path()));
         }

@@ -5,6 +5,7 @@
 //! Invariant: only the canonical name [`shard_file_name`] gives is a shard, only
 //! [`temp_file_name`] a shard being written; two files never claim one index.
 
+use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -159,6 +160,16 @@ pub struct SealedShard {
     pub bytes: u64,
 }
 
+/// The entries of a dataset's output folder; none when the folder does not exist (nothing
+/// has been written to it yet).
+pub fn folder_entries(dir: &Path) -> io::Result<Vec<fs::DirEntry>> {
+    match fs::read_dir(dir) {
+        Ok(entries) => entries.collect(),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
 /// The final file name of shard `index` (`part-000007.parquet`): sorts by index up to a
 /// million shards and matches the `*.parquet` glob readers use.
 pub fn shard_file_name(index: u64) -> String {
@@ -239,5 +250,21 @@ mod tests {
         assert_eq!(keys, cols);
         let back: ShardRow = serde_json::from_value(v).unwrap();
         assert_eq!(back, sample(1));
+    }
+
+    /// A folder that does not exist holds no entries; an existing one lists its files.
+    #[test]
+    fn folder_entries_of_a_missing_folder_are_none() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(folder_entries(&dir.path().join("absent"))
+            .unwrap()
+            .is_empty());
+        fs::write(dir.path().join(shard_file_name(0)), b"x").unwrap();
+        let names: Vec<_> = folder_entries(dir.path())
+            .unwrap()
+            .iter()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, [shard_file_name(0)]);
     }
 }

@@ -431,15 +431,10 @@ fn list_shards(dir: &Path, problems: &mut Vec<Problem>) -> Result<Vec<u64>, Veri
         path: dir.to_path_buf(),
         source,
     };
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(list_err(e)),
-    };
+    let entries = shard::folder_entries(dir).map_err(list_err)?;
     let mut shards = Vec::new();
     let mut strays = Vec::new();
     for e in entries {
-        let e = e.map_err(list_err)?;
         let is_file = e.file_type().map_err(list_err)?.is_file();
         let name = e.file_name().to_string_lossy().into_owned();
         match shard::parse_shard_index(&name) {
