@@ -62,7 +62,7 @@ pub enum ShardError {
         source: ArrowError,
     },
     /// The file's columns are not the shard schema (`output::schema`).
-    #[error("shard {}: schema differs from SPEC §5: {detail}", path.display())]
+    #[error("shard {}: schema differs from the shard schema: {detail}", path.display())]
     Schema {
         /// The shard file.
         path: PathBuf,

@@ -139,7 +139,7 @@ impl fmt::Display for Problem {
             }
             Problem::SchemaDrift { path, detail } => write!(
                 f,
-                "{}: schema differs from SPEC §5: {detail}",
+                "{}: schema differs from the shard schema: {detail}",
                 path.display()
             ),
             Problem::MissingMetadata { path, key } => {
