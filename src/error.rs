@@ -38,7 +38,7 @@ pub fn exit_code(err: &anyhow::Error) -> u8 {
                 .downcast_ref::<crate::input::dataset::DatasetError>()
                 .is_some()
             || cause
-                .downcast_ref::<crate::prompt::template::TemplateError>()
+                .downcast_ref::<crate::prompt::TemplateError>()
                 .is_some()
             || matches!(
                 cause.downcast_ref::<crate::store::queue::QueueError>(),

@@ -22,7 +22,7 @@ use crate::input::dataset::{
     DatasetError, DatasetReader, Entry, Input, Parser, Raw, RawEntry, Rejection, Row,
 };
 use crate::input::dedup::{IdSet, SpillError};
-use crate::prompt::template::{BuiltPrompt, PromptBuilder};
+use crate::prompt::{BuiltPrompt, PromptBuilder};
 use crate::store::queue::{EncodedItem, Item, Queue, QueueError, ScanMark};
 use std::collections::BTreeMap;
 use std::io::Write;

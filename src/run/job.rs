@@ -24,7 +24,7 @@ use crate::observe::monitor::{live_status, monitor_loop, LiveRates};
 use crate::observe::status::{grouped, StatusReport};
 use crate::output::archive::{self, Archive, ArchiveDataset};
 use crate::output::shard::{ShardLimits, ShardRow};
-use crate::prompt::template::{ChatTemplate, PromptBuilder, Tokenizer};
+use crate::prompt::{ChatTemplate, PromptBuilder, Tokenizer};
 use crate::run::scheduler::{LaneSpec, Next, Scheduler};
 use crate::run::servers::Servers;
 use crate::run::worker::{work, Ctx, Finished};
@@ -628,7 +628,7 @@ fn load_prompt_tools(cfg: &Config) -> Result<(Option<Tokenizer>, Option<ChatTemp
     let Some(t) = &cfg.tokenizer else {
         return Ok((None, None));
     };
-    let tok = Tokenizer::from_file(&t.path)
+    let tok = Tokenizer::from_file_with(&t.path, &crate::knobs::Knobs::from_env().bench)
         .with_context(|| format!("{}: key `tokenizer.path`", cfg.source.display()))?;
     let tpl =
         match &t.chat_template {

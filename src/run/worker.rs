@@ -19,7 +19,7 @@
 use crate::config::{Config, Sampling};
 use crate::observe::metrics::DatasetMetrics;
 use crate::output::shard::ShardRow;
-use crate::prompt::template::PromptBuilder;
+use crate::prompt::PromptBuilder;
 use crate::run::scheduler::{Lease, Scheduler};
 use crate::run::servers::Servers;
 use crate::store::queue::{Failure, Item, Outcome, Queue};

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use spool::config::Api;
 use spool::input::dataset::{read_all, Entry, Input};
 use spool::input::intake::{intake, IntakeOptions};
-use spool::prompt::template::{ChatTemplate, PromptBuilder, Tokenizer};
+use spool::prompt::{ChatTemplate, PromptBuilder, Tokenizer};
 use spool::run::probe::{self_check, StreamShape};
 use spool::store::queue::Queue;
 use spool::upstream::{Upstream, UpstreamOptions};
