@@ -17,7 +17,6 @@
 //! the queue is flushed.
 
 use crate::config::Config;
-use crate::input::intake::intake;
 use crate::observe::http::Observed;
 use crate::observe::metrics::{DatasetMetrics, Metrics};
 use crate::observe::monitor::{live_status, monitor_loop, LiveRates};
@@ -25,6 +24,7 @@ use crate::observe::status::{grouped, StatusReport};
 use crate::output::archive::{self, Archive, ArchiveDataset};
 use crate::output::shard::{ShardLimits, ShardRow};
 use crate::prompt::{ChatTemplate, PromptBuilder, Tokenizer};
+use crate::run::enqueue::intake;
 use crate::run::scheduler::{LaneSpec, Next, Scheduler};
 use crate::run::servers::Servers;
 use crate::run::worker::{work, Ctx, Finished};

@@ -4,6 +4,7 @@
 //! Invariant: an item is leased to at most one request at a time, and a result is
 //! committed at most once.
 
+pub mod enqueue;
 pub mod job;
 pub mod probe;
 pub mod scheduler;

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use spool::input::dataset::{parse_row, Input};
+use spool::input::row::{parse_row, Input};
 use spool::prompt::{ChatTemplate, PromptBuilder, Tokenizer};
 
 const ROWS: usize = 3000;
