@@ -108,8 +108,8 @@ impl DatasetReader {
             }
         } else if name.ends_with(".jsonl") || name.ends_with(".json") || name.ends_with(".ndjson") {
             Source::Lines {
-                // 1 MiB reads: a restart hashes the whole enqueued prefix (4.5 GB at 10 M
-                // prompts), and 64 KiB reads cost as much system time as the hashing.
+                // 1 MiB reads: a restart hashes the whole prefix taken in, and smaller
+                // reads cost as much system time as the hashing.
                 reader: Box::new(BufReader::with_capacity(1 << 20, file)),
                 buf: Vec::new(),
                 pos: LinePos::new(),
@@ -311,6 +311,8 @@ pub fn read_all(path: &Path, dataset: &str) -> Result<Vec<Entry>, DatasetError> 
 mod tests {
     use super::*;
 
+    /// Over-long lines and bad UTF-8 reject their row only; blank lines are skipped, row
+    /// numbers kept.
     #[test]
     fn long_lines_and_bad_utf8_are_rejected_not_fatal() {
         let dir = tempfile::tempdir().unwrap();
@@ -332,6 +334,7 @@ mod tests {
         assert_eq!(kinds, ["row0", "rej2:invalid", "rej3:line", "row4"]);
     }
 
+    /// A `.jsonl.zst` file is read through the decoder.
     #[test]
     fn zstd_files_stream() {
         let dir = tempfile::tempdir().unwrap();

@@ -292,6 +292,8 @@ mod tests {
         parse_row("d", 0, text).unwrap_err()
     }
 
+    /// `prompt`, `messages` and ShareGPT `conversations` rows parse; the trailing assistant
+    /// turn is dropped.
     #[test]
     fn the_three_shapes_parse() {
         let r = parse_row("d", 3, r#"{"prompt": "hi", "id": 7}"#).unwrap();
@@ -320,6 +322,8 @@ mod tests {
         assert_eq!(m[1]["role"], "user");
     }
 
+    /// A derived id depends on the content and the dataset name, not on the row or other
+    /// keys.
     #[test]
     fn derived_ids_are_stable_and_content_based() {
         let a = parse_row("d", 0, r#"{"prompt": "hi"}"#).unwrap();
@@ -330,6 +334,7 @@ mod tests {
         assert_ne!(a.id, c.id);
     }
 
+    /// Each kind of bad row is rejected with a reason that names the problem.
     #[test]
     fn bad_rows_say_why() {
         assert!(reason("{not json").contains("not valid JSON"));

@@ -7,13 +7,14 @@
 //! The modules, in the order a row meets them: [`builder`] turns a row into a
 //! [`BuiltPrompt`]; [`chat_template`] renders `messages` rows, with [`python`] giving
 //! template values Python's printing and `json.dumps`; [`tokenizer`] encodes the text, with
-//! [`byte_bpe`] as its exact fast path for byte-level BPE files; [`error`] is the stage's
-//! one error type.
+//! [`byte_bpe`] as its exact fast path for byte-level BPE files, whose pre-tokenizer split
+//! is [`pretokenize`]; [`error`] is the stage's one error type.
 
 pub mod builder;
 pub mod byte_bpe;
 pub mod chat_template;
 pub mod error;
+pub mod pretokenize;
 mod python;
 pub mod tokenizer;
 
