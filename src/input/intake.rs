@@ -30,7 +30,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Rows per queue batch.
+/// Rows per batch handed to the sink.
 const BATCH: usize = 1024;
 /// Rows per chunk handed to a worker ...
 const CHUNK_ROWS: usize = 256;
@@ -704,5 +704,121 @@ pub fn log_context_report(
             tracing::warn!(dataset = %name, prompts = rep.short_of_room, max_tokens = opts.max_tokens, context_length = ctx,
                 "prompts leave less than max_tokens of the context: a server may refuse them (vLLM does); set server.clamp_max_tokens = true to clamp");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sink in memory: what intake hands on, with no queue behind it.
+    #[derive(Default)]
+    struct Memory {
+        dir: PathBuf,
+        progress: Progress,
+        items: Vec<(u64, String, [u8; 16], String)>,
+        pending: Vec<Rejection>,
+        rejected: Vec<Rejection>,
+        commits: Vec<(usize, u64, u64)>,
+    }
+
+    impl IntakeSink for Memory {
+        type Item = (u64, String, [u8; 16], String);
+
+        fn encode(row: &Row, prompt: BuiltPrompt) -> Self::Item {
+            (row.row, row.id.clone(), row.hash, prompt.text)
+        }
+        fn progress(&self) -> Option<Progress> {
+            Some(self.progress)
+        }
+        fn id_spill_path(&self) -> PathBuf {
+            self.dir.join("ids")
+        }
+        fn for_each_id(&self, f: &mut dyn FnMut(&[u8], u64)) -> Result<(), SinkError> {
+            self.items.iter().for_each(|i| f(i.1.as_bytes(), i.0));
+            Ok(())
+        }
+        fn item_id(&self, row: u64) -> Result<Option<String>, SinkError> {
+            Ok(self.items.iter().find(|i| i.0 == row).map(|i| i.1.clone()))
+        }
+        fn item_hash(&self, row: u64) -> Result<Option<(String, [u8; 16])>, SinkError> {
+            Ok(self
+                .items
+                .iter()
+                .find(|i| i.0 == row)
+                .map(|i| (i.1.clone(), i.2)))
+        }
+        fn reject(&mut self, r: &Rejection) -> Result<(), SinkError> {
+            self.pending.push(r.clone());
+            Ok(())
+        }
+        fn commit(
+            &mut self,
+            items: &[Self::Item],
+            scanned_lines: u64,
+            rejected: u64,
+            mark: Option<PrefixMark>,
+        ) -> Result<(), SinkError> {
+            // The rejections a batch counts were all handed over before it.
+            assert_eq!(self.pending.len() as u64, rejected);
+            self.rejected.append(&mut self.pending);
+            self.items.extend_from_slice(items);
+            self.progress = Progress {
+                scanned_lines,
+                items: self.items.len() as u64,
+                mark: mark.or(self.progress.mark),
+            };
+            self.commits.push((items.len(), scanned_lines, rejected));
+            Ok(())
+        }
+        fn flush(&mut self) -> Result<(), SinkError> {
+            Ok(())
+        }
+        fn rejects_path(&self) -> &Path {
+            Path::new("memory")
+        }
+    }
+
+    /// Without a queue, intake hands the sink every good row in file order and every bad
+    /// or duplicate row as a rejection counted in the same commit, with the scan position;
+    /// a second pass over the unchanged file adds nothing.
+    #[test]
+    fn a_sink_gets_rows_rejections_and_the_scan_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.jsonl");
+        std::fs::write(
+            &file,
+            "{\"prompt\": \"a\", \"id\": 1}\n{bad\n{\"prompt\": \"b\", \"id\": 1}\n{\"prompt\": \"c\"}\n",
+        )
+        .unwrap();
+        let d = DatasetConfig {
+            name: "d".into(),
+            path: file.clone(),
+            token_budget: None,
+            max_prompts: None,
+            sampling: Default::default(),
+        };
+        let builder = PromptBuilder::new(None, None);
+        let opts = IntakeOptions {
+            threads: 2,
+            ..Default::default()
+        };
+        let mut sink = Memory {
+            dir: dir.path().to_path_buf(),
+            ..Default::default()
+        };
+        let rep = intake(&mut sink, &d, &builder, &opts).unwrap();
+        assert_eq!((rep.added, rep.rejected, rep.lines), (2, 2, 4));
+        let texts: Vec<&str> = sink.items.iter().map(|i| i.3.as_str()).collect();
+        assert_eq!(texts, ["a", "c"]);
+        let lines: Vec<u64> = sink.rejected.iter().map(|r| r.line).collect();
+        assert_eq!(lines, [2, 3]);
+        assert!(sink.rejected[1].reason.contains("first at line 1"));
+        assert_eq!(sink.commits.last(), Some(&(2, 4, 2)));
+        assert_eq!(sink.progress.mark.map(|m| m.lines), Some(4));
+
+        let rep = intake(&mut sink, &d, &builder, &opts).unwrap();
+        assert_eq!((rep.added, rep.rejected, rep.skipped_lines), (0, 0, 4));
+        assert_eq!(sink.items.len(), 2);
     }
 }
