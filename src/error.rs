@@ -12,7 +12,7 @@ use crate::input::intake::IntakeError;
 use crate::output::archive::ArchiveError;
 use crate::output::shard::ShardError;
 use crate::output::verify::VerifyError;
-use crate::prompt::template::TemplateError;
+use crate::prompt::TemplateError;
 use crate::store::blocks::BlockError;
 use crate::store::queue::QueueError;
 use crate::upstream::UpstreamError;
@@ -246,8 +246,11 @@ impl From<IntakeError> for Error {
             IntakeError::Dataset(_) | IntakeError::Changed { .. } | IntakeError::Shrunk { .. } => {
                 Kind::Usage
             }
-            IntakeError::Queue(q) => queue_kind(q),
-            IntakeError::Spill(_) | IntakeError::Rejects { .. } | IntakeError::Panicked => {
+            // The sink is the queue (or the rejects file): a queue error keeps its own kind.
+            IntakeError::Sink(e) => e
+                .downcast_ref::<QueueError>()
+                .map_or(Kind::Runtime, queue_kind),
+            IntakeError::Spill(_) | IntakeError::NotOpened(_) | IntakeError::Panicked => {
                 Kind::Runtime
             }
         };

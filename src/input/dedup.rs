@@ -21,8 +21,8 @@
 //! rebuild runs, one partition's bytes twice (1/128 of the spill, ~1.2 MiB at 10 M ids).
 //!
 //! The filter starts small and is rebuilt 8× larger from the spilled hashes each time it
-//! holds [`IdFilter::IDS_PER_BLOCK`] ids per block: a fixed 32 MiB filter cost a small
-//! dataset a page fault (two: read, then write) per id — ~5 % of a 30,000-prompt run's CPU.
+//! holds [`IdFilter::IDS_PER_BLOCK`] ids per block, so a small dataset does not pay a page
+//! fault (two: read, then write) per id, as a filter of the full 32 MiB would cost it.
 //!
 //! Invariants: [`IdSet::candidates`] returns every earlier row with an equal id (it may
 //! return more, never fewer), across rebuilds, which re-insert every hash spilled or
@@ -34,19 +34,18 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-/// Seed of the id hash (the filter's, kept from format 1).
+/// Seed of the id hash, shared by the filter and the spill partitions.
 const SEED: u64 = 0x5eed;
 /// Spill entries buffered per partition before they are written: 512 × 256 × 16 bytes = 2 MiB
-/// at most (4,096 made RSS grow by the 16 MiB the buffers took to fill: 216 MiB at 100 k
-/// prompts, 231 MiB at 1 M).
+/// at most; larger buffers grow the resident memory by all they take to fill.
 const BUFFERED: usize = 512;
 const PARTS: usize = 256;
 /// Bits of a partition's buffer summary (512 bytes each, 128 KiB for all).
 const BUF_BITS: usize = 4096;
 /// Bytes of a spilled entry: the hash, then the row (little-endian).
 const ENTRY: usize = 16;
-/// Entries per fenced page: a lookup reads one page (1 KiB) of a run (4 KiB pages made the
-/// copy and scan of a duplicate's lookup ~15 % of intake's CPU on a half-duplicate file).
+/// Entries per fenced page: a lookup reads one page (1 KiB) of a run; larger pages make the
+/// copy and scan of each duplicate's lookup a large share of intake's work.
 const PAGE: usize = 64;
 
 /// A spill file could not be written or read.
@@ -57,9 +56,9 @@ pub struct SpillError {
     pub source: std::io::Error,
 }
 
-/// A blocked Bloom filter of ids (at most 32 MiB: ~0.01 % false positives at 10 M ids, where
-/// 16 MiB gave ~0.3 % and each false positive reads a spill file; more ids only raise that
-/// rate, never give a wrong answer): `may_contain` false proves absence.
+/// A blocked Bloom filter of ids (at most 32 MiB: ~0.01 % false positives at 10 M ids, and
+/// each false positive reads a spill file; more ids only raise that rate, never give a
+/// wrong answer): `may_contain` false proves absence.
 pub struct IdFilter {
     /// 512-bit blocks (a power of two), allocated zeroed on first insert.
     blocks: Vec<[u64; 8]>,
@@ -177,7 +176,7 @@ struct Part {
     buf: Vec<(u64, u64)>,
     /// One bit per value of a hash's low 12 bits among `buf`'s entries (empty until the
     /// first): a lookup scans the buffer only if its bit is set, which a duplicate of a
-    /// spilled id finds clear ~88 % of the time with a full buffer.
+    /// spilled id finds clear with probability (1 − 1/4096)^512 ≈ 0.88 with a full buffer.
     buf_bits: Vec<u64>,
     file: Option<File>,
     runs: Vec<Run>,
@@ -440,6 +439,8 @@ impl Drop for IdSet {
 mod tests {
     use super::*;
 
+    /// Every inserted id is found again: the filter has false positives, never false
+    /// negatives.
     #[test]
     fn the_id_filter_never_forgets_an_id() {
         let mut f = IdFilter::with_blocks(IdFilter::MAX_BLOCKS);

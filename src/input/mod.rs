@@ -1,9 +1,16 @@
 //! Stage 1, input: dataset files become rows, rows are checked for duplicates and handed
-//! on to be rendered and queued.
+//! on to be rendered, encoded and stored.
 //!
-//! Invariant: a row the user gave is either queued, or rejected with a message naming its
+//! Invariant: a row the user gave is either taken in, or rejected with a message naming its
 //! file and line; nothing is dropped silently.
+//!
+//! [`dataset`] streams a file as raw rows ([`parquet`] for Parquet files); [`row`] parses a
+//! raw row or says why it is rejected; [`dedup`] is the set of ids taken in; [`intake`]
+//! runs them in parallel and hands the result to an [`intake::IntakeSink`]. The stage does
+//! not know the queue: the sink is implemented where the queue is (`crate::run::enqueue`).
 
 pub mod dataset;
 pub mod dedup;
 pub mod intake;
+pub mod parquet;
+pub mod row;

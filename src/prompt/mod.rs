@@ -3,6 +3,29 @@
 //!
 //! Invariant: the prompt ids are those `transformers` would produce for the same row; the
 //! goldens under `tests/fixtures` pin it.
+//!
+//! The modules, in the order a row meets them: [`builder`] turns a row into a
+//! [`BuiltPrompt`]; [`chat_template`] renders `messages` rows, with [`python`] giving
+//! template values Python's printing and `json.dumps`; [`tokenizer`] encodes the text, with
+//! [`byte_bpe`] as its exact fast path for byte-level BPE files, whose pre-tokenizer split
+//! is [`pretokenize`]; [`error`] is the stage's one error type.
 
+pub mod builder;
 pub mod byte_bpe;
-pub mod template;
+pub mod chat_template;
+pub mod error;
+pub mod pretokenize;
+mod python;
+pub mod tokenizer;
+
+pub use builder::{BuiltPrompt, PromptBuilder};
+pub use chat_template::ChatTemplate;
+pub use error::TemplateError;
+pub use tokenizer::Tokenizer;
+
+/// Lower-case hex sha256 of a file's bytes, recorded in shard metadata so outputs say which
+/// template and tokenizer made them.
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    crate::config::hex(&Sha256::digest(bytes))
+}

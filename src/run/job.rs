@@ -15,7 +15,7 @@
 
 use crate::config::{BudgetPolicy, Config};
 use crate::error::{Context, Error, Kind};
-use crate::input::intake::{intake, IntakeOptions};
+use crate::input::intake::IntakeOptions;
 use crate::knobs::Knobs;
 use crate::observe::http::Observed;
 use crate::observe::metrics::{DatasetMetrics, Metrics};
@@ -26,10 +26,11 @@ use crate::output::schema::{
     META_CONFIG_SHA256, META_SAMPLING, META_TOKENIZER_SHA256, META_VERSION,
 };
 use crate::output::shard::ShardLimits;
-use crate::prompt::template::{ChatTemplate, PromptBuilder, Tokenizer};
+use crate::prompt::{ChatTemplate, PromptBuilder, Tokenizer};
 use crate::run::archiver::{output_failure, Archiver, Archiving, ToArchive};
 use crate::run::committer::{self, CommitReceiver, Committer};
 use crate::run::dispatcher::dispatch;
+use crate::run::enqueue::intake;
 use crate::run::scheduler::{LaneSpec, Scheduler};
 use crate::run::servers::Servers;
 use crate::run::shutdown::{shut_down, Running, Stop};
@@ -241,7 +242,7 @@ impl Job {
         let Some(t) = &cfg.tokenizer else {
             return Ok((Arc::new(PromptBuilder::new(None, None)), None));
         };
-        let tok = Tokenizer::from_file(&t.path)
+        let tok = Tokenizer::from_file_with(&t.path, &self.knobs.bench)
             .with_context(|| format!("{}: key `tokenizer.path`", cfg.source.display()))?;
         let tpl = match &t.chat_template {
             Some(p) => Some(ChatTemplate::from_file(p).with_context(|| {

@@ -11,6 +11,7 @@
 mod archiver;
 mod committer;
 mod dispatcher;
+pub mod enqueue;
 pub mod job;
 pub mod probe;
 pub mod scheduler;

@@ -18,7 +18,7 @@
 
 use crate::config::{Config, Sampling};
 use crate::observe::metrics::DatasetMetrics;
-use crate::prompt::template::PromptBuilder;
+use crate::prompt::PromptBuilder;
 use crate::run::scheduler::{Lease, Scheduler};
 use crate::run::servers::Servers;
 use crate::store::queue::{Failure, Item, Outcome, Queue};

@@ -12,7 +12,7 @@ fn qwen_tokenizer_table() -> String {
     )
 }
 
-fn check_row(r: &ShardRow, api: &str, stream: bool, tok: &spool::prompt::template::Tokenizer) {
+fn check_row(r: &ShardRow, api: &str, stream: bool, tok: &spool::prompt::Tokenizer) {
     let ctx = format!("{api} stream={stream} id={}", r.id);
     assert!(!r.prompt.is_empty(), "{ctx}");
     assert!(!r.completion.is_empty(), "{ctx}");
@@ -85,10 +85,9 @@ fn check_row(r: &ShardRow, api: &str, stream: bool, tok: &spool::prompt::templat
 /// reasons, TTFT only when streaming, and the file metadata.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_api_streaming_and_not_fills_every_column() {
-    let tok = spool::prompt::template::Tokenizer::from_file(
-        &fixtures().join("tokenizers/qwen3/tokenizer.json"),
-    )
-    .unwrap();
+    let tok =
+        spool::prompt::Tokenizer::from_file(&fixtures().join("tokenizers/qwen3/tokenizer.json"))
+            .unwrap();
     for api in ["sglang", "completions", "chat"] {
         for stream in [true, false] {
             let mock = Mock::start(fast_mock()).await;

@@ -6,8 +6,8 @@
 use std::path::Path;
 use std::process::Command;
 
-use spool::input::dataset::{parse_row, Input};
-use spool::prompt::template::{ChatTemplate, PromptBuilder, Tokenizer};
+use spool::input::row::{parse_row, Input};
+use spool::prompt::{ChatTemplate, PromptBuilder, Tokenizer};
 
 const ROWS: usize = 3000;
 

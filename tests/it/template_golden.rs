@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
-use spool::prompt::template::{ChatTemplate, PromptBuilder, Tokenizer};
+use spool::prompt::{ChatTemplate, PromptBuilder, Tokenizer};
 
 fn family_dir(family: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -1,0 +1,334 @@
+//! A HuggingFace `tokenizer.json`: the ids sent to the server and the counts budgets use.
+//!
+//! Invariants:
+//! - Ids are those of `tokenizers` for the same file and text; the two shortcuts (the NFC
+//!   bypass and the fast byte-level BPE encoder) are taken only where they give the same
+//!   ids, and each can be turned off ([`crate::knobs::Bench`]) to measure it.
+//! - A tokenizer never truncates or pads, whatever `tokenizer.json` says: budgets and
+//!   length checks need the true counts.
+//! - Plain prompts never get a double BOS: [`Tokenizer::encode_prompt`] adds special
+//!   tokens unless the text already starts with the text of those it would prepend.
+//! - Errors name the tokenizer file; a tokenizer is `Send + Sync` and cheap to clone.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value as JsonValue;
+
+use super::byte_bpe::ByteBpe;
+use super::error::{load_error, TemplateError};
+use super::sha256_hex;
+use crate::knobs::Bench;
+
+/// A HuggingFace `tokenizer.json`, giving the ids sent to the server and the token
+/// counts budgets rely on. Cheap to clone; `Send + Sync`.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: Arc<tokenizers::Tokenizer>,
+    sha256: Arc<str>,
+    origin: Arc<Path>,
+    /// Text of the tokens `encode(_, true)` puts before the text (e.g. `<s>`); empty
+    /// when the post-processor adds none.
+    prefix_text: Arc<str>,
+    /// The same tokenizer without its normaliser, when that normaliser is exactly NFC.
+    /// Text that is already NFC is its own normal form, so this gives the same ids while
+    /// skipping the per-character alignment bookkeeping.
+    nfc_bypass: Option<Arc<tokenizers::Tokenizer>>,
+    /// The exact fast encoder, when `tokenizer.json` is a byte-level BPE of the
+    /// GPT-4/Qwen2 shape (see [`crate::prompt::byte_bpe`]); text it cannot take (not NFC under an
+    /// NFC normaliser) still goes through `tokenizers`.
+    fast: Option<Arc<ByteBpe>>,
+}
+
+impl fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("origin", &self.origin)
+            .field("sha256", &self.sha256)
+            .field("prefix_text", &self.prefix_text)
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json` with every shortcut on; errors name the file.
+    pub fn from_file(path: &Path) -> Result<Self, TemplateError> {
+        Self::from_file_with(path, &Bench::default())
+    }
+
+    /// Loads `tokenizer.json`, with the shortcuts `bench` turns off left off, so a
+    /// benchmark can measure each on one binary; errors name the file.
+    pub fn from_file_with(path: &Path, bench: &Bench) -> Result<Self, TemplateError> {
+        let bytes = std::fs::read(path).map_err(|e| load_error(path, e))?;
+        Self::from_bytes_with(&bytes, path.to_path_buf(), bench)
+    }
+
+    /// Builds a tokenizer from `tokenizer.json` bytes; `origin` is the file named in errors.
+    pub fn from_bytes(bytes: &[u8], origin: PathBuf) -> Result<Self, TemplateError> {
+        Self::from_bytes_with(bytes, origin, &Bench::default())
+    }
+
+    /// [`Tokenizer::from_bytes`], with the shortcuts `bench` turns off left off.
+    pub fn from_bytes_with(
+        bytes: &[u8],
+        origin: PathBuf,
+        bench: &Bench,
+    ) -> Result<Self, TemplateError> {
+        let mut inner = tokenizers::Tokenizer::from_bytes(bytes)
+            .map_err(|e| load_error(&origin, format!("not a valid tokenizer.json: {e}")))?;
+        // Counts must be true counts: never truncate or pad.
+        inner
+            .with_truncation(None)
+            .map_err(|e| load_error(&origin, e))?;
+        inner.with_padding(None);
+        let prefix_text = special_prefix_text(&inner).map_err(|e| load_error(&origin, e))?;
+        let nfc_bypass = match inner.get_normalizer() {
+            Some(tokenizers::NormalizerWrapper::NFC(_)) if !bench.no_nfc_bypass => {
+                let mut bare = inner.clone();
+                bare.with_normalizer(None::<tokenizers::NormalizerWrapper>)
+                    .map_err(|e| load_error(&origin, e))?;
+                Some(Arc::new(bare))
+            }
+            _ => None,
+        };
+        let fast = if bench.no_fast_bpe {
+            None
+        } else {
+            Self::fast_encoder(bytes, &inner, &origin)
+        };
+        Ok(Self {
+            inner: Arc::new(inner),
+            nfc_bypass,
+            fast,
+            sha256: sha256_hex(bytes).into(),
+            origin: origin.into(),
+            prefix_text: prefix_text.into(),
+        })
+    }
+
+    /// The fast encoder for this file, or `None` (logged) when it is not of the supported
+    /// shape; never an error: `tokenizers` then does all the encoding.
+    fn fast_encoder(
+        bytes: &[u8],
+        inner: &tokenizers::Tokenizer,
+        origin: &Path,
+    ) -> Option<Arc<ByteBpe>> {
+        let json: JsonValue = serde_json::from_slice(bytes).ok()?;
+        match ByteBpe::new(&json, inner) {
+            Ok(fast) => {
+                tracing::debug!(tokenizer = %origin.display(), "fast byte-level BPE encoder on");
+                Some(Arc::new(fast))
+            }
+            Err(why) => {
+                tracing::debug!(tokenizer = %origin.display(), %why, "fast encoder off");
+                None
+            }
+        }
+    }
+
+    /// Whether the fast byte-level BPE encoder is in use (see [`crate::prompt::byte_bpe`]).
+    pub fn has_fast_encoder(&self) -> bool {
+        self.fast.is_some()
+    }
+
+    fn error(&self, what: &str, err: impl fmt::Display) -> TemplateError {
+        TemplateError::Tokenize {
+            detail: format!("{}: {what}: {err}", self.origin.display()),
+        }
+    }
+
+    /// Token ids of `text`; `add_special_tokens` runs the post-processor (BOS/EOS as
+    /// `tokenizer.json` defines them). Special-token text inside `text` is matched as
+    /// special tokens, the `tokenizers` default.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TemplateError> {
+        use unicode_normalization_alignments::{is_nfc_quick, IsNormalized};
+        if let Some(fast) = &self.fast {
+            if !fast.needs_nfc() || is_nfc_quick(text.chars()) == IsNormalized::Yes {
+                return Ok(fast.encode(text));
+            }
+        }
+        let tokenizer = match &self.nfc_bypass {
+            Some(bare) if is_nfc_quick(text.chars()) == IsNormalized::Yes => bare,
+            _ => &self.inner,
+        };
+        tokenizer
+            .encode_fast(text, add_special_tokens)
+            .map(|encoding| encoding.get_ids().to_vec())
+            .map_err(|e| self.error("cannot encode", e))
+    }
+
+    /// Ids of a raw `prompt` row: with special tokens, unless the text already starts
+    /// with the tokens the tokenizer would prepend (no double BOS).
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, TemplateError> {
+        let has_prefix = !self.prefix_text.is_empty() && text.starts_with(&*self.prefix_text);
+        self.encode(text, !has_prefix)
+    }
+
+    /// Text of `ids`, special tokens included (the exact completion the model wrote).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TemplateError> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| self.error("cannot decode", e))
+    }
+
+    /// Number of tokens in `text`, without special tokens.
+    pub fn count(&self, text: &str) -> Result<usize, TemplateError> {
+        self.encode(text, false).map(|ids| ids.len())
+    }
+
+    /// Hex sha256 of the `tokenizer.json` bytes (goes into shard metadata).
+    pub fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    /// The file the tokenizer came from.
+    pub fn origin(&self) -> &Path {
+        &self.origin
+    }
+
+    /// Text of the tokens `encode(_, true)` prepends (such as `<s>`); empty if none.
+    pub fn special_prefix(&self) -> &str {
+        &self.prefix_text
+    }
+
+    /// The id of a token (such as `<|im_end|>`), if the vocabulary has it.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+}
+
+/// The text of the tokens the post-processor puts before a single sequence, found by
+/// encoding a probe with and without special tokens.
+fn special_prefix_text(tokenizer: &tokenizers::Tokenizer) -> Result<String, String> {
+    let probe = "a";
+    let plain = tokenizer
+        .encode_fast(probe, false)
+        .map_err(|e| format!("cannot encode a probe: {e}"))?;
+    let full = tokenizer
+        .encode_fast(probe, true)
+        .map_err(|e| format!("cannot encode a probe: {e}"))?;
+    let (plain, full) = (plain.get_ids(), full.get_ids());
+    let start = (0..=full.len().saturating_sub(plain.len()))
+        .find(|&i| full[i..].starts_with(plain))
+        .unwrap_or(0);
+    Ok(full[..start]
+        .iter()
+        .filter_map(|&id| tokenizer.id_to_token(id))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(rel: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tokenizers")
+            .join(rel)
+    }
+
+    /// Qwen3's tokenizer: no prefix, its file digest, special tokens matched in text,
+    /// decode, count and token lookup.
+    #[test]
+    fn tokenizer_basics() {
+        let tokenizer = Tokenizer::from_file(&fixture("qwen3/tokenizer.json")).unwrap();
+        assert_eq!(tokenizer.special_prefix(), "");
+        assert_eq!(
+            tokenizer.sha256(),
+            "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4"
+        );
+        let ids = tokenizer.encode("Hello!<|im_end|>", false).unwrap();
+        assert_eq!(ids, vec![9707, 0, 151645]);
+        assert_eq!(tokenizer.decode(&ids).unwrap(), "Hello!<|im_end|>");
+        assert_eq!(tokenizer.count("Hello!").unwrap(), 2);
+        assert_eq!(tokenizer.encode_prompt("Hello!").unwrap(), vec![9707, 0]);
+        assert_eq!(tokenizer.token_to_id("<|im_end|>"), Some(151645));
+    }
+
+    /// The fast encoder is chosen for Qwen3 and not for Phi-3, and gives `tokenizers`' ids
+    /// for NFC text, with and without special tokens.
+    #[test]
+    fn the_fast_encoder_gives_the_tokenizers_ids() {
+        let tokenizer = Tokenizer::from_file(&fixture("qwen3/tokenizer.json")).unwrap();
+        assert!(tokenizer.has_fast_encoder());
+        let phi3 = Tokenizer::from_file(&fixture("phi3/tokenizer.json")).unwrap();
+        assert!(!phi3.has_fast_encoder(), "Phi-3 is not byte-level BPE");
+        // NFC text goes through the fast encoder, decomposed text through `tokenizers`
+        // (which composes it): both must give the reference ids, with and without
+        // special tokens.
+        let texts = [
+            "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nIt's   fine?\n\n",
+            "Cafe\u{301} cre\u{300}me 中文 😀 ﬁ Ω Å 'LL 'ſ \u{a0}\u{3000} \r\n\t<think>x</think>",
+            "def f(x):\n    return x ** 2  # ½ ²\n",
+        ];
+        for text in texts {
+            for special in [false, true] {
+                let want = tokenizer.inner.encode_fast(text, special).unwrap();
+                assert_eq!(
+                    tokenizer.encode(text, special).unwrap(),
+                    want.get_ids(),
+                    "{text:?}"
+                );
+            }
+        }
+    }
+
+    /// The NFC bypass is exact: NFC text gives the full pipeline's ids, and text that is
+    /// not NFC still goes through the normaliser (decomposed "é" tokenizes as composed).
+    #[test]
+    fn the_nfc_bypass_gives_the_normalisers_ids() {
+        let tokenizer = Tokenizer::from_file(&fixture("qwen3/tokenizer.json")).unwrap();
+        let bare = tokenizer
+            .nfc_bypass
+            .as_ref()
+            .expect("qwen3 normalises with NFC");
+        let texts = [
+            "Hello, world! <|im_start|>user\nCafé 中文 😀 ﬁ Ω Å\n\n  x",
+            "def f(x):\n    return x ** 2  # ½ ²\n",
+        ];
+        for text in texts {
+            let full = tokenizer.inner.encode_fast(text, true).unwrap();
+            assert_eq!(tokenizer.encode(text, true).unwrap(), full.get_ids());
+            assert_eq!(
+                bare.encode_fast(text, true).unwrap().get_ids(),
+                full.get_ids()
+            );
+        }
+        let decomposed = "Cafe\u{301} cre\u{300}me";
+        let composed = "Caf\u{e9} cr\u{e8}me";
+        assert_ne!(
+            bare.encode_fast(decomposed, false).unwrap().get_ids(),
+            tokenizer.encode(composed, false).unwrap()
+        );
+        assert_eq!(
+            tokenizer.encode(decomposed, false).unwrap(),
+            tokenizer.encode(composed, false).unwrap()
+        );
+    }
+
+    /// The benchmark switches turn each shortcut off, and the ids stay those of the
+    /// shortcuts: the ablation measures speed only.
+    #[test]
+    fn bench_switches_turn_the_shortcuts_off() {
+        let path = fixture("qwen3/tokenizer.json");
+        let on = Tokenizer::from_file(&path).unwrap();
+        assert!(on.fast.is_some() && on.nfc_bypass.is_some());
+        let off = Tokenizer::from_file_with(
+            &path,
+            &Bench {
+                no_fast_bpe: true,
+                no_nfc_bypass: true,
+                ..Bench::default()
+            },
+        )
+        .unwrap();
+        assert!(off.fast.is_none() && off.nfc_bypass.is_none());
+        let text = "<|im_start|>user\nCafé 中文 😀 It's   fine?<|im_end|>\n";
+        assert_eq!(
+            off.encode(text, false).unwrap(),
+            on.encode(text, false).unwrap()
+        );
+        assert_eq!(off.sha256(), on.sha256());
+    }
+}
