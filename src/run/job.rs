@@ -18,10 +18,11 @@
 
 use crate::config::Config;
 use crate::input::intake::intake;
+use crate::observe::figures::grouped;
 use crate::observe::http::Observed;
 use crate::observe::metrics::{DatasetMetrics, Metrics};
 use crate::observe::monitor::{live_status, monitor_loop, LiveRates};
-use crate::observe::status::{grouped, StatusReport};
+use crate::observe::status::StatusReport;
 use crate::output::archive::{self, Archive, ArchiveDataset};
 use crate::output::shard::{ShardLimits, ShardRow};
 use crate::prompt::template::{ChatTemplate, PromptBuilder, Tokenizer};
