@@ -4,7 +4,7 @@
 //!
 //! Rates are per dataset over streamed tokens (work in flight included); ETAs use the
 //! server's speed learned from the totals over datasets, since datasets share it
-//! ([`crate::estimate::tail::SpeedLearner`], [`crate::run::scheduler::lane_etas`],
+//! ([`crate::estimate::speed::SpeedLearner`], [`crate::run::scheduler::lane_etas`],
 //! [`crate::run::scheduler::run_eta`]). `/status` reports an ETA counted down from the tick that
 //! computed it, so a poll between ticks is not up to a second late.
 //!
@@ -12,7 +12,7 @@
 //! gauges, the last progress line of each dataset and the final bars show final numbers.
 
 use crate::config::Config;
-use crate::estimate::tail::SpeedLearner;
+use crate::estimate::speed::SpeedLearner;
 use crate::observe::bars::{self, DatasetBar, RunLine};
 use crate::observe::metrics::Metrics;
 use crate::observe::progress::{format_line, LineClock, LineFields, Rate};
