@@ -33,20 +33,18 @@ bench:
 	@echo "Benchmarks (by hand, not in make test; results in BENCHMARKS.md):"
 	@grep -E '^bench-[a-z-]+:' Makefile | cut -d: -f1 | sed 's/^/  make /'
 
-## Issue 4: budget overshoot (finish / cancel / naive), ETA error over the run against the naive
+## Budget overshoot (finish / cancel / naive), ETA error over the run against the naive
 ## "remaining requests / req/s", and server utilisation across the dataset boundary, in a
 ## scaled-time simulation of the real job (150 in flight, lognormal 3500/σ1, 850 tok/s).
 ## About 20 minutes at the default time scale 50; BENCH_ETA_ARGS="--variants finish" for one.
 bench-eta:
-	cargo build --release
-	python3 bench/eta.py $(BENCH_ETA_ARGS)
+	BIN=$$(bash scripts/spool_bin.sh --release) && python3 bench/eta.py --bin "$$BIN" $(BENCH_ETA_ARGS)
 
-## Issue 6: spool's enqueue path (render + tokenize + queue) vs transformers + tokenizers, on
+## spool's enqueue path (render + tokenize + queue) vs transformers + tokenizers, on
 ## generated chat prompts (needs `pip install transformers`; no model download). By hand, not
 ## in `make test`; figures go in BENCHMARKS.md. BENCH_TOKENIZE_ARGS="--sizes 100000" for less.
 bench-tokenize:
-	cargo build --release
-	python3 bench/tokenize/bench.py $(BENCH_TOKENIZE_ARGS)
+	BIN=$$(bash scripts/spool_bin.sh --release) && python3 bench/tokenize/bench.py --spool "$$BIN" $(BENCH_TOKENIZE_ARGS)
 
 clean:
 	cargo clean
@@ -57,36 +55,36 @@ clean:
 dashboard-png:
 	bash scripts/dashboard_png.sh
 
-## Issue 7, scenario 1: client overhead against an instant mock (~100-token completions):
-## completions/s and client CPU s per 1000 completions at concurrency 64, 256, 1024, for
-## spool and for bench/client/baseline.py (asyncio + aiohttp; needs `pip install aiohttp`).
-## BENCH_OVERHEAD_ARGS="--prompts 10000 --concurrency 256" for less.
+## Client overhead against an instant mock (~100-token completions): completions/s and
+## client CPU s per 1000 completions at concurrency 64, 256, 1024, for spool and for
+## bench/client/baseline.py (asyncio + aiohttp; needs `pip install aiohttp`).
+## BENCH_OVERHEAD_ARGS="--prompts 10000 --concurrency 256" for less. SPOOL_BENCH_BIN
+## measures another build instead of this one (the bench-client targets all honour it).
 bench-overhead:
-	cargo build --release
-	python3 bench/client/bench.py overhead $(BENCH_OVERHEAD_ARGS)
+	BIN=$${SPOOL_BENCH_BIN:-$$(bash scripts/spool_bin.sh --release)} && \
+		SPOOL_BENCH_BIN="$$BIN" python3 bench/client/bench.py overhead $(BENCH_OVERHEAD_ARGS)
 
-## Issue 7, scenario 2: 2 000 long streaming requests in flight at 10 000 tok/s aggregate:
+## Streaming at scale: 2 000 long streaming requests in flight at 10 000 tok/s aggregate:
 ## client CPU % of one core, RSS, CPU µs per token. BENCH_STREAM_ARGS="--seconds 30".
 bench-stream:
-	cargo build --release
-	python3 bench/client/bench.py stream $(BENCH_STREAM_ARGS)
+	BIN=$${SPOOL_BENCH_BIN:-$$(bash scripts/spool_bin.sh --release)} && \
+		SPOOL_BENCH_BIN="$$BIN" python3 bench/client/bench.py stream $(BENCH_STREAM_ARGS)
 
-## Issue 7, scenario 4: achieved tok/s ÷ the mock's capacity over a 5-minute window
+## Server utilisation: achieved tok/s ÷ the mock's capacity over a 5-minute window
 ## (850 tok/s × time scale 10, 150 in flight). BENCH_THROUGHPUT_ARGS="--seconds 60" for less.
 bench-throughput:
-	cargo build --release
-	python3 bench/client/bench.py throughput $(BENCH_THROUGHPUT_ARGS)
+	BIN=$${SPOOL_BENCH_BIN:-$$(bash scripts/spool_bin.sh --release)} && \
+		SPOOL_BENCH_BIN="$$BIN" python3 bench/client/bench.py throughput $(BENCH_THROUGHPUT_ARGS)
 
-## Issue 7, scenario 3: a 10 M-prompt dataset (prompt strings, no tokenizer): enqueue rate, sled
-## bytes per item, restart time (SIGKILL -> first request dispatched) and RSS while enqueueing
-## and draining, against a fast mock server. Generates target/bench-data/scale-prompts-N.jsonl
-## once (4.5 GB for 10 M). BENCH_SCALE_ARGS="--prompts 1000000" for a smaller run.
+## A 10 M-prompt dataset (prompt strings, no tokenizer): enqueue rate, sled bytes per item,
+## restart time (SIGKILL -> first request dispatched) and RSS while enqueueing and draining,
+## against a fast mock server. Generates target/bench-data/scale-prompts-N.jsonl once
+## (4.5 GB for 10 M). BENCH_SCALE_ARGS="--prompts 1000000" for a smaller run.
 bench-scale:
-	cargo build --release
-	python3 bench/scale/bench.py $(BENCH_SCALE_ARGS)
+	BIN=$$(bash scripts/spool_bin.sh --release) && python3 bench/scale/bench.py --spool "$$BIN" $(BENCH_SCALE_ARGS)
 
-## Issue 7, scenario 5: the crate's ShardWriter writing long completions with token-id lists
-## to zstd Parquet at levels 1, 3 and 9: rows/s, MB/s and compression ratio.
+## Shard writing: the crate's ShardWriter writing long completions with token-id lists to
+## zstd Parquet at levels 1, 3 and 9: rows/s, MB/s and compression ratio.
 ## BENCH_SHARD_ARGS="ROWS LEVELS" (default "2000 1,3,9").
 bench-shard:
 	cargo run --release --example bench_shard -- $(BENCH_SHARD_ARGS)
@@ -96,6 +94,5 @@ bench-shard:
 ## the duplicate-id set alone (examples/bench_dedup.rs) on the same three shapes.
 ## BENCH_DEDUP_ARGS="--rows 200000 --repeat 1" for less.
 bench-dedup:
-	cargo build --release
-	python3 bench/dedup/bench.py $(BENCH_DEDUP_ARGS)
+	BIN=$$(bash scripts/spool_bin.sh --release) && python3 bench/dedup/bench.py --spool "$$BIN" $(BENCH_DEDUP_ARGS)
 	cargo run --release --example bench_dedup

@@ -18,6 +18,7 @@ At the end it prints the tables that BENCHMARKS.md records. Loopback only.
 import argparse, json, os, pathlib, signal, subprocess, sys, tempfile, time, urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+from cargo_target import release_bin  # noqa: E402 (bench/ is this script's folder)
 
 
 def start_mock(bin_, scale, seed, log):
@@ -194,10 +195,11 @@ def main():
     ap.add_argument("--second-prompts", type=int, default=1000)
     ap.add_argument("--second-budget", type=int, default=1_000_000)
     ap.add_argument("--variants", default="finish,cancel,naive,serial")
-    ap.add_argument("--bin", default=str(ROOT / "target/release/spool"))
+    ap.add_argument("--bin", help="spool binary (default: the release build, wherever cargo put it)")
     ap.add_argument("--trace", action="store_true",
                     help="print predicted vs actual remaining over the second half of the run")
     a = ap.parse_args()
+    a.bin = a.bin or str(release_bin())
     results = {}
     for v in a.variants.split(","):
         print(f"== {v} (time scale {a.scale})", file=sys.stderr, flush=True)

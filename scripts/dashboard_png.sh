@@ -12,8 +12,8 @@ for p in python3 /usr/bin/python3; do
 done
 [[ -n "$PY" ]] || { echo "needs matplotlib (apt-get install python3-matplotlib)" >&2; exit 2; }
 
-cargo build --quiet
-BIN=target/debug/spool
+# Built, and found where cargo put it (CARGO_TARGET_DIR included).
+BIN=$(bash scripts/spool_bin.sh)
 W=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$W"; }

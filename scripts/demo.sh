@@ -3,8 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # SPOOL_BIN / DEMO_OUT let the test suite run this very script against its own build.
-if [[ -z "${SPOOL_BIN:-}" ]]; then cargo build --quiet; fi
-BIN=${SPOOL_BIN:-target/debug/spool}
+# Otherwise build, and take the binary from where cargo put it (CARGO_TARGET_DIR included).
+BIN=${SPOOL_BIN:-$(bash scripts/spool_bin.sh)}
 OUT=${DEMO_OUT:-demo-out}
 rm -rf "$OUT" && mkdir -p "$OUT"
 cp -r examples/prompts "$OUT/prompts"

@@ -1,4 +1,5 @@
-//! `spool.toml`: the user's description of a job (SPEC §2).
+//! `spool.toml`: the user's description of a job (the README's Configuration section documents
+//! every key).
 //!
 //! Invariants: every key is known (serde `deny_unknown_fields`), so a typo is an error naming
 //! the key and the file, never a silently ignored setting; every relative path is resolved
@@ -617,6 +618,7 @@ mod tests {
         Config::load(&p, &Overrides::default())
     }
 
+    /// A misspelt key is an error naming the key and the file, not a setting silently ignored.
     #[test]
     fn unknown_key_is_named() {
         let e = load_str("[run]\nconcurency = 3\n[[dataset]]\nname='a'\npath='a.jsonl'\n")
@@ -626,6 +628,7 @@ mod tests {
         assert!(e.contains("spool.toml"), "{e}");
     }
 
+    /// Dataset names that would escape or collide as folder names are refused, naming the key.
     #[test]
     fn bad_dataset_names_are_refused() {
         for n in ["../x", "a/b", "..", ".", ""] {
@@ -654,6 +657,8 @@ mod tests {
             .contains("a space at byte 10"));
     }
 
+    /// Relative paths resolve against the config file's folder, a dataset's sampling
+    /// overrides the global one key by key, and the config's hash is recorded.
     #[test]
     fn relative_paths_resolve_against_the_config_and_overrides_apply() {
         let c = load_str(

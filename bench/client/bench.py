@@ -19,8 +19,10 @@ import argparse, json, os, pathlib, re, shutil, signal, subprocess, sys, tempfil
 import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+from cargo_target import release_bin  # noqa: E402 (bench/cargo_target.py)
 # SPOOL_BENCH_BIN: another build (e.g. the binary before a change, for before/after rows).
-BIN = pathlib.Path(os.environ.get("SPOOL_BENCH_BIN", ROOT / "target" / "release" / "spool")).resolve()
+BIN = pathlib.Path(os.environ.get("SPOOL_BENCH_BIN") or release_bin()).resolve()
 # SPOOL_BENCH_MOCK_BIN: the binary whose `mock-server` is used (default BIN), so that builds
 # before and after a change are measured against the same mock.
 MOCK_BIN = pathlib.Path(os.environ.get("SPOOL_BENCH_MOCK_BIN", BIN)).resolve()

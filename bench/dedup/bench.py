@@ -15,7 +15,7 @@ peak RSS: on Linux that carries the forking Python's over the exec). Each file i
 run `--repeat` times (default 3), alternating files; the median is printed, and the ratio
 of each duplicate file's rate to the unique rate. Run by hand, never by `make test`.
 
-usage: bench.py [--rows N] [--repeat R] [--spool target/release/spool] [--files unique,cat,shuffled]
+usage: bench.py [--rows N] [--repeat R] [--spool PATH] [--files unique,cat,shuffled]
 """
 import argparse
 import os
@@ -30,6 +30,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.dirname(HERE))
+from cargo_target import release_bin  # noqa: E402 (bench/cargo_target.py)
 DATA = os.path.join(ROOT, "target", "bench-data")
 
 
@@ -114,9 +116,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--spool", default=os.path.join(ROOT, "target", "release", "spool"))
+    ap.add_argument("--spool", help="spool binary (default: the release build, wherever cargo put it)")
     ap.add_argument("--files", default="unique,cat,shuffled")
     a = ap.parse_args()
+    a.spool = a.spool or str(release_bin())
     paths = files(a.rows)
     names = a.files.split(",")
     lines = {}

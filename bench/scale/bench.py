@@ -18,7 +18,7 @@ Prints one table. Benchmarks are run by hand, never by `make test`.
 With --single-run there is no separate enqueue pass: the first run enqueues and drains in
 one process (the usual use) before the kill, so the restart replays that run's whole log.
 
-usage: bench.py [--prompts N] [--spool target/release/spool] [--drain-s 15] [--keep] [--single-run]
+usage: bench.py [--prompts N] [--spool PATH] [--drain-s 15] [--keep] [--single-run]
 """
 import argparse
 import json
@@ -36,6 +36,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.dirname(HERE))
+from cargo_target import release_bin  # noqa: E402 (bench/cargo_target.py)
 DATA = os.path.join(ROOT, "target", "bench-data")
 
 
@@ -222,13 +224,14 @@ def restart(spool, d, prompts, drain_s):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=10_000_000)
-    ap.add_argument("--spool", default=os.path.join(ROOT, "target", "release", "spool"))
+    ap.add_argument("--spool", help="spool binary (default: the release build, wherever cargo put it)")
     ap.add_argument("--drain-s", type=float, default=15.0)
     ap.add_argument("--keep", action="store_true", help="keep the run folder")
     ap.add_argument("--single-run", action="store_true",
                     help="no separate enqueue pass: the first run enqueues and drains in one process "
                          "(the usual use), is SIGKILLed, and the restart is timed")
     a = ap.parse_args()
+    a.spool = a.spool or str(release_bin())
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, "
           f"load {os.getloadavg()[0]:.1f}", flush=True)
     prompts = ensure_data(a.prompts)

@@ -19,7 +19,7 @@ With --ablate, spool also runs without the fast byte-level BPE encoder
 and, given --spool-glibc (a `--no-default-features` build), with glibc malloc and neither:
 what each optimisation bought, on the same input.
 
-usage: bench.py [--sizes 100000,1000000] [--skip-python] [--spool target/release/spool]
+usage: bench.py [--sizes 100000,1000000] [--skip-python] [--spool PATH]
                 [--ablate] [--spool-glibc PATH]
 """
 import argparse
@@ -34,6 +34,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.dirname(HERE))
+from cargo_target import release_bin  # noqa: E402 (bench/cargo_target.py)
 TOK = os.path.join(ROOT, "tests", "fixtures", "tokenizers", "qwen3")
 DATA = os.path.join(ROOT, "target", "bench-data")
 
@@ -123,10 +125,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="100000,1000000")
     ap.add_argument("--skip-python", action="store_true")
-    ap.add_argument("--spool", default=os.path.join(ROOT, "target", "release", "spool"))
+    ap.add_argument("--spool", help="spool binary (default: the release build, wherever cargo put it)")
     ap.add_argument("--ablate", action="store_true")
     ap.add_argument("--spool-glibc")
     a = ap.parse_args()
+    a.spool = a.spool or str(release_bin())
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, python {platform.python_version()}")
     try:
         import tokenizers, transformers

@@ -1,6 +1,8 @@
-//! Token budgets and the length arithmetic behind ETAs: how many tokens the work in flight
-//! will still produce, and how long a request that has streamed so far will still run
-//! ([`LengthModel::survival`]; [`crate::estimate::tail`] turns that into when a dataset is finished).
+//! Completion-length statistics: how many tokens a request will produce, learnt from the
+//! completions seen so far. The budget gate asks how many tokens the work in flight will
+//! still produce; the ETA asks how long a request that has streamed so far will still run
+//! ([`LengthModel::survival`]; [`crate::estimate::tail`] turns that into when a dataset is
+//! finished).
 //!
 //! [`LengthModel`] fits a log-normal completion-length distribution by maximum likelihood to
 //! the completions seen so far *and* to the requests in flight, treated as right-censored
@@ -399,32 +401,6 @@ pub fn inverse_normal_cdf(p: f64) -> f64 {
     }
 }
 
-/// Seconds left for `remaining_tokens` at `tokens_per_s`.
-pub fn eta_seconds(remaining_tokens: f64, tokens_per_s: f64) -> Option<f64> {
-    if remaining_tokens <= 0.0 {
-        return Some(0.0);
-    }
-    if tokens_per_s <= 1e-9 {
-        return None;
-    }
-    Some(remaining_tokens / tokens_per_s)
-}
-
-/// Formats seconds as `2h41m`, `3m05s`, `12s`.
-pub fn format_duration(secs: f64) -> String {
-    if !secs.is_finite() {
-        return "?".into();
-    }
-    let s = secs.max(0.0).round() as u64;
-    if s >= 3600 {
-        format!("{}h{:02}m", s / 3600, (s % 3600) / 60)
-    } else if s >= 60 {
-        format!("{}m{:02}s", s / 60, s % 60)
-    } else {
-        format!("{s}s")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -438,6 +414,8 @@ mod tests {
         (0..n).map(|_| d.sample(&mut rng)).collect()
     }
 
+    /// With no completion seen, every request is expected to run to `max_tokens`, so a fresh
+    /// run never dispatches past its budget on optimism.
     #[test]
     fn no_data_means_the_conservative_cap() {
         let m = LengthModel::new(1000);
@@ -445,6 +423,7 @@ mod tests {
         assert_eq!(m.expected_final(1200), 1000.0);
     }
 
+    /// The complementary error function matches reference values to 2e-7.
     #[test]
     fn erfc_is_accurate() {
         for (x, want) in [
@@ -457,6 +436,8 @@ mod tests {
         }
     }
 
+    /// Fitted to many finished completions alone, the model recovers the mean of the
+    /// distribution they were drawn from.
     #[test]
     fn complete_data_recovers_the_distribution() {
         let mut m = LengthModel::new(100_000);
@@ -498,6 +479,8 @@ mod tests {
         );
     }
 
+    /// The mean length given what has streamed is above what has streamed and never above
+    /// the cap; from zero it is the distribution's mean.
     #[test]
     fn conditional_means_and_the_cap() {
         let d = LogNormal {
@@ -510,6 +493,8 @@ mod tests {
         assert!(d.conditional_mean(5000.0, 10_240.0) > 5000.0);
     }
 
+    /// The expected longest remaining completion grows with the number in flight and stays
+    /// within the cap.
     #[test]
     fn max_remaining_grows_with_the_number_in_flight() {
         let mut m = LengthModel::new(10_240);
@@ -522,6 +507,8 @@ mod tests {
         assert!(many > one && many <= 10_240.0, "{one} {many}");
     }
 
+    /// The normal quantile is the inverse of the CDF built on `erfc`, from the far tails to
+    /// the median.
     #[test]
     fn the_normal_quantile_inverts_erfc() {
         for &p in &[1e-9, 1e-4, 0.01, 0.024, 0.2, 0.5, 0.8, 0.976, 0.999] {
@@ -555,12 +542,5 @@ mod tests {
                 "s {s}: {mean} vs {want}"
             );
         }
-    }
-
-    #[test]
-    fn durations_format() {
-        assert_eq!(format_duration(9660.0), "2h41m");
-        assert_eq!(format_duration(185.0), "3m05s");
-        assert_eq!(format_duration(12.4), "12s");
     }
 }

@@ -1,20 +1,12 @@
-//! When each dataset's last request will complete: the tail of the ETA (SPEC §4.5).
+//! The simulation of the run's tail behind the ETA: when each dataset's last request will
+//! complete, given what is in flight, what is left to start, the fitted completion lengths
+//! and the server's [`SpeedCurve`].
 //!
-//! A continuous-batching server shares its throughput among the requests in its batch: while
-//! the batch is full each request gets `capacity / n`; as the batch empties at the end of a
-//! run (no more prompts, or the budget stops dispatching) the requests left go faster, up to
-//! the server's per-request ceiling. An ETA that divides the longest remaining completion by
-//! *today's* per-request speed is therefore late in the tail (it was 18 % late at 90 % of the
-//! `make bench-eta` run). This module models that speed-up.
+//! As the batch empties at the end of a run (no more prompts, or the budget stops
+//! dispatching) the requests left go faster, so an ETA that divides the longest remaining
+//! completion by the current per-request speed is late in the tail; this simulation plays
+//! the speed-up forward instead.
 //!
-//! Two parts:
-//!
-//! - [`SpeedLearner`] turns the monitor's once-a-second samples (streamed tokens over all
-//!   datasets, requests in flight) into a [`SpeedCurve`]: the aggregate capacity, measured
-//!   while the batch is (nearly) full, and the per-request ceiling, measured only once the
-//!   batch has been small enough for throughput to fall below capacity. Until a ceiling has
-//!   been seen none is assumed (the capacity is shared evenly, as work-conserving servers do);
-//!   a lone request never gets more than the whole capacity.
 //! - [`finish_times`] samples the tail of the run and runs a fluid model of its bulk.
 //!   [`sampled_finish_times`] (at most [`SAMPLED_MAX_STARTS`] requests left to start) replays
 //!   the remaining work many times with drawn lengths and the scheduler's own rules,
@@ -37,138 +29,14 @@
 //! that still has requests to start is never reported done before it has started them all.
 
 use crate::estimate::lengths::LengthModel;
+use crate::estimate::speed::SpeedCurve;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
-use std::time::{Duration, Instant};
+use std::collections::BinaryHeap;
 
 /// Simulation steps per `max_tokens` of per-request progress (the time resolution of the tail).
 pub const BUCKETS_PER_CAP: usize = 128;
 /// Upper bound on simulated steps: long runs get coarser steps instead of more of them.
 const MAX_STEPS: usize = 8192;
-/// How far back the speed learner looks (as the token rates do).
-const WINDOW: Duration = Duration::from_secs(120);
-/// An interval counts as "batch full" when it had at least this share of the most requests
-/// in flight seen in the window.
-const FULL_SHARE: f64 = 0.75;
-/// An interval counts as capped by the per-request ceiling when its throughput was below this
-/// share of capacity (and requests were in flight).
-const CAPPED_SHARE: f64 = 0.8;
-
-/// How fast the server generates as a function of how many requests it is running.
-///
-/// Modelled as `per_request(n) = min(ceiling, capacity / n)`: the shape of a continuous
-/// batching server (and of `spool mock-server`), where throughput is flat once the batch is
-/// large enough and a small batch is limited by the decode speed of one sequence.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SpeedCurve {
-    /// Aggregate tokens/s with a full batch.
-    pub capacity_tps: f64,
-    /// Fastest one request goes (tokens/s), once observed; `None` = not seen yet.
-    pub per_request_cap_tps: Option<f64>,
-}
-
-impl SpeedCurve {
-    /// Tokens/s each request gets with `n` requests in flight. At least one request is
-    /// assumed active (a lone request never gets more than the whole capacity).
-    pub fn per_request(&self, n: f64) -> f64 {
-        let share = self.capacity_tps / n.max(1.0);
-        match self.per_request_cap_tps {
-            Some(c) => share.min(c),
-            None => share,
-        }
-    }
-}
-
-/// Learns a [`SpeedCurve`] from what the monitor sees each second. Only the totals over all
-/// datasets matter: they share the server.
-#[derive(Debug, Default)]
-pub struct SpeedLearner {
-    /// (instant, streamed tokens over all datasets, requests in flight over all datasets).
-    samples: VecDeque<(Instant, u64, usize)>,
-    /// Last per-request ceiling measured; kept beyond the window (it is seen only in tails).
-    cap: Option<f64>,
-}
-
-impl SpeedLearner {
-    /// Adds a sample and updates the per-request ceiling if the batch was small enough to
-    /// reveal it.
-    pub fn sample(&mut self, now: Instant, streamed_tokens: u64, inflight: usize) {
-        self.samples.push_back((now, streamed_tokens, inflight));
-        while self.samples.len() > 2 && now.duration_since(self.samples[0].0) > WINDOW {
-            self.samples.pop_front();
-        }
-        let Some((capacity, full)) = self.capacity() else {
-            return;
-        };
-        // Capped intervals: a batch that stayed clearly smaller than the full one (not the
-        // start of a run, where it fills up), whose throughput fell short of capacity, and
-        // whose requests went faster than a full batch's share (a hiccup of the server at a
-        // full batch reveals nothing about the ceiling).
-        let mut capped: Vec<f64> = self
-            .intervals()
-            .filter(|iv| iv.n_min >= 1.0 && iv.n_max < FULL_SHARE * full)
-            .filter(|iv| iv.tps < CAPPED_SHARE * capacity)
-            .map(|iv| iv.tps / iv.n)
-            .filter(|&r| r > capacity / full)
-            .collect();
-        if !capped.is_empty() {
-            capped.sort_by(f64::total_cmp);
-            // The median: robust against an interval whose average batch is off.
-            self.cap = Some(capped[capped.len() / 2]);
-        }
-    }
-
-    fn intervals(&self) -> impl Iterator<Item = Interval> + '_ {
-        self.samples
-            .iter()
-            .zip(self.samples.iter().skip(1))
-            .filter_map(|(a, b)| {
-                let dt = b.0.duration_since(a.0).as_secs_f64();
-                (dt >= 0.2).then(|| Interval {
-                    dt,
-                    tokens: b.1.saturating_sub(a.1) as f64,
-                    tps: b.1.saturating_sub(a.1) as f64 / dt,
-                    n: (a.2 + b.2) as f64 / 2.0,
-                    n_min: a.2.min(b.2) as f64,
-                    n_max: a.2.max(b.2) as f64,
-                })
-            })
-    }
-
-    /// Aggregate tokens/s over the window's intervals with a (nearly) full batch, and the
-    /// size of that full batch.
-    fn capacity(&self) -> Option<(f64, f64)> {
-        let full = self.intervals().map(|iv| iv.n).fold(0.0, f64::max);
-        if full <= 0.0 {
-            return None;
-        }
-        let (tokens, dt) = self
-            .intervals()
-            .filter(|iv| iv.n >= FULL_SHARE * full)
-            .fold((0.0, 0.0), |(k, t), iv| (k + iv.tokens, t + iv.dt));
-        (dt >= 0.5 && tokens > 0.0).then(|| (tokens / dt, full))
-    }
-
-    /// The curve, once a second of data with requests in flight exists.
-    pub fn curve(&self) -> Option<SpeedCurve> {
-        let (capacity_tps, _) = self.capacity()?;
-        Some(SpeedCurve {
-            capacity_tps,
-            per_request_cap_tps: self.cap,
-        })
-    }
-}
-
-/// Between two samples: seconds, tokens, tokens/s, requests in flight (mean of both ends,
-/// and the smaller and larger end).
-struct Interval {
-    dt: f64,
-    tokens: f64,
-    tps: f64,
-    n: f64,
-    n_min: f64,
-    n_max: f64,
-}
 
 /// One dataset's remaining work, as [`finish_times`] sees it.
 #[derive(Debug, Clone)]
@@ -217,9 +85,9 @@ const GATE_GRID: usize = 512;
 /// expected final tokens of its requests in flight below the budget) re-checked whenever a
 /// slot frees. That gate keeps opening during the drain — each request that ends shorter
 /// than expected makes room for another — and a late request that runs long decides when
-/// the dataset ends: the fluid model, which closes the gate once, was seconds early for it
-/// (`make bench-eta`). Also exact where the fluid model averages: the speed of each step
-/// depends on the sampled number in flight, not on its mean.
+/// the dataset ends, which the fluid model, closing the gate once, cannot see. Also exact
+/// where the fluid model averages: the speed of each step depends on the sampled number in
+/// flight, not on its mean.
 ///
 /// Deterministic (fixed seed, stratified draws per request); `None` if a replay takes more
 /// events than the work could need (a safety bound), leaving the estimate to the fluid model.
@@ -544,15 +412,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn speed_curve_shares_capacity_up_to_the_ceiling() {
-        let c = curve(1000.0, Some(60.0));
-        assert_eq!(c.per_request(100.0), 10.0);
-        assert_eq!(c.per_request(2.0), 60.0);
-        // Without a ceiling, a lone request gets the whole capacity, never more.
-        assert_eq!(curve(1000.0, None).per_request(0.2), 1000.0);
-    }
-
     /// Known lengths, a known curve: 10 requests that each have 1000 tokens left, 1000 tok/s
     /// capacity shared by 10 = 100 tok/s each: 10 s, whatever the ceiling above 100.
     #[test]
@@ -565,8 +424,8 @@ mod tests {
     /// The tail speeds up as the batch shrinks: requests with 250, 500, 750 and 1000 tokens
     /// left (streamed 750, 500, 250, 0 of a 1000 cap), 400 tok/s shared, ceiling 1000:
     /// 4 active → 100 tok/s each: 2.5 s to the first finish; then 3 at 133: 1.875 s; 2 at
-    /// 200: 1.25 s; 1 at 400 (capacity binds): 0.625 s. Total 6.25 s. The old estimate
-    /// (longest remaining ÷ today's per-request speed) said 10 s.
+    /// 200: 1.25 s; 1 at 400 (capacity binds): 0.625 s. Total 6.25 s, where the longest
+    /// remaining ÷ the current per-request speed says 10 s.
     #[test]
     fn a_shrinking_batch_speeds_up_its_last_requests() {
         let lanes = [unbudgeted(vec![750, 500, 250, 0], 0.0, exact(1000))];
@@ -590,6 +449,7 @@ mod tests {
         close(t[1], 30.0, 0.03);
     }
 
+    /// A dataset with nothing in flight and nothing to start has an ETA of 0.
     #[test]
     fn nothing_left_is_done_now() {
         let lanes = [unbudgeted(vec![], 0.0, model(3500.0, 1.0, 10_240))];
@@ -618,8 +478,8 @@ mod tests {
 
     /// Against a discrete simulation of a server (the mock's rule min(ceiling, capacity / n))
     /// with lengths drawn from the distribution the model knows, the tail ETA is within a few
-    /// per cent, averaged over seeds; the old "longest remaining at today's speed" rule is far
-    /// too late.
+    /// per cent, averaged over seeds; the naive rule (longest remaining at the current
+    /// per-request speed) is far too late.
     #[test]
     fn tail_eta_matches_a_simulated_server() {
         use rand::SeedableRng;
@@ -628,7 +488,7 @@ mod tests {
         let (capacity, ceiling) = (42_500.0, 3000.0);
         let m = model(mean, sigma, cap);
         let d = LN::new(mean.ln() - sigma * sigma / 2.0, sigma).unwrap();
-        let (mut err_sum, mut old_sum, runs) = (0.0, 0.0, 16);
+        let (mut err_sum, mut naive_sum, runs) = (0.0, 0.0, 16);
         for seed in 0..runs {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let mut draw = || (d.sample(&mut rng).round().max(1.0) as u32).min(cap);
@@ -639,7 +499,7 @@ mod tests {
             let dt = 0.005;
             let mut t = 0.0;
             let mut prediction = None;
-            let mut old = 0.0;
+            let mut naive = 0.0;
             while !active.is_empty() {
                 if prediction.is_none() && t >= 20.0 {
                     let lanes = [unbudgeted(
@@ -650,7 +510,7 @@ mod tests {
                     let c = curve(capacity, Some(ceiling));
                     prediction = Some(t + finish_times(&lanes, &c, slots)[0]);
                     let streamed: Vec<u32> = active.iter().map(|a| a.0 as u32).collect();
-                    old = t
+                    naive = t
                         + (left as f64 * m.expected_new()) / capacity
                         + m.expected_max_remaining(&streamed) / (capacity / slots as f64);
                 }
@@ -667,11 +527,15 @@ mod tests {
             }
             let p = prediction.unwrap();
             err_sum += (p - t) / (t - 20.0);
-            old_sum += (old - t) / (t - 20.0);
+            naive_sum += (naive - t) / (t - 20.0);
         }
-        let (err, old) = (err_sum / runs as f64, old_sum / runs as f64);
+        let (err, naive) = (err_sum / runs as f64, naive_sum / runs as f64);
         assert!(err.abs() < 0.05, "mean error {:.1} %", err * 100.0);
-        assert!(old > 0.10, "the old rule was {:.1} % late", old * 100.0);
+        assert!(
+            naive > 0.10,
+            "the naive rule was {:.1} % late",
+            naive * 100.0
+        );
     }
 
     /// A budgeted dataset at its gate: against a discrete simulation of the scheduler (its
@@ -768,31 +632,5 @@ mod tests {
             "the fluid model was only {:+.1} % early",
             fluid * 100.0
         );
-    }
-
-    #[test]
-    fn the_learner_measures_capacity_and_the_ceiling() {
-        let t0 = Instant::now();
-        let mut l = SpeedLearner::default();
-        // The run starts: nothing in flight, then a full batch that is still warming up
-        // (which must not pass for a small batch that reveals a ceiling).
-        l.sample(t0, 0, 0);
-        let mut tokens = 800u64;
-        // 30 s of a full batch of 150 at 1000 tok/s.
-        for s in 1..30u64 {
-            l.sample(t0 + Duration::from_secs(s), tokens, 150);
-            tokens += 1000;
-        }
-        let c = l.curve().unwrap();
-        close(c.capacity_tps, 1000.0, 0.01);
-        assert_eq!(c.per_request_cap_tps, None, "no small batch seen yet");
-        // The batch shrinks to 5, which then get 60 tok/s each (300 tok/s in all).
-        for s in 30..40u64 {
-            l.sample(t0 + Duration::from_secs(s), tokens, 5);
-            tokens += 300;
-        }
-        let c = l.curve().unwrap();
-        close(c.capacity_tps, 1000.0, 0.01);
-        close(c.per_request_cap_tps.unwrap(), 60.0, 0.01);
     }
 }

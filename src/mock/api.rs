@@ -476,9 +476,9 @@ impl Render {
     }
 
     /// The whole non-streaming body for output `ids`, serialised. OpenAI-style bodies are
-    /// written from borrowed structs in the same field order as the `Value` they replace:
-    /// building a `Value` per response was a third of the mock's CPU with instant
-    /// responses, which the overhead benchmark's clients share a machine with.
+    /// written from borrowed structs (their fields in a fixed order) rather than
+    /// built as a `Value` per response: with instant responses that allocation is much of
+    /// the mock's CPU, which a client measured against it shares the machine with.
     pub(crate) fn full(&self, ids: &[u32], finish: FinishOut, latency_s: f64) -> Vec<u8> {
         let n = ids.len() as u32;
         let body = match self.api {
@@ -632,6 +632,7 @@ mod tests {
         }
     }
 
+    /// An SSE event is one `data:` line and a blank line; the stream ends with `[DONE]`.
     #[test]
     fn sse_events_are_framed() {
         let e = sse_event(&json!({"a": 1}));
@@ -639,6 +640,8 @@ mod tests {
         assert_eq!(SSE_DONE, b"data: [DONE]\n\n");
     }
 
+    /// SGLang events carry the text and ids so far, or only the new ones with
+    /// `incremental_streaming_output`; the finish reason comes with the last.
     #[test]
     fn sglang_events_are_cumulative_or_incremental() {
         let all = [5, 6, 7];
@@ -657,6 +660,8 @@ mod tests {
         );
     }
 
+    /// OpenAI chunks carry the new text and ids, a separate usage chunk when asked for, chat's
+    /// role chunk first, and a full chat body the message and usage.
     #[test]
     fn openai_chunks_carry_deltas_and_usage() {
         let r = render(Api::Completions, false);
@@ -680,6 +685,8 @@ mod tests {
         assert_eq!(full["usage"]["completion_tokens"], 1);
     }
 
+    /// Each API's request body is read into one request (caps, ids, rid, usage option);
+    /// malformed JSON, a missing prompt and a negative cap are refused with a 400.
     #[test]
     fn parse_reads_each_api_and_rejects_bad_input() {
         let g = parse(

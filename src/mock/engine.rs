@@ -336,6 +336,8 @@ mod tests {
         (now - t0).as_secs_f64()
     }
 
+    /// Requests in flight together share the aggregate capacity: four of 100 tokens at
+    /// 1000 tok/s take 400 ms, and every token is counted.
     #[test]
     fn concurrent_jobs_share_capacity() {
         // 4 jobs × 100 tokens at 1000 tok/s aggregate (per-request cap not binding): 400 ms.
@@ -356,6 +358,7 @@ mod tests {
         assert_eq!(e.counters.snapshot_tokens(), 400);
     }
 
+    /// A lone request goes no faster than the per-request ceiling, times the time scale.
     #[test]
     fn single_job_is_capped_per_request_and_time_scaled() {
         // 50 tok/s per request × 10 = 500 tok/s: 100 tokens in 200 ms.
@@ -366,6 +369,7 @@ mod tests {
         assert!((0.199..0.206).contains(&took), "took {took}");
     }
 
+    /// A request that joins between ticks is credited only from when it joined.
     #[test]
     fn late_joiner_is_credited_from_its_arrival_only() {
         let e = engine(1000.0, 1000.0, 1.0);
@@ -378,6 +382,7 @@ mod tests {
         assert_eq!(b.current().produced, 0);
     }
 
+    /// A submitted request is driven to the end by the ticker alone, then leaves the batch.
     #[tokio::test]
     async fn submitted_jobs_run_to_completion_on_the_ticker() {
         let e = engine(1e6, 1e6, 1.0);
@@ -414,6 +419,9 @@ mod tests {
         );
     }
 
+    /// An abort by rid, a dropped job and a shutdown each take requests out of the batch; after
+    /// shutdown every new request ends at once as shut down (a zero-token one on a live engine
+    /// is simply done).
     #[test]
     fn abort_drop_and_shutdown_leave_the_batch() {
         let e = engine(100.0, 100.0, 1.0);

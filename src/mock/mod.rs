@@ -1,7 +1,7 @@
 //! `spool mock-server`: a simulated continuous-batching inference server speaking SGLang's
 //! `/generate` and vLLM's `/v1/completions` and `/v1/chat/completions` (streaming and not),
 //! with `/health`, `/v1/models`, `/get_model_info` and `/abort_request`. It is what the
-//! demo, the tests and the benchmarks run against (SPEC §8).
+//! demo, the tests and the benchmarks run against.
 //!
 //! How it simulates (see the submodules for details):
 //! - **Tokens.** One token per whitespace-separated word of a text prompt (or one per id
@@ -486,9 +486,9 @@ pub fn router(state: Arc<MockState>) -> Router {
 pub const LISTEN_BACKLOG: u32 = 4096;
 
 /// Binds `addr` for `spool mock-server` with a listen queue of [`LISTEN_BACKLOG`] (as
-/// uvicorn's 2048 and nginx's 511 are set explicitly): tokio's default of 1024 overflowed
-/// when a client opened 1,024 connections at once (`bench-overhead`), and each dropped SYN
-/// cost that request a 1 s retransmission (`nstat`: `TcpExtListenOverflows`).
+/// uvicorn's 2048 and nginx's 511 are set explicitly): tokio's default of 1024 overflows
+/// when a client opens 1,024 connections at once, and each dropped SYN costs that request
+/// a 1 s retransmission (`nstat`: `TcpExtListenOverflows`).
 pub async fn bind(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
     let mut last = None;
     for a in tokio::net::lookup_host(addr).await? {
@@ -553,7 +553,7 @@ mod tests {
 
     /// A burst of 1,100 connections to a listener that has accepted none of them yet all
     /// complete their handshake: the queue holds more than tokio's default 1,024, whose
-    /// overflow dropped SYNs and cost the requests behind them a 1 s retransmission.
+    /// overflow drops SYNs and costs the requests behind them a 1 s retransmission.
     #[tokio::test]
     async fn the_listener_queues_a_burst_of_connections() {
         let listener = bind("127.0.0.1:0").await.unwrap();
@@ -585,6 +585,8 @@ mod tests {
         cfg: MockConfig,
     }
 
+    /// The command line's defaults are `MockConfig::default()`, and its flags set the fields
+    /// they name.
     #[test]
     fn clap_defaults_match_default() {
         let cli = Cli::try_parse_from(["mock"]).expect("parse");
@@ -596,6 +598,8 @@ mod tests {
         assert_eq!(cli.cfg.log, Some(PathBuf::from("x")));
     }
 
+    /// A config that cannot be simulated (no capacity, fault rates over 1 in all) is refused,
+    /// naming the setting.
     #[test]
     fn validation_names_the_bad_knob() {
         assert!(MockConfig::for_tests().validate().is_ok());
@@ -613,6 +617,7 @@ mod tests {
         assert!(bad.validate().is_err());
     }
 
+    /// Each outcome's counter index is its place in `Outcome::ALL`.
     #[test]
     fn outcome_indices_follow_all() {
         for (i, o) in Outcome::ALL.iter().enumerate() {

@@ -273,6 +273,7 @@ mod tests {
         }
     }
 
+    /// Over many prompts the completion lengths have the configured mean.
     #[test]
     fn lognormal_mean_matches_config_over_many_prompts() {
         let m = LengthModel::new(3500.0, 1.0, 1, 7).expect("model");
@@ -285,6 +286,7 @@ mod tests {
         assert!((mean - 3500.0).abs() < 140.0, "mean {mean}");
     }
 
+    /// The configured mean holds whatever the seed.
     #[test]
     fn lognormal_mean_holds_across_seeds() {
         for seed in 0..5 {
@@ -296,6 +298,8 @@ mod tests {
         }
     }
 
+    /// A prompt's output is a pure function of seed and prompt (so a retry regenerates it), and
+    /// a capped output is the prefix of the uncapped one.
     #[test]
     fn plans_are_deterministic_and_capped_plans_are_prefixes() {
         let m = LengthModel::new(100.0, 1.0, 1, 42).expect("model");
@@ -312,6 +316,8 @@ mod tests {
         assert_ne!(other.plan(key, limits(u32::MAX)), a);
     }
 
+    /// A plan is never shorter than the minimum asked for, runs to the cap with `ignore_eos`,
+    /// and is empty under a zero cap.
     #[test]
     fn plan_respects_minimums_and_ignore_eos() {
         let m = LengthModel::new(5.0, 0.0, 8, 1).expect("model");
@@ -332,6 +338,8 @@ mod tests {
         assert_eq!(m.plan(1, limits(0)).ids.len(), 0);
     }
 
+    /// Ids detokenize to `" w{id}"` words that tokenize back to the same ids, and any text
+    /// tokenizes to one in-vocabulary id per word, stably.
     #[test]
     fn token_text_and_ids_round_trip() {
         let ids = vec![0, 17, 31_999, 5];
@@ -345,6 +353,8 @@ mod tests {
         assert_eq!(t, tokenize("Hello, world w99999 w+5"));
     }
 
+    /// Each request gets an even share of the capacity, never more than the per-request
+    /// ceiling, both times the time scale; nothing in flight gets nothing.
     #[test]
     fn capacity_is_shared_then_capped_per_request() {
         assert_eq!(per_request_rate(850.0, 60.0, 1, 1.0), 60.0);
@@ -354,6 +364,8 @@ mod tests {
         assert_eq!(per_request_rate(1000.0, 1000.0, 0, 10.0), 0.0);
     }
 
+    /// Fractions of a token carry from tick to tick without being lost, and a grant never
+    /// exceeds what the request has left.
     #[test]
     fn grants_carry_fractions_without_losing_or_banking_tokens() {
         // 0.3 tokens per tick: 10 ticks give exactly 3 tokens.
@@ -369,6 +381,8 @@ mod tests {
         assert_eq!(grant(1e6, 1.0, 0.5, 7), (7, 0.0));
     }
 
+    /// The fault rates split the unit interval in a fixed order, the rest meaning no fault;
+    /// rates that sum past 1 or are negative are refused.
     #[test]
     fn fault_mix_partitions_the_unit_interval() {
         let mix = FaultMix {

@@ -1,4 +1,4 @@
-//! Terminal progress bars (SPEC §4.5): one bar per active dataset (items, completion
+//! Terminal progress bars: one bar per active dataset (items, completion
 //! tokens against the budget, tok/s, ETA) and a run line under them, drawn on stderr by
 //! indicatif.
 //!
@@ -12,8 +12,8 @@
 //! whole, the bars are redrawn below it — so a log line and a bar never share a screen
 //! line.
 
-use crate::estimate::lengths::format_duration;
-use crate::observe::status::human;
+use crate::observe::figures::{format_duration, human};
+use crate::observe::status::DatasetState;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::{IsTerminal, Write};
 use std::sync::{Mutex, OnceLock};
@@ -53,8 +53,8 @@ pub struct DatasetBar<'a> {
     pub budget: Option<u64>,
     pub tok_per_s: f64,
     pub eta_s: Option<f64>,
-    /// `running`, `waiting`, `done`, `budget met`.
-    pub state: &'a str,
+    /// Shown after the counts, except `running`, which shows the rate and ETA instead.
+    pub state: DatasetState,
 }
 
 /// The run line.
@@ -73,7 +73,7 @@ pub struct RunLine {
 /// The share of a dataset's work done, in `0..=1`: items done over items, or tokens over
 /// the budget when that is further along (the budget ends a dataset first).
 pub fn fraction(d: &DatasetBar<'_>) -> f64 {
-    if matches!(d.state, "done" | "budget met") {
+    if d.state.is_finished() {
         return 1.0;
     }
     let by_items = if d.total > 0 {
@@ -101,12 +101,12 @@ pub fn dataset_message(d: &DatasetBar<'_>) -> String {
         String::new()
     };
     let tail = match d.state {
-        "running" => format!(
+        DatasetState::Running => format!(
             "{} tok/s · ETA {}",
             rate(d.tok_per_s),
             d.eta_s.map(format_duration).unwrap_or_else(|| "?".into())
         ),
-        other => other.to_string(),
+        other => other.as_str().to_string(),
     };
     format!("{}/{} items{failed} · {tokens} · {tail}", d.done, d.total)
 }
@@ -389,7 +389,7 @@ mod tests {
         }
     }
 
-    fn ds<'a>(name: &'a str, done: u64, tokens: u64, state: &'a str) -> DatasetBar<'a> {
+    fn ds(name: &str, done: u64, tokens: u64, state: DatasetState) -> DatasetBar<'_> {
         DatasetBar {
             name,
             done,
@@ -416,15 +416,21 @@ mod tests {
         }
     }
 
+    /// A running dataset's bar shows its rate and ETA; a finished one shows its state by
+    /// the name `spool status` uses.
     #[test]
     fn messages_show_items_tokens_rate_and_eta() {
         assert_eq!(
-            dataset_message(&ds("math", 12, 2500, "running")),
+            dataset_message(&ds("math", 12, 2500, DatasetState::Running)),
             "12/100 items · 2500/10.0k tok · 1.2k tok/s · ETA 2m05s"
         );
         assert_eq!(
-            dataset_message(&ds("math", 100, 9000, "done")),
+            dataset_message(&ds("math", 100, 9000, DatasetState::Done)),
             "100/100 items · 9000/10.0k tok · done"
+        );
+        assert_eq!(
+            dataset_message(&ds("math", 40, 10_100, DatasetState::BudgetMet)),
+            "40/100 items · 10.1k/10.0k tok · budget_met"
         );
         assert_eq!(
             run_message(&run()),
@@ -432,17 +438,21 @@ mod tests {
         );
     }
 
+    /// A bar's fill is the further along of items done and tokens against the budget, and
+    /// full once the dataset is finished.
     #[test]
     fn fraction_is_the_further_of_items_and_budget() {
-        assert_eq!(fraction(&ds("a", 10, 5_000, "running")), 0.5);
-        assert_eq!(fraction(&ds("a", 60, 5_000, "running")), 0.6);
-        assert_eq!(fraction(&ds("a", 1, 50_000, "running")), 1.0);
-        assert_eq!(fraction(&ds("a", 1, 1, "budget met")), 1.0);
-        let mut nb = ds("a", 25, 5_000, "running");
+        assert_eq!(fraction(&ds("a", 10, 5_000, DatasetState::Running)), 0.5);
+        assert_eq!(fraction(&ds("a", 60, 5_000, DatasetState::Running)), 0.6);
+        assert_eq!(fraction(&ds("a", 1, 50_000, DatasetState::Running)), 1.0);
+        assert_eq!(fraction(&ds("a", 1, 1, DatasetState::BudgetMet)), 1.0);
+        let mut nb = ds("a", 25, 5_000, DatasetState::Running);
         nb.budget = None;
         assert_eq!(fraction(&nb), 0.25);
     }
 
+    /// Log lines written while bars are drawn land above the bars, whole, and never share a
+    /// screen line with one; after `finish` nothing more is drawn.
     #[test]
     fn log_lines_go_above_the_bars_never_into_them() {
         let screen = Screen::default();
@@ -450,16 +460,16 @@ mod tests {
             Box::new(screen.clone()),
             200,
         ));
-        bars.update(&[ds("alpha", 10, 1000, "running")], &run());
+        bars.update(&[ds("alpha", 10, 1000, DatasetState::Running)], &run());
         bars.update(
             &[
-                ds("alpha", 20, 2000, "running"),
-                ds("longer_name", 1, 10, "running"),
+                ds("alpha", 20, 2000, DatasetState::Running),
+                ds("longer_name", 1, 10, DatasetState::Running),
             ],
             &run(),
         );
         bars.suspend(|| screen.put("LOG first line", true));
-        bars.update(&[ds("alpha", 30, 3000, "running")], &run());
+        bars.update(&[ds("alpha", 30, 3000, DatasetState::Running)], &run());
         bars.suspend(|| screen.put("LOG second line", true));
         bars.finish();
         let text = screen.text();
@@ -474,7 +484,7 @@ mod tests {
         assert!(text[3].starts_with("longer_name ["), "{text:#?}");
         assert!(text[4].starts_with("run 1m05s · 30/200 items"), "{text:#?}");
         // Finished: nothing more is drawn, and suspend still writes.
-        bars.update(&[ds("alpha", 99, 3000, "running")], &run());
+        bars.update(&[ds("alpha", 99, 3000, DatasetState::Running)], &run());
         bars.suspend(|| screen.put("LOG after", true));
         assert!(screen.text().iter().all(|l| !l.contains("99/100")));
     }

@@ -1,4 +1,4 @@
-//! The observability endpoint (SPEC §6): `/metrics`, `/healthz`, `/readyz`, `/status`.
+//! The observability endpoint: `/metrics`, `/healthz`, `/readyz`, `/status`.
 //!
 //! Invariant: read-only; nothing served here can change the run. It binds wherever
 //! `run.metrics_addr` says, loopback by default.

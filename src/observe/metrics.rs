@@ -1,4 +1,4 @@
-//! Every Prometheus series spool exports (SPEC §6), defined once here.
+//! Every Prometheus series spool exports (listed in the README), defined once here.
 //!
 //! Invariants: label sets are bounded — `dataset` takes the config's dataset names,
 //! `server` the configured URLs, `outcome`/`state` fixed enums; hot-path counters are
@@ -7,7 +7,7 @@
 //! written once a second by the monitor. A gauge whose value is unknown (an ETA without a
 //! measured rate, a budget that is not set) is absent rather than a sentinel.
 //!
-//! One series beyond SPEC §6: `spool_run_eta_seconds` (no labels), the whole run's ETA.
+//! `spool_run_eta_seconds` (no labels) is the whole run's ETA, beside the per-dataset one.
 
 use prometheus::core::Collector;
 use prometheus::{
@@ -26,7 +26,7 @@ pub struct Metrics {
     pub token_budget: IntGaugeVec,
     pub budget_remaining: IntGaugeVec,
     pub eta: GaugeVec,
-    /// The whole run's ETA (an addition to SPEC §6); absent while unknown, hence a
+    /// The whole run's ETA; absent while unknown, hence a
     /// family without labels rather than a plain gauge. Set it with [`Metrics::set_run_eta`].
     pub run_eta: GaugeVec,
     pub request_duration: HistogramVec,
@@ -248,8 +248,9 @@ impl Default for Metrics {
 mod tests {
     use super::*;
 
+    /// Every documented series appears in a scrape, with the labels it is documented with.
     #[test]
-    fn every_spec_series_is_exported_with_its_labels() {
+    fn every_series_is_exported_with_its_labels() {
         let m = Metrics::new();
         let d = m.dataset("a");
         d.ok.inc();
@@ -284,6 +285,8 @@ mod tests {
         }
     }
 
+    /// An ETA that is unknown or not finite is left out of the scrape, never written as a
+    /// sentinel value a dashboard would plot.
     #[test]
     fn unknown_eta_is_absent_not_a_sentinel() {
         let m = Metrics::new();
@@ -301,6 +304,7 @@ mod tests {
         assert!(!m.render().contains("\nspool_run_eta_seconds "));
     }
 
+    /// `/readyz` is ready exactly while some server's `spool_server_up` is 1.
     #[test]
     fn readiness_follows_server_up() {
         let m = Metrics::new();
@@ -312,6 +316,8 @@ mod tests {
         assert!(m.any_server_up());
     }
 
+    /// Increments through the pre-resolved per-dataset handles, from several threads, are
+    /// all in the exported series.
     #[test]
     fn hot_path_handles_are_the_exported_series() {
         // The pre-resolved handles must be the very series the registry exports, so a

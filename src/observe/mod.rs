@@ -2,6 +2,7 @@
 //! the run's state, never changes it.
 
 pub mod bars;
+pub mod figures;
 pub mod http;
 pub mod metrics;
 pub mod monitor;

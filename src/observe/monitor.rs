@@ -4,7 +4,7 @@
 //!
 //! Rates are per dataset over streamed tokens (work in flight included); ETAs use the
 //! server's speed learned from the totals over datasets, since datasets share it
-//! ([`crate::estimate::tail::SpeedLearner`], [`crate::run::scheduler::lane_etas`],
+//! ([`crate::estimate::speed::SpeedLearner`], [`crate::run::scheduler::lane_etas`],
 //! [`crate::run::scheduler::run_eta`]). `/status` reports an ETA counted down from the tick that
 //! computed it, so a poll between ticks is not up to a second late.
 //!
@@ -12,11 +12,11 @@
 //! gauges, the last progress line of each dataset and the final bars show final numbers.
 
 use crate::config::Config;
-use crate::estimate::tail::SpeedLearner;
+use crate::estimate::speed::SpeedLearner;
 use crate::observe::bars::{self, DatasetBar, RunLine};
 use crate::observe::metrics::Metrics;
 use crate::observe::progress::{format_line, LineClock, LineFields, Rate};
-use crate::observe::status::StatusReport;
+use crate::observe::status::{DatasetState, StatusReport};
 use crate::run::scheduler::{lane_etas, run_eta, Scheduler};
 use crate::run::worker::Ctx;
 use crate::store::queue::Queue;
@@ -46,8 +46,8 @@ pub(crate) fn live_status(
     for d in &mut r.datasets {
         if let Some(v) = views.iter().find(|v| v.name == d.name) {
             d.inflight = v.inflight as u64;
-            if d.state == "pending" && (v.inflight > 0 || v.dispatching) {
-                d.state = "running".into();
+            if d.state == DatasetState::Pending && (v.inflight > 0 || v.dispatching) {
+                d.state = DatasetState::Running;
             }
         }
         if let Some((tok, req, eta, at)) = live.get(&d.name) {
@@ -155,13 +155,13 @@ impl Monitor {
 
             let budget_met = v.budget.is_some_and(|b| s.completion_tokens >= b);
             let state = if v.finished && budget_met {
-                "budget met"
+                DatasetState::BudgetMet
             } else if v.finished {
-                "done"
+                DatasetState::Done
             } else if v.inflight > 0 {
-                "running"
+                DatasetState::Running
             } else {
-                "waiting"
+                DatasetState::Pending
             };
             let moved = v.inflight > 0 || Some(s.done) != self.start_done[i];
             self.shown[i] |= moved;

@@ -1,4 +1,4 @@
-//! Rates and progress lines (SPEC §4.5).
+//! Rates and progress lines: what a run reports of each dataset when no bars are drawn.
 //!
 //! Rates come from a sliding window over counters sampled once a second: tokens/s counts
 //! *streamed* tokens (work in flight included), which is what makes an ETA honest from
@@ -9,7 +9,7 @@
 //! dataset that progressed since its last line. On a terminal the bars of
 //! [`crate::observe::bars`] replace the lines.
 
-use crate::estimate::lengths::format_duration;
+use crate::observe::figures::format_duration;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -136,8 +136,10 @@ fn human_rate(x: f64) -> String {
 mod tests {
     use super::*;
 
+    /// A progress line has the documented shape: counts, errors, rates, mean completion,
+    /// tokens against the budget and the ETA.
     #[test]
-    fn line_matches_the_spec_shape() {
+    fn line_matches_the_documented_shape() {
         let l = format_line(&LineFields {
             name: "B3_magicoder",
             done: 50,
@@ -156,6 +158,8 @@ mod tests {
         );
     }
 
+    /// A line is due every `progress_every` completions or after 60 s while active, never
+    /// while idle, and once more at the end only if the dataset moved since its last line.
     #[test]
     fn clock_fires_by_count_and_by_time() {
         let t = Instant::now();

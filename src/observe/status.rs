@@ -5,9 +5,65 @@
 //! small record per dataset.
 
 use crate::config::Config;
-use crate::estimate::lengths::format_duration;
+use crate::observe::figures::{format_duration, human};
 use crate::store::queue::{Queue, QueueError};
 use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Where a dataset stands: the one vocabulary of `spool status`, `/status`, and the
+/// progress bars, so a state reads the same on every screen and in the JSON.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DatasetState {
+    /// Configured, but nothing of it is in the queue yet.
+    #[default]
+    NotStarted,
+    /// Items left to do and none in flight.
+    Pending,
+    /// Requests of it are in flight (or being dispatched).
+    Running,
+    /// Every item done.
+    Done,
+    /// Its token budget is used up; the items left will not be requested.
+    BudgetMet,
+    /// Nothing left to do, and some items failed permanently.
+    FailedItems,
+}
+
+impl DatasetState {
+    /// The state's name on screen and in the JSON (`budget_met`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DatasetState::NotStarted => "not_started",
+            DatasetState::Pending => "pending",
+            DatasetState::Running => "running",
+            DatasetState::Done => "done",
+            DatasetState::BudgetMet => "budget_met",
+            DatasetState::FailedItems => "failed_items",
+        }
+    }
+
+    /// Whether the dataset will request nothing more.
+    pub fn is_finished(self) -> bool {
+        matches!(
+            self,
+            DatasetState::Done | DatasetState::BudgetMet | DatasetState::FailedItems
+        )
+    }
+}
+
+impl fmt::Display for DatasetState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A state compares equal to its name, as a reader of the JSON sees it.
+impl PartialEq<&str> for DatasetState {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
 
 /// One dataset's line.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -29,8 +85,7 @@ pub struct DatasetStatus {
     pub shards: u64,
     /// Done items whose rows are in shards (the rest are durable in the queue, waiting).
     pub sharded: u64,
-    /// `pending`, `running`, `done`, `budget_met`, `failed_items`.
-    pub state: String,
+    pub state: DatasetState,
     pub tokens_per_s: Option<f64>,
     pub requests_per_s: Option<f64>,
     pub eta_s: Option<f64>,
@@ -55,7 +110,7 @@ impl StatusReport {
                 datasets.push(DatasetStatus {
                     name: d.name.clone(),
                     budget: d.token_budget,
-                    state: "not_started".into(),
+                    state: DatasetState::NotStarted,
                     ..Default::default()
                 });
                 continue;
@@ -72,13 +127,13 @@ impl StatusReport {
                 s.completion_tokens >= b || (s.wasted_tokens > 0 && b - s.completion_tokens < avg)
             });
             let state = if budget_met {
-                "budget_met"
+                DatasetState::BudgetMet
             } else if s.pending() == 0 && s.failed > 0 {
-                "failed_items"
+                DatasetState::FailedItems
             } else if s.pending() == 0 && s.items > 0 {
-                "done"
+                DatasetState::Done
             } else {
-                "pending"
+                DatasetState::Pending
             };
             datasets.push(DatasetStatus {
                 name: s.name.clone(),
@@ -98,7 +153,7 @@ impl StatusReport {
                 wasted_tokens: s.wasted_tokens,
                 shards: s.next_shard,
                 sharded: s.sharded,
-                state: state.into(),
+                state,
                 tokens_per_s: None,
                 requests_per_s: None,
                 eta_s: None,
@@ -168,7 +223,7 @@ impl StatusReport {
                 );
                 row.push(d.eta_s.map(format_duration).unwrap_or_else(|| "-".into()));
             }
-            row.push(d.state.clone());
+            row.push(d.state.to_string());
             rows.push(row);
         }
         let widths: Vec<usize> = (0..header.len())
@@ -203,38 +258,32 @@ impl StatusReport {
     }
 }
 
-/// 1234567 → "1.2M", 1234 → "1.2k".
-pub fn human(n: u64) -> String {
-    match n {
-        n if n >= 1_000_000_000 => format!("{:.1}G", n as f64 / 1e9),
-        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
-        n if n >= 10_000 => format!("{:.1}k", n as f64 / 1e3),
-        n => n.to_string(),
-    }
-}
-
-/// 10_000 → "10,000", for the resume line.
-pub fn grouped(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Every state's name is the snake_case form serde writes in the JSON, and the table
+    /// shows the same name.
     #[test]
-    fn numbers_format() {
-        assert_eq!(grouped(9_998_988), "9,998,988");
-        assert_eq!(grouped(12), "12");
-        assert_eq!(human(1_234_567), "1.2M");
+    fn state_names_are_one_vocabulary() {
+        for st in [
+            DatasetState::NotStarted,
+            DatasetState::Pending,
+            DatasetState::Running,
+            DatasetState::Done,
+            DatasetState::BudgetMet,
+            DatasetState::FailedItems,
+        ] {
+            assert_eq!(
+                serde_json::to_string(&st).unwrap(),
+                format!("\"{}\"", st.as_str())
+            );
+            assert_eq!(st.to_string(), st.as_str());
+            assert_eq!(
+                serde_json::from_str::<DatasetState>(&format!("\"{st}\"")).unwrap(),
+                st
+            );
+        }
     }
 
     fn report(running: bool) -> StatusReport {
@@ -252,7 +301,11 @@ mod tests {
                 budget: Some(12_000),
                 overshoot_tokens: 203,
                 shards: 1,
-                state: if running { "running" } else { "budget_met" }.into(),
+                state: if running {
+                    DatasetState::Running
+                } else {
+                    DatasetState::BudgetMet
+                },
                 tokens_per_s: running.then_some(1234.4),
                 requests_per_s: running.then_some(0.25),
                 eta_s: running.then_some(125.0),
@@ -262,6 +315,7 @@ mod tests {
         }
     }
 
+    /// A report read from the queue alone has no rate, req/s or ETA column.
     #[test]
     fn table_from_the_queue_has_no_rate_columns() {
         assert_eq!(
@@ -273,6 +327,7 @@ mod tests {
         );
     }
 
+    /// A report from a running process adds tok/s, req/s and the ETA before the state.
     #[test]
     fn live_table_shows_rates_and_eta() {
         assert_eq!(

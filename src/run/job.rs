@@ -17,10 +17,11 @@ use crate::config::{BudgetPolicy, Config};
 use crate::error::{Context, Error, Kind};
 use crate::input::intake::IntakeOptions;
 use crate::knobs::Knobs;
+use crate::observe::figures::grouped;
 use crate::observe::http::Observed;
 use crate::observe::metrics::{DatasetMetrics, Metrics};
 use crate::observe::monitor::{live_status, monitor_loop, LiveRates};
-use crate::observe::status::{grouped, StatusReport};
+use crate::observe::status::StatusReport;
 use crate::output::archive::{self, Archive, ArchiveDataset};
 use crate::output::schema::{
     META_CONFIG_SHA256, META_SAMPLING, META_TOKENIZER_SHA256, META_VERSION,

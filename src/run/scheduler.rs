@@ -12,7 +12,8 @@
 
 use crate::config::BudgetPolicy;
 use crate::estimate::lengths::LengthModel;
-use crate::estimate::tail::{finish_times, LaneWork, SpeedCurve};
+use crate::estimate::speed::SpeedCurve;
+use crate::estimate::tail::{finish_times, LaneWork};
 use crate::knobs::Bench;
 use crate::store::queue::{Queue, QueueError};
 use std::collections::{HashMap, VecDeque};
