@@ -217,7 +217,7 @@ fn queue_kind(e: &QueueError) -> Kind {
         | QueueError::Storage(_)
         | QueueError::Corrupt { .. }
         | QueueError::Version { .. }
-        | QueueError::Poisoned
+        | QueueError::Poisoned { .. }
         | QueueError::File(_)
         | QueueError::RowOrder { .. }
         | QueueError::UnknownDataset { .. }
@@ -385,7 +385,9 @@ mod tests {
     #[test]
     fn runtime_failures_exit_1() {
         let errors = [
-            Error::from(QueueError::Poisoned),
+            Error::from(QueueError::Poisoned {
+                cause: "disk full".into(),
+            }),
             Error::from(ShardError::Exists {
                 path: PathBuf::from("p"),
             }),

@@ -111,7 +111,7 @@ impl Queue {
             results: Mutex::new(HashMap::new()),
             path: dir.to_path_buf(),
             _lock: lock,
-            poisoned: AtomicBool::new(false),
+            poisoned: std::sync::OnceLock::new(),
             needs_repair: AtomicBool::new(marker.exists()),
             torn_commit_in: AtomicU64::new(faults.queue_torn_commit.unwrap_or(0)),
             migration_stop_in: AtomicU64::new(faults.queue_migration_stop.unwrap_or(0)),

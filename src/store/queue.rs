@@ -56,8 +56,9 @@ pub enum QueueError {
     #[error("queue format {found} is newer than this spool understands ({supported})")]
     Version { found: u32, supported: u32 },
     /// A write failed earlier in this process; writing on could make its tear durable.
-    #[error("an earlier queue write failed, so nothing more is written to the queue (the next run repairs it)")]
-    Poisoned,
+    /// `cause` is that failure, since the refusal can be the first error a run reports.
+    #[error("an earlier queue write failed ({cause}), so nothing more is written to the queue (the next run repairs it)")]
+    Poisoned { cause: String },
     /// A block file or results log could not be read or written, or is damaged.
     #[error(transparent)]
     File(#[from] BlockError),
@@ -94,7 +95,8 @@ pub struct Queue {
     pub(crate) path: PathBuf,
     /// Held while the queue is open: `spool.lock`, locked exclusively.
     pub(crate) _lock: std::fs::File,
-    pub(crate) poisoned: AtomicBool,
+    /// The first failed write, once one has failed: every later write is refused, naming it.
+    pub(crate) poisoned: std::sync::OnceLock<String>,
     pub(crate) needs_repair: AtomicBool,
     /// Commits left before the injected torn commit (0: none armed).
     pub(crate) torn_commit_in: AtomicU64,
@@ -509,8 +511,9 @@ impl Queue {
             let a = log.append(recs).map_err(|e| {
                 // A failed append poisons like a failed sled write: the run stops and the
                 // next one repairs (the unrecorded tail is cut off at open either way).
-                self.poison();
-                QueueError::File(e)
+                let e = QueueError::File(e);
+                self.poison(&e);
+                e
             })?;
             let s = changed.get_mut(ds).ok_or_else(|| unknown(*ds))?;
             if log.is_empty() {

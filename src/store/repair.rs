@@ -437,9 +437,12 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::fixtures::{done, item, six_items};
+    use crate::store::fixtures::{audit_counts, copy_dir, done, item, six_items};
+    use crate::store::open::open_sled;
     use crate::store::queue::block_of_items;
+    use crate::store::records::Outcome;
     use crate::store::records::{EncodedItem, Failure};
+    use std::collections::BTreeMap;
 
     fn shard0() -> HashMap<u64, ShardedRow> {
         [(0, 10), (1, 20)]
@@ -473,9 +476,9 @@ mod tests {
             ));
             assert!(matches!(
                 q.commit(&[done(4, 50)]),
-                Err(QueueError::Poisoned)
+                Err(QueueError::Poisoned { .. })
             ));
-            assert!(matches!(q.flush(), Err(QueueError::Poisoned)));
+            assert!(matches!(q.flush(), Err(QueueError::Poisoned { .. })));
             assert!(dir.path().join(REPAIR_MARKER).exists());
         }
         let q = Queue::open(dir.path()).unwrap();
@@ -582,5 +585,158 @@ mod tests {
         // The dropped block's bytes are cut off: the next enqueue reuses its place.
         q.enqueue(0, &[(6, item("id6"))], 7, 0).unwrap();
         assert_eq!(q.item(0, 6).unwrap().unwrap().id, "id6");
+    }
+
+    /// Every record of the queue, in key order (the order sled applies a batch in).
+    fn records(tree: &sled::Tree) -> BTreeMap<Vec<u8>, Vec<u8>> {
+        tree.iter()
+            .map(|kv| {
+                let (k, v) = kv.unwrap();
+                (k.to_vec(), v.to_vec())
+            })
+            .collect()
+    }
+
+    /// Regression guard for the `done` counter against torn writes: sled applies a batch key
+    /// by key and stops at the first failed write, so a full disk can leave any prefix of a
+    /// batch. For each state change (a commit of two results and a failure, a shard's
+    /// rows marked, failed items retried, an enqueue), every prefix of its batch is written
+    /// onto the queue as it was before, with the block and results files as the change left
+    /// them (they are synced before the batch). Before any repair, `done` equals the results
+    /// recorded (sharded plus unsharded): the counters sort after every record a batch
+    /// writes, so no prefix counts a result it does not hold (were they to sort first, the
+    /// counters alone would be a prefix with `done` one above the records). The repair then
+    /// makes every counter agree with the records and leaves no item without a state.
+    #[test]
+    fn no_torn_prefix_of_any_batch_counts_a_result_the_records_do_not_hold() {
+        type Change = fn(&Queue);
+        let failed = |row| Outcome::Failed {
+            ds: 0,
+            row,
+            failure: Failure {
+                reason: "x".into(),
+                attempts: 1,
+            },
+        };
+        let changes: [(&str, Change); 4] = [
+            ("commit", |q| {
+                let f = Outcome::Failed {
+                    ds: 0,
+                    row: 5,
+                    failure: Failure {
+                        reason: "y".into(),
+                        attempts: 2,
+                    },
+                };
+                let applied = q.commit(&[done(3, 40), f, done(6, 60)]).unwrap();
+                assert_eq!(applied, vec![true; 3]);
+            }),
+            ("mark_sharded", |q| q.mark_sharded(0, 1, &[2]).unwrap()),
+            ("retry_failed", |q| {
+                assert_eq!(q.retry_failed(0).unwrap(), 1)
+            }),
+            ("enqueue", |q| {
+                let items = [(8, item("id8")), (9, item("id9"))];
+                q.enqueue(0, &items, 10, 0).unwrap()
+            }),
+        ];
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().join("base");
+        {
+            // Rows 0 and 1 in shard 0, row 2 unsharded, row 4 failed, rows 3, 5, 6, 7 pending.
+            let q = six_items(&base);
+            let more: Vec<_> = (6..8).map(|r| (r, item(&format!("id{r}")))).collect();
+            q.enqueue(0, &more, 8, 0).unwrap();
+            assert_eq!(q.commit(&[failed(4)]).unwrap(), vec![true]);
+            q.flush().unwrap();
+        }
+        for (name, change) in changes {
+            let after = tmp.path().join(name);
+            copy_dir(&base, &after);
+            let writes: Vec<(Vec<u8>, Option<Vec<u8>>)> = {
+                let q = Queue::open(&after).unwrap();
+                let before = records(&q.tree);
+                change(&q);
+                q.flush().unwrap();
+                let now = records(&q.tree);
+                let keys: std::collections::BTreeSet<&Vec<u8>> =
+                    before.keys().chain(now.keys()).collect();
+                keys.into_iter()
+                    .filter(|k| before.get(*k) != now.get(*k))
+                    .map(|k| (k.clone(), now.get(k).cloned()))
+                    .collect()
+            };
+            assert!(writes.len() >= 2, "{name}: a batch of one key cannot tear");
+            // Shard 1 (row 2) is a complete file before its rows are marked.
+            let mut files = shard0();
+            if name == "mark_sharded" {
+                let r = ShardedRow {
+                    shard: 1,
+                    prompt_tokens: 1,
+                    completion_tokens: 30,
+                };
+                files.insert(2, r);
+            }
+            for cut in 0..=writes.len() {
+                let torn = tmp.path().join(format!("{name}-{cut}"));
+                copy_dir(&base, &torn);
+                for files_dir in ["items", "results"] {
+                    copy_dir(&after.join(files_dir), &torn.join(files_dir));
+                }
+                {
+                    let db = open_sled(&torn).unwrap();
+                    let tree = db.open_tree("q").unwrap();
+                    for (k, v) in &writes[..cut] {
+                        match v {
+                            Some(v) => tree.insert(k, v.as_slice()).map(|_| ()),
+                            None => tree.remove(k).map(|_| ()),
+                        }
+                        .unwrap();
+                    }
+                    db.flush().unwrap();
+                }
+                let q = Queue::open(&torn).unwrap();
+                let s = q.state(0).unwrap();
+                let a = q.audit(0).unwrap();
+                let at = format!("{name} torn after {cut} of {} keys", writes.len());
+                assert_eq!(
+                    s.done,
+                    a.sharded + a.unsharded,
+                    "{at}: done before the repair"
+                );
+                q.repair(0, &files).unwrap();
+                let s = q.state(0).unwrap();
+                let (items, pending, unsharded, sharded, failed) = audit_counts(&q, 0);
+                assert_eq!(
+                    (s.items, s.done, s.sharded, s.failed),
+                    (items, unsharded + sharded, sharded, failed),
+                    "{at}: counters after the repair"
+                );
+                assert_eq!(pending + unsharded + sharded + failed, items, "{at}");
+            }
+        }
+    }
+
+    /// A write refused because the queue is poisoned names the write that failed first: the
+    /// refusal can be the first error a run reports (the archive sealing a shard while the
+    /// committer's own error is still on its way), and "an earlier write failed" alone
+    /// would hide the cause (a full disk) from the user.
+    #[test]
+    fn a_refused_write_names_the_failed_write_that_poisoned_the_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = six_items(dir.path());
+        q.torn_commit_in
+            .store(1, std::sync::atomic::Ordering::SeqCst);
+        let cause = q.commit(&[done(3, 40)]).unwrap_err().to_string();
+        assert!(cause.contains("injected torn write"), "{cause}");
+        let refused = [
+            q.mark_sharded(0, 1, &[2]).unwrap_err(),
+            q.commit(&[done(4, 50)]).unwrap_err(),
+            q.flush().unwrap_err(),
+        ];
+        for e in refused {
+            assert!(matches!(e, QueueError::Poisoned { .. }), "{e}");
+            assert!(e.to_string().contains("injected torn write"), "{e}");
+        }
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! sled applies a batch key by key and stops at the first error, so a *failed* write (a full
 //! disk) can leave half a batch in memory and on disk. Invariant: after any failed write the
-//! queue is poisoned — it writes nothing more — and leaves a `needs-repair` marker
+//! queue is poisoned — it refuses every later write, naming that first failure — and leaves a `needs-repair` marker
 //! ([`REPAIR_MARKER`]); the next open sees the marker and the run rebuilds every dataset's
 //! records and counters ([`Queue::repair`]) before anything else touches them.
 
@@ -35,24 +35,28 @@ impl Queue {
     /// Refuses every write once one has failed: sled may hold half a batch in memory, and
     /// building on it would make the tear durable.
     pub(crate) fn writable(&self) -> Result<(), QueueError> {
-        if self.poisoned.load(Ordering::SeqCst) {
-            return Err(QueueError::Poisoned);
+        match self.poisoned.get() {
+            Some(cause) => Err(QueueError::Poisoned {
+                cause: cause.clone(),
+            }),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Passes a write's result through, poisoning the queue (and leaving the repair marker)
     /// when it failed.
     pub(crate) fn written<T>(&self, r: Result<T, sled::Error>) -> Result<T, QueueError> {
         r.map_err(|e| {
-            self.poison();
-            QueueError::Storage(e)
+            let e = QueueError::Storage(e);
+            self.poison(&e);
+            e
         })
     }
 
-    /// Stops every later write and leaves the repair marker (once).
-    pub(crate) fn poison(&self) {
-        if !self.poisoned.swap(true, Ordering::SeqCst) {
+    /// Stops every later write, which is refused naming `cause`, and leaves the repair
+    /// marker (once: the first failure is the cause).
+    pub(crate) fn poison(&self, cause: &QueueError) {
+        if self.poisoned.set(cause.to_string()).is_ok() {
             mark_needs_repair(&self.path.join(REPAIR_MARKER));
         }
     }

@@ -1117,6 +1117,50 @@ async fn a_failed_commit_is_reported_as_the_cause_not_the_archives_refused_write
     assert_exactly_once(&shard_rows(&dir.path().join("out"), "a"), &ids("p", n));
 }
 
+/// Regression (the same report, from a shard sealed in the middle of a run): with one row
+/// per shard the archive is still sealing the rows of earlier commits when a commit fails;
+/// each seal's queue write is refused (the queue is poisoned), and while the committer is
+/// paused before reporting, that refusal is the first error recorded. The refusal names the
+/// write that failed first, so the run's last line names the cause (here the injected torn
+/// write) whichever task reports first. The next run repairs the queue and adopts the
+/// shards: every prompt once, verify clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_sealed_after_a_failed_commit_still_reports_the_cause() {
+    let mock = Mock::start(fast_mock()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let n = 200;
+    let cfg = one_dataset_config(dir.path(), &mock.url, "completions", true, n);
+    // A shard per row: the archive has a backlog of seals when the third commit fails.
+    edit_config(&cfg, "max_rows = 25", "max_rows = 1");
+    let first = spool(
+        &cfg,
+        &["run"],
+        &[
+            ("SPOOL_FAULT_QUEUE_TORN_COMMIT", "3"),
+            ("SPOOL_FAULT_COMMIT_FAILED_PAUSE_MS", "1000"),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert_eq!(first.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("pausing the committer before it reports its error"),
+        "{stderr}"
+    );
+    let last = stderr.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("spool: error: cannot ")
+            && last.contains("in the queue in")
+            && last.contains("injected torn write"),
+        "the cause is named, not only its consequence: {last}"
+    );
+    let second = spool(&cfg, &["run", "-q"], &[]);
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("queue repaired"), "{stderr}");
+    assert_verify_clean(&cfg);
+    assert_exactly_once(&shard_rows(&dir.path().join("out"), "a"), &ids("p", n));
+}
+
 /// Regression: a 429 counted as a server error, so three in a row took a healthy but
 /// busy server out of rotation, paused dispatch and logged "no inference server
 /// reachable". A throttling server stays in rotation; its Retry-After paces the retries.
