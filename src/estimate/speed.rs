@@ -142,17 +142,19 @@ struct Interval {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn curve(capacity: f64, cap: Option<f64>) -> SpeedCurve {
+    /// A curve of `capacity` tok/s, each request at most `cap`.
+    pub(crate) fn curve(capacity: f64, cap: Option<f64>) -> SpeedCurve {
         SpeedCurve {
             capacity_tps: capacity,
             per_request_cap_tps: cap,
         }
     }
 
-    fn close(got: f64, want: f64, tol: f64) {
+    /// `got` is within the fraction `tol` of `want`.
+    pub(crate) fn close(got: f64, want: f64, tol: f64) {
         assert!(
             (got - want).abs() <= tol * want.max(1e-9),
             "got {got}, want {want} (±{:.1} %)",

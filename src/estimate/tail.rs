@@ -373,6 +373,7 @@ fn ln_1m(p: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::estimate::speed::tests::{close, curve};
 
     /// A length model whose fit is a log-normal of the given mean and sigma.
     fn model(mean: f64, sigma: f64, cap: u32) -> LengthModel {
@@ -395,21 +396,6 @@ mod tests {
             budget_left: None,
             lengths,
         }
-    }
-
-    fn curve(capacity: f64, cap: Option<f64>) -> SpeedCurve {
-        SpeedCurve {
-            capacity_tps: capacity,
-            per_request_cap_tps: cap,
-        }
-    }
-
-    fn close(got: f64, want: f64, tol: f64) {
-        assert!(
-            (got - want).abs() <= tol * want.max(1e-9),
-            "got {got}, want {want} (±{:.1} %)",
-            tol * 100.0
-        );
     }
 
     /// Known lengths, a known curve: 10 requests that each have 1000 tokens left, 1000 tok/s

@@ -13,7 +13,7 @@
 //! line.
 
 use crate::observe::figures::{format_duration, human};
-use crate::observe::status::DatasetState;
+use crate::observe::status::DatasetPhase;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::{IsTerminal, Write};
 use std::sync::{Mutex, OnceLock};
@@ -54,7 +54,7 @@ pub struct DatasetBar<'a> {
     pub tok_per_s: f64,
     pub eta_s: Option<f64>,
     /// Shown after the counts, except `running`, which shows the rate and ETA instead.
-    pub state: DatasetState,
+    pub state: DatasetPhase,
 }
 
 /// The run line.
@@ -101,7 +101,7 @@ pub fn dataset_message(d: &DatasetBar<'_>) -> String {
         String::new()
     };
     let tail = match d.state {
-        DatasetState::Running => format!(
+        DatasetPhase::Running => format!(
             "{} tok/s · ETA {}",
             rate(d.tok_per_s),
             d.eta_s.map(format_duration).unwrap_or_else(|| "?".into())
@@ -389,7 +389,7 @@ mod tests {
         }
     }
 
-    fn ds(name: &str, done: u64, tokens: u64, state: DatasetState) -> DatasetBar<'_> {
+    fn ds(name: &str, done: u64, tokens: u64, state: DatasetPhase) -> DatasetBar<'_> {
         DatasetBar {
             name,
             done,
@@ -421,15 +421,15 @@ mod tests {
     #[test]
     fn messages_show_items_tokens_rate_and_eta() {
         assert_eq!(
-            dataset_message(&ds("math", 12, 2500, DatasetState::Running)),
+            dataset_message(&ds("math", 12, 2500, DatasetPhase::Running)),
             "12/100 items · 2500/10.0k tok · 1.2k tok/s · ETA 2m05s"
         );
         assert_eq!(
-            dataset_message(&ds("math", 100, 9000, DatasetState::Done)),
+            dataset_message(&ds("math", 100, 9000, DatasetPhase::Done)),
             "100/100 items · 9000/10.0k tok · done"
         );
         assert_eq!(
-            dataset_message(&ds("math", 40, 10_100, DatasetState::BudgetMet)),
+            dataset_message(&ds("math", 40, 10_100, DatasetPhase::BudgetMet)),
             "40/100 items · 10.1k/10.0k tok · budget_met"
         );
         assert_eq!(
@@ -442,11 +442,11 @@ mod tests {
     /// full once the dataset is finished.
     #[test]
     fn fraction_is_the_further_of_items_and_budget() {
-        assert_eq!(fraction(&ds("a", 10, 5_000, DatasetState::Running)), 0.5);
-        assert_eq!(fraction(&ds("a", 60, 5_000, DatasetState::Running)), 0.6);
-        assert_eq!(fraction(&ds("a", 1, 50_000, DatasetState::Running)), 1.0);
-        assert_eq!(fraction(&ds("a", 1, 1, DatasetState::BudgetMet)), 1.0);
-        let mut nb = ds("a", 25, 5_000, DatasetState::Running);
+        assert_eq!(fraction(&ds("a", 10, 5_000, DatasetPhase::Running)), 0.5);
+        assert_eq!(fraction(&ds("a", 60, 5_000, DatasetPhase::Running)), 0.6);
+        assert_eq!(fraction(&ds("a", 1, 50_000, DatasetPhase::Running)), 1.0);
+        assert_eq!(fraction(&ds("a", 1, 1, DatasetPhase::BudgetMet)), 1.0);
+        let mut nb = ds("a", 25, 5_000, DatasetPhase::Running);
         nb.budget = None;
         assert_eq!(fraction(&nb), 0.25);
     }
@@ -460,16 +460,16 @@ mod tests {
             Box::new(screen.clone()),
             200,
         ));
-        bars.update(&[ds("alpha", 10, 1000, DatasetState::Running)], &run());
+        bars.update(&[ds("alpha", 10, 1000, DatasetPhase::Running)], &run());
         bars.update(
             &[
-                ds("alpha", 20, 2000, DatasetState::Running),
-                ds("longer_name", 1, 10, DatasetState::Running),
+                ds("alpha", 20, 2000, DatasetPhase::Running),
+                ds("longer_name", 1, 10, DatasetPhase::Running),
             ],
             &run(),
         );
         bars.suspend(|| screen.put("LOG first line", true));
-        bars.update(&[ds("alpha", 30, 3000, DatasetState::Running)], &run());
+        bars.update(&[ds("alpha", 30, 3000, DatasetPhase::Running)], &run());
         bars.suspend(|| screen.put("LOG second line", true));
         bars.finish();
         let text = screen.text();
@@ -484,7 +484,7 @@ mod tests {
         assert!(text[3].starts_with("longer_name ["), "{text:#?}");
         assert!(text[4].starts_with("run 1m05s · 30/200 items"), "{text:#?}");
         // Finished: nothing more is drawn, and suspend still writes.
-        bars.update(&[ds("alpha", 99, 3000, DatasetState::Running)], &run());
+        bars.update(&[ds("alpha", 99, 3000, DatasetPhase::Running)], &run());
         bars.suspend(|| screen.put("LOG after", true));
         assert!(screen.text().iter().all(|l| !l.contains("99/100")));
     }

@@ -16,7 +16,7 @@ use crate::estimate::speed::SpeedLearner;
 use crate::observe::bars::{self, DatasetBar, RunLine};
 use crate::observe::metrics::Metrics;
 use crate::observe::progress::{format_line, LineClock, LineFields, Rate};
-use crate::observe::status::{DatasetState, StatusReport};
+use crate::observe::status::{DatasetPhase, StatusReport};
 use crate::run::scheduler::{lane_etas, run_eta, Scheduler};
 use crate::run::worker::Ctx;
 use crate::store::queue::Queue;
@@ -46,8 +46,8 @@ pub(crate) fn live_status(
     for d in &mut r.datasets {
         if let Some(v) = views.iter().find(|v| v.name == d.name) {
             d.inflight = v.inflight as u64;
-            if d.state == DatasetState::Pending && (v.inflight > 0 || v.dispatching) {
-                d.state = DatasetState::Running;
+            if d.state == DatasetPhase::Pending && (v.inflight > 0 || v.dispatching) {
+                d.state = DatasetPhase::Running;
             }
         }
         if let Some((tok, req, eta, at)) = live.get(&d.name) {
@@ -155,13 +155,13 @@ impl Monitor {
 
             let budget_met = v.budget.is_some_and(|b| s.completion_tokens >= b);
             let state = if v.finished && budget_met {
-                DatasetState::BudgetMet
+                DatasetPhase::BudgetMet
             } else if v.finished {
-                DatasetState::Done
+                DatasetPhase::Done
             } else if v.inflight > 0 {
-                DatasetState::Running
+                DatasetPhase::Running
             } else {
-                DatasetState::Pending
+                DatasetPhase::Pending
             };
             let moved = v.inflight > 0 || Some(s.done) != self.start_done[i];
             self.shown[i] |= moved;

@@ -14,7 +14,7 @@ use std::fmt;
 /// progress bars, so a state reads the same on every screen and in the JSON.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum DatasetState {
+pub enum DatasetPhase {
     /// Configured, but nothing of it is in the queue yet.
     #[default]
     NotStarted,
@@ -30,16 +30,16 @@ pub enum DatasetState {
     FailedItems,
 }
 
-impl DatasetState {
+impl DatasetPhase {
     /// The state's name on screen and in the JSON (`budget_met`, …).
     pub fn as_str(self) -> &'static str {
         match self {
-            DatasetState::NotStarted => "not_started",
-            DatasetState::Pending => "pending",
-            DatasetState::Running => "running",
-            DatasetState::Done => "done",
-            DatasetState::BudgetMet => "budget_met",
-            DatasetState::FailedItems => "failed_items",
+            DatasetPhase::NotStarted => "not_started",
+            DatasetPhase::Pending => "pending",
+            DatasetPhase::Running => "running",
+            DatasetPhase::Done => "done",
+            DatasetPhase::BudgetMet => "budget_met",
+            DatasetPhase::FailedItems => "failed_items",
         }
     }
 
@@ -47,19 +47,19 @@ impl DatasetState {
     pub fn is_finished(self) -> bool {
         matches!(
             self,
-            DatasetState::Done | DatasetState::BudgetMet | DatasetState::FailedItems
+            DatasetPhase::Done | DatasetPhase::BudgetMet | DatasetPhase::FailedItems
         )
     }
 }
 
-impl fmt::Display for DatasetState {
+impl fmt::Display for DatasetPhase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
 /// A state compares equal to its name, as a reader of the JSON sees it.
-impl PartialEq<&str> for DatasetState {
+impl PartialEq<&str> for DatasetPhase {
     fn eq(&self, other: &&str) -> bool {
         self.as_str() == *other
     }
@@ -85,7 +85,7 @@ pub struct DatasetStatus {
     pub shards: u64,
     /// Done items whose rows are in shards (the rest are durable in the queue, waiting).
     pub sharded: u64,
-    pub state: DatasetState,
+    pub state: DatasetPhase,
     pub tokens_per_s: Option<f64>,
     pub requests_per_s: Option<f64>,
     pub eta_s: Option<f64>,
@@ -110,7 +110,7 @@ impl StatusReport {
                 datasets.push(DatasetStatus {
                     name: d.name.clone(),
                     budget: d.token_budget,
-                    state: DatasetState::NotStarted,
+                    state: DatasetPhase::NotStarted,
                     ..Default::default()
                 });
                 continue;
@@ -127,13 +127,13 @@ impl StatusReport {
                 s.completion_tokens >= b || (s.wasted_tokens > 0 && b - s.completion_tokens < avg)
             });
             let state = if budget_met {
-                DatasetState::BudgetMet
+                DatasetPhase::BudgetMet
             } else if s.pending() == 0 && s.failed > 0 {
-                DatasetState::FailedItems
+                DatasetPhase::FailedItems
             } else if s.pending() == 0 && s.items > 0 {
-                DatasetState::Done
+                DatasetPhase::Done
             } else {
-                DatasetState::Pending
+                DatasetPhase::Pending
             };
             datasets.push(DatasetStatus {
                 name: s.name.clone(),
@@ -267,12 +267,12 @@ mod tests {
     #[test]
     fn state_names_are_one_vocabulary() {
         for st in [
-            DatasetState::NotStarted,
-            DatasetState::Pending,
-            DatasetState::Running,
-            DatasetState::Done,
-            DatasetState::BudgetMet,
-            DatasetState::FailedItems,
+            DatasetPhase::NotStarted,
+            DatasetPhase::Pending,
+            DatasetPhase::Running,
+            DatasetPhase::Done,
+            DatasetPhase::BudgetMet,
+            DatasetPhase::FailedItems,
         ] {
             assert_eq!(
                 serde_json::to_string(&st).unwrap(),
@@ -280,7 +280,7 @@ mod tests {
             );
             assert_eq!(st.to_string(), st.as_str());
             assert_eq!(
-                serde_json::from_str::<DatasetState>(&format!("\"{st}\"")).unwrap(),
+                serde_json::from_str::<DatasetPhase>(&format!("\"{st}\"")).unwrap(),
                 st
             );
         }
@@ -302,9 +302,9 @@ mod tests {
                 overshoot_tokens: 203,
                 shards: 1,
                 state: if running {
-                    DatasetState::Running
+                    DatasetPhase::Running
                 } else {
-                    DatasetState::BudgetMet
+                    DatasetPhase::BudgetMet
                 },
                 tokens_per_s: running.then_some(1234.4),
                 requests_per_s: running.then_some(0.25),

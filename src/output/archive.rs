@@ -334,6 +334,31 @@ impl Archive {
 }
 
 #[cfg(test)]
+impl Archive {
+    /// An archive of the one dataset `ds`, named `name`, with no shard metadata and no
+    /// faults armed: what the tests of the archive and of its thread start from.
+    pub(crate) fn of_one_dataset(
+        queue: Arc<Queue>,
+        out: &Path,
+        ds: u16,
+        name: &str,
+        limits: ShardLimits,
+    ) -> Archive {
+        let dataset = ArchiveDataset {
+            name: name.into(),
+            metadata: Vec::new(),
+        };
+        Archive::new(
+            queue,
+            out,
+            limits,
+            HashMap::from([(ds, dataset)]),
+            &Faults::default(),
+        )
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -360,15 +385,8 @@ mod tests {
             max_bytes: 1 << 30,
             compression_level: 3,
         };
-        let datasets = HashMap::from([(
-            ds,
-            ArchiveDataset {
-                name: "d".into(),
-                metadata: Vec::new(),
-            },
-        )]);
         let out = tmp.path().join("out");
-        let mut archive = Archive::new(queue, &out, limits, datasets, &Faults::default());
+        let mut archive = Archive::of_one_dataset(queue, &out, ds, "d", limits);
         let mut sealed = Vec::new();
         for chunk in (0..7u64).collect::<Vec<_>>().chunks(2) {
             let rows = chunk.iter().map(|&i| row(i)).collect();
@@ -399,16 +417,8 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let queue = Arc::new(Queue::open(&tmp.path().join("q")).unwrap());
         let ds = queue.open_dataset("d").unwrap().index;
-        let datasets = HashMap::from([(
-            ds,
-            ArchiveDataset {
-                name: "d".into(),
-                metadata: Vec::new(),
-            },
-        )]);
         let out = tmp.path().join("out");
-        let limits = ShardLimits::default();
-        let mut archive = Archive::new(queue, &out, limits, datasets, &Faults::default());
+        let mut archive = Archive::of_one_dataset(queue, &out, ds, "d", ShardLimits::default());
         let err = archive.seal(ds).unwrap_err();
         assert!(
             matches!(&err, ArchiveError::NotOpen { dataset } if dataset == "d"),

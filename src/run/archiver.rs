@@ -165,7 +165,6 @@ fn archive_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::archive::ArchiveDataset;
     use crate::output::shard::ShardLimits;
     use crate::store::queue::{Item, Outcome};
 
@@ -210,21 +209,8 @@ mod tests {
             max_bytes: 1 << 30,
             compression_level: 3,
         };
-        let datasets = HashMap::from([(
-            ds,
-            ArchiveDataset {
-                name: "a".into(),
-                metadata: Vec::new(),
-            },
-        )]);
         Archiver {
-            archive: Archive::new(
-                queue.clone(),
-                &dir.join("out"),
-                limits,
-                datasets,
-                &Default::default(),
-            ),
+            archive: Archive::of_one_dataset(queue.clone(), &dir.join("out"), ds, "a", limits),
             queue: queue.clone(),
             datasets: vec![ds],
             names: HashMap::from([(ds, "a".to_string())]),
