@@ -288,14 +288,19 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             dataset,
         } => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
-            // Export reports an unknown dataset as a config error inside an untyped error;
-            // everything else it reports is a runtime failure.
-            let r = spool::output::export::export(&cfg, *format, out, dataset.as_deref()).map_err(
-                |e| match e.downcast::<spool::config::ConfigError>() {
-                    Ok(c) => Error::from(c),
-                    Err(e) => Error::runtime(e),
-                },
-            )?;
+            // A dataset the config does not name is the user's to fix; what export itself
+            // reports (files, shards) is a runtime failure.
+            if let Some(d) = dataset.as_deref() {
+                if !cfg.datasets.iter().any(|x| x.name == d) {
+                    return Err(Error::from(spool::config::ConfigError::Invalid {
+                        path: cfg.source.clone(),
+                        key: "--dataset".into(),
+                        detail: format!("no dataset `{d}` in the config"),
+                    }));
+                }
+            }
+            let r = spool::output::export::export(&cfg, *format, out, dataset.as_deref())
+                .map_err(Error::runtime)?;
             println!(
                 "export: {} row(s) from {} shard(s) to {}",
                 r.rows,

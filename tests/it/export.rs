@@ -252,9 +252,30 @@ async fn export_tokens_and_sharegpt_from_a_real_run() {
         "list<item: int32 not null> list<item: uint8 not null> 70"
     );
 
-    // An unknown dataset is a usage error naming it.
+    // An unknown dataset is a usage error naming it, in the library and on the CLI (exit 2).
     let err = export(&cfg, Format::Tokens, &cli_path, Some("nope")).unwrap_err();
     assert!(format!("{err:#}").contains("nope"));
+    let st = Command::new(spool_bin())
+        .args([
+            "export",
+            "-q",
+            "--format",
+            "tokens",
+            "--dataset",
+            "nope",
+            "--out",
+        ])
+        .arg(&cli_path)
+        .arg("-c")
+        .arg(&cfg_path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&st.stderr);
+    assert_eq!(st.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--dataset") && stderr.contains("nope"),
+        "{stderr}"
+    );
 }
 
 /// Without a tokenizer there are no ids: a `tokens` export refuses, saying why.
