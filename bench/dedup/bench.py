@@ -32,6 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.dirname(HERE))
 from cargo_target import release_bin  # noqa: E402 (bench/cargo_target.py)
+from spool_toml import write_config  # noqa: E402 (bench/spool_toml.py)
 DATA = os.path.join(ROOT, "target", "bench-data")
 
 
@@ -75,23 +76,7 @@ def files(n):
 def enqueue(spool, path):
     d = tempfile.mkdtemp(prefix="spool-bench-dedup-")
     try:
-        cfg = os.path.join(d, "spool.toml")
-        with open(cfg, "w") as f:
-            f.write(f'''data_dir = "data"
-output_dir = "out"
-[server]
-api = "sglang"
-urls = ["http://127.0.0.1:9"]
-self_check = false
-[run]
-metrics_addr = ""
-[sampling]
-max_tokens = 64
-[[dataset]]
-name = "dedup"
-path = "{path}"
-token_budget = 0
-''')
+        cfg = write_config(d, "dedup", path, tail="[sampling]\nmax_tokens = 64")
         os.sync()
         err = open(os.path.join(d, "run.log"), "w+")
         p = subprocess.Popen([spool, "run", "-c", cfg], stdout=subprocess.DEVNULL, stderr=err, cwd=d)

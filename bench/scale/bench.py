@@ -38,6 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.dirname(HERE))
 from cargo_target import release_bin  # noqa: E402 (bench/cargo_target.py)
+import spool_toml  # noqa: E402 (bench/spool_toml.py)
 DATA = os.path.join(ROOT, "target", "bench-data")
 
 
@@ -100,25 +101,8 @@ def free_port():
 
 
 def write_config(d, prompts, url, budget_zero):
-    cfg = os.path.join(d, "spool.toml")
-    with open(cfg, "w") as f:
-        f.write(f'''data_dir = "data"
-output_dir = "out"
-[server]
-api = "sglang"
-urls = ["{url}"]
-self_check = false
-[run]
-metrics_addr = ""
-concurrency = 64
-[sampling]
-max_tokens = 64
-[[dataset]]
-name = "scale"
-path = "{prompts}"
-{"token_budget = 0" if budget_zero else ""}
-''')
-    return cfg
+    return spool_toml.write_config(d, "scale", prompts, url=url, budget_zero=budget_zero,
+                                   run="concurrency = 64", tail="[sampling]\nmax_tokens = 64")
 
 
 def dir_bytes(path):

@@ -36,6 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.dirname(HERE))
 from cargo_target import release_bin  # noqa: E402 (bench/cargo_target.py)
+from spool_toml import write_config  # noqa: E402 (bench/spool_toml.py)
 TOK = os.path.join(ROOT, "tests", "fixtures", "tokenizers", "qwen3")
 DATA = os.path.join(ROOT, "target", "bench-data")
 
@@ -70,25 +71,9 @@ def ensure_data(n):
 
 
 def spool_config(d, prompts):
-    cfg = os.path.join(d, "spool.toml")
-    with open(cfg, "w") as f:
-        f.write(f'''data_dir = "data"
-output_dir = "out"
-[server]
-api = "sglang"
-urls = ["http://127.0.0.1:9"]
-self_check = false
-[run]
-metrics_addr = ""
-[tokenizer]
+    return write_config(d, "bench", prompts, tail=f'''[tokenizer]
 path = "{TOK}/tokenizer.json"
-chat_template = "{TOK}/tokenizer_config.json"
-[[dataset]]
-name = "bench"
-path = "{prompts}"
-token_budget = 0
-''')
-    return cfg
+chat_template = "{TOK}/tokenizer_config.json"''')
 
 
 def bench_spool(spool, prompts, env=None):

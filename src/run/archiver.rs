@@ -166,25 +166,15 @@ fn archive_loop(
 mod tests {
     use super::*;
     use crate::output::shard::ShardLimits;
-    use crate::store::queue::{Item, Outcome};
+    use crate::store::fixtures::item;
+    use crate::store::queue::Outcome;
 
     /// A queue in `dir/data` with dataset `a` of `n` items, the first `done` of them
     /// committed (durable, in no shard yet).
     fn queue_of(dir: &Path, n: u64, done: u64) -> (Arc<Queue>, u16) {
         let q = Queue::open(&dir.join("data")).unwrap();
         let ds = q.open_dataset("a").unwrap().index;
-        let items: Vec<_> = (0..n)
-            .map(|r| {
-                let item = Item {
-                    id: format!("a{r}"),
-                    hash: [0; 16],
-                    prompt: "p".into(),
-                    messages: None,
-                    prompt_ids: None,
-                };
-                (r, item)
-            })
-            .collect();
+        let items: Vec<_> = (0..n).map(|r| (r, item(&format!("a{r}")))).collect();
         q.enqueue(ds, &items, n, 0).unwrap();
         let outcomes: Vec<_> = (0..done).map(|r| result(ds, r)).collect();
         q.commit(&outcomes).unwrap();

@@ -220,24 +220,13 @@ mod tests {
     use crate::config::BudgetPolicy;
     use crate::observe::metrics::Metrics;
     use crate::run::scheduler::{LaneSpec, Lease, Next};
-    use crate::store::queue::Item;
+    use crate::store::fixtures::item;
 
     /// A queue in `dir` with dataset `a` of `n` pending items, and a scheduler over it.
     fn queue_of(dir: &std::path::Path, n: u64) -> (Arc<Queue>, Arc<Scheduler>) {
         let q = Queue::open(dir).unwrap();
         let s = q.open_dataset("a").unwrap();
-        let items: Vec<_> = (0..n)
-            .map(|r| {
-                let item = Item {
-                    id: format!("a{r}"),
-                    hash: [0; 16],
-                    prompt: "p".into(),
-                    messages: None,
-                    prompt_ids: None,
-                };
-                (r, item)
-            })
-            .collect();
+        let items: Vec<_> = (0..n).map(|r| (r, item(&format!("a{r}")))).collect();
         q.enqueue(s.index, &items, n, 0).unwrap();
         let q = Arc::new(q);
         let spec = LaneSpec {

@@ -7,7 +7,7 @@
 pub mod blocks;
 mod cache;
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 pub mod keys;
 mod migrate;
 mod open;

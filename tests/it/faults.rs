@@ -1082,39 +1082,14 @@ async fn a_torn_queue_write_is_repaired_by_the_next_run() {
 /// every prompt once, verify clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_commit_is_reported_as_the_cause_not_the_archives_refused_write() {
-    let mock = Mock::start(fast_mock()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let n = 200;
-    let cfg = one_dataset_config(dir.path(), &mock.url, "completions", true, n);
     // One shard for the run: it is still open, with the rows of the first two commits, when
     // the third fails.
-    edit_config(&cfg, "max_rows = 25", "max_rows = 1000");
-    let first = spool(
-        &cfg,
-        &["run"],
-        &[
-            ("SPOOL_FAULT_QUEUE_TORN_COMMIT", "3"),
-            ("SPOOL_FAULT_COMMIT_FAILED_PAUSE_MS", "1000"),
-        ],
-    );
-    let stderr = String::from_utf8_lossy(&first.stderr);
-    assert_eq!(first.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("pausing the committer before it reports its error"),
-        "{stderr}"
-    );
-    let last = stderr.lines().last().unwrap_or("");
+    let last = a_failed_commit_then_a_resume("max_rows = 1000").await;
     assert!(
         last.starts_with("spool: error: cannot store results in the queue in")
             && last.contains("injected torn write"),
         "the cause is reported, not its consequence: {last}"
     );
-    let second = spool(&cfg, &["run", "-q"], &[]);
-    let stderr = String::from_utf8_lossy(&second.stderr);
-    assert_eq!(second.status.code(), Some(0), "{stderr}");
-    assert!(stderr.contains("queue repaired"), "{stderr}");
-    assert_verify_clean(&cfg);
-    assert_exactly_once(&shard_rows(&dir.path().join("out"), "a"), &ids("p", n));
 }
 
 /// Regression (the same report, from a shard sealed in the middle of a run): with one row
@@ -1126,12 +1101,26 @@ async fn a_failed_commit_is_reported_as_the_cause_not_the_archives_refused_write
 /// shards: every prompt once, verify clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_sealed_after_a_failed_commit_still_reports_the_cause() {
+    // A shard per row: the archive has a backlog of seals when the third commit fails.
+    let last = a_failed_commit_then_a_resume("max_rows = 1").await;
+    assert!(
+        last.starts_with("spool: error: cannot ")
+            && last.contains("in the queue in")
+            && last.contains("injected torn write"),
+        "the cause is named, not only its consequence: {last}"
+    );
+}
+
+/// 200 prompts with shards closed at `max_rows`; the third commit is torn and the
+/// committer paused a second before it reports: the run exits 1. The next run repairs the
+/// queue and adopts the shards (every prompt once, verify clean). Returns the first run's
+/// last stderr line, the error it reported.
+async fn a_failed_commit_then_a_resume(max_rows: &str) -> String {
     let mock = Mock::start(fast_mock()).await;
     let dir = tempfile::tempdir().unwrap();
     let n = 200;
     let cfg = one_dataset_config(dir.path(), &mock.url, "completions", true, n);
-    // A shard per row: the archive has a backlog of seals when the third commit fails.
-    edit_config(&cfg, "max_rows = 25", "max_rows = 1");
+    edit_config(&cfg, "max_rows = 25", max_rows);
     let first = spool(
         &cfg,
         &["run"],
@@ -1146,19 +1135,14 @@ async fn a_shard_sealed_after_a_failed_commit_still_reports_the_cause() {
         stderr.contains("pausing the committer before it reports its error"),
         "{stderr}"
     );
-    let last = stderr.lines().last().unwrap_or("");
-    assert!(
-        last.starts_with("spool: error: cannot ")
-            && last.contains("in the queue in")
-            && last.contains("injected torn write"),
-        "the cause is named, not only its consequence: {last}"
-    );
+    let last = stderr.lines().last().unwrap_or("").to_string();
     let second = spool(&cfg, &["run", "-q"], &[]);
     let stderr = String::from_utf8_lossy(&second.stderr);
     assert_eq!(second.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("queue repaired"), "{stderr}");
     assert_verify_clean(&cfg);
     assert_exactly_once(&shard_rows(&dir.path().join("out"), "a"), &ids("p", n));
+    last
 }
 
 /// Regression: a 429 counted as a server error, so three in a row took a healthy but
