@@ -76,6 +76,18 @@ pub struct Config {
     pub shards: ShardConfig,
     #[serde(default, rename = "dataset")]
     pub datasets: Vec<DatasetConfig>,
+    /// Defaults for every dataset's generation keys (each `[[dataset]]` may override).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<Reasoning>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turns: Option<Turns>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history_reasoning: Option<HistoryReasoning>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u32>,
+    /// Template variables; a table of integer weights is drawn from per row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     /// Where this config was read from (not a key).
     #[serde(skip)]
     pub source: PathBuf,
@@ -209,6 +221,90 @@ pub struct DatasetConfig {
     pub max_prompts: Option<u64>,
     #[serde(default)]
     pub sampling: SamplingOverride,
+    /// Overrides of the top level's generation keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<Reasoning>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turns: Option<Turns>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history_reasoning: Option<HistoryReasoning>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u32>,
+    /// Template variables; a table of integer weights is drawn from per row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// What happens to the model's thinking.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reasoning {
+    /// Kept apart from the answer, in the `reasoning` column.
+    #[default]
+    Save,
+    /// Thinking switched off (`enable_thinking = false` in the template or the request).
+    Disable,
+    /// Left in the completion text as generated.
+    Raw,
+}
+
+/// Which assistant turns of a conversation are generated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Turns {
+    /// The last one, after the conversation as given.
+    #[default]
+    Last,
+    /// Every one, in order, each after the replies generated before it (on-policy).
+    All,
+}
+
+/// Whether earlier generated turns' thinking is sent back in a conversation's history.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HistoryReasoning {
+    #[default]
+    Drop,
+    Keep,
+}
+
+/// A dataset's generation keys with the defaults applied.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerationSpec {
+    pub reasoning: Reasoning,
+    pub turns: Turns,
+    pub history_reasoning: HistoryReasoning,
+    pub samples: u32,
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
+impl GenerationSpec {
+    /// Whether an item of this dataset has more than one generation (and so is kept in
+    /// parts until it is closed).
+    pub fn is_multi(&self) -> bool {
+        self.samples > 1 || self.turns == Turns::All
+    }
+}
+
+impl Config {
+    /// The generation keys of dataset `d`: its own, else the top level's, else defaults.
+    pub fn generation_of(&self, d: &DatasetConfig) -> GenerationSpec {
+        let (own, top) = (d, self);
+        let mut kwargs = top.chat_template_kwargs.clone().unwrap_or_default();
+        if let Some(k) = &own.chat_template_kwargs {
+            kwargs.extend(k.clone());
+        }
+        GenerationSpec {
+            reasoning: own.reasoning.or(top.reasoning).unwrap_or_default(),
+            turns: own.turns.or(top.turns).unwrap_or_default(),
+            history_reasoning: own
+                .history_reasoning
+                .or(top.history_reasoning)
+                .unwrap_or_default(),
+            samples: own.samples.or(top.samples).unwrap_or(1),
+            chat_template_kwargs: kwargs,
+        }
+    }
 }
 
 fn default_data_dir() -> PathBuf {

@@ -797,6 +797,11 @@ mod tests {
             token_budget: None,
             max_prompts: None,
             sampling: Default::default(),
+            reasoning: None,
+            turns: None,
+            history_reasoning: None,
+            samples: None,
+            chat_template_kwargs: None,
         };
         let builder = PromptBuilder::new(None, None);
         let opts = IntakeOptions {

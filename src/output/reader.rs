@@ -207,6 +207,13 @@ fn batch_to_rows(
             latency_ms: latency.value(i),
             ttft_ms: ttft.is_valid(i).then(|| ttft.value(i)),
             completed_at_ms: completed_at.value(i),
+            sample: 0,
+            turn: 0,
+            reasoning: None,
+            tool_calls: None,
+            tools: None,
+            sampling: None,
+            partial: None,
         });
     }
     Ok(())
@@ -411,6 +418,13 @@ mod tests {
                     latency_ms,
                     ttft_ms,
                     completed_at_ms,
+                    sample: 0,
+                    turn: 0,
+                    reasoning: None,
+                    tool_calls: None,
+                    tools: None,
+                    sampling: None,
+                    partial: None,
                 },
             )
     }

@@ -487,6 +487,13 @@ pub(crate) mod tests {
             latency_ms: 1000 + i as u32,
             ttft_ms: (!i.is_multiple_of(3)).then_some(i as u32),
             completed_at_ms: 1_767_225_600_000 + i as i64,
+            sample: 0,
+            turn: 0,
+            reasoning: None,
+            tool_calls: None,
+            tools: None,
+            sampling: None,
+            partial: None,
         }
     }
 

@@ -13,9 +13,12 @@
 pub mod builder;
 pub mod byte_bpe;
 pub mod chat_template;
+pub mod conversation;
+pub mod draw;
 pub mod error;
 pub mod pretokenize;
 mod python;
+pub mod reasoning;
 pub mod tokenizer;
 
 pub use builder::{BuiltPrompt, PromptBuilder};

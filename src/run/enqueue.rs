@@ -68,6 +68,7 @@ impl IntakeSink for QueueSink<'_> {
             prompt: prompt.text,
             messages,
             prompt_ids: prompt.token_ids,
+            extra: None,
         };
         EncodedItem::new(row.row, &item)
     }
@@ -225,6 +226,11 @@ mod tests {
             token_budget: None,
             max_prompts: None,
             sampling: Default::default(),
+            reasoning: None,
+            turns: None,
+            history_reasoning: None,
+            samples: None,
+            chat_template_kwargs: None,
         }
     }
 

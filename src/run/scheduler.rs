@@ -536,6 +536,7 @@ mod tests {
                             prompt: "p".into(),
                             messages: None,
                             prompt_ids: None,
+                            extra: None,
                         },
                     )
                 })

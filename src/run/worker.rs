@@ -297,6 +297,8 @@ async fn attempt_until_done(ctx: &Ctx, lease: &Lease, attempts: &mut u32) -> End
             prompt_ids: item.prompt_ids.as_deref(),
             messages: messages.as_ref(),
             sampling,
+            tools: None,
+            chat_template_kwargs: None,
         };
         let started = Instant::now();
         // A panic inside the attempt (the HTTP client, a parser) is this attempt's failure;
@@ -489,6 +491,13 @@ fn to_row(
             latency_ms: g.latency_ms,
             ttft_ms: g.ttft_ms,
             completed_at_ms,
+            sample: 0,
+            turn: 0,
+            reasoning: None,
+            tool_calls: None,
+            tools: None,
+            sampling: None,
+            partial: None,
         },
         source,
     )

@@ -15,6 +15,7 @@ pub(crate) fn item(id: &str) -> Item {
         prompt: format!("p {id}"),
         messages: None,
         prompt_ids: Some(vec![1, 2]),
+        extra: None,
     }
 }
 

@@ -445,6 +445,11 @@ impl Queue {
             let (ds, row) = match o {
                 Outcome::Done { ds, result } => (*ds, result.row),
                 Outcome::Failed { ds, row, .. } => (*ds, *row),
+                // Not yet kept: nothing of them is applied.
+                Outcome::Generated { .. } | Outcome::Closed { .. } => {
+                    applied.push(false);
+                    continue;
+                }
             };
             let Some(r) = self
                 .blocks
@@ -492,6 +497,7 @@ impl Queue {
                     s.failed += 1;
                     batch.insert(key(b'f', ds, row), encode(failure));
                 }
+                Outcome::Generated { .. } | Outcome::Closed { .. } => {}
             }
             applied.push(true);
         }

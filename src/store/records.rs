@@ -80,6 +80,9 @@ pub struct Item {
     /// Input messages as JSON text, when the row had them.
     pub messages: Option<String>,
     pub prompt_ids: Option<Vec<u32>>,
+    /// What else the row carried for the request, as a JSON object (`tools`: OpenAI
+    /// function schemas); None for most rows.
+    pub extra: Option<String>,
 }
 
 impl Item {
@@ -127,6 +130,7 @@ impl Item {
             prompt,
             messages,
             prompt_ids,
+            extra: None,
         })
     }
 }
@@ -161,8 +165,34 @@ pub struct Failure {
 /// The end of an item's attempts, applied by [`Queue::commit`](crate::store::queue::Queue::commit).
 #[derive(Debug, Clone)]
 pub enum Outcome {
-    Done { ds: u16, result: Box<ShardRow> },
-    Failed { ds: u16, row: u64, failure: Failure },
+    /// An item's one generation: its row, and the item is done.
+    Done {
+        ds: u16,
+        result: Box<ShardRow>,
+    },
+    Failed {
+        ds: u16,
+        row: u64,
+        failure: Failure,
+    },
+    /// One generation of an item that has more to come (several samples, or every turn
+    /// of a conversation): kept durably apart (`g` records) until the item is closed; its
+    /// tokens count at once; the item stays pending. A (row, sample, turn) already kept
+    /// is not applied again.
+    Generated {
+        ds: u16,
+        result: Box<ShardRow>,
+    },
+    /// The end of an item with several generations: `result` (its last one, if any) and
+    /// the generations kept for it become its rows, in (sample, turn) order, those of a
+    /// sample listed in `partial` carrying that reason; the item is done. With no row at
+    /// all the item fails, for the first reason in `partial`.
+    Closed {
+        ds: u16,
+        row: u64,
+        result: Option<Box<ShardRow>>,
+        partial: Vec<(u32, String)>,
+    },
 }
 
 /// Reads a JSON record; a value that does not parse is a corrupt record, named by its key.
@@ -217,6 +247,7 @@ mod tests {
                 prompt: String::new(),
                 messages: Some("[{\"role\":\"user\",\"content\":\"日本\"}]".into()),
                 prompt_ids: Some(vec![]),
+                extra: None,
             },
             Item {
                 id: "x".into(),
@@ -224,6 +255,7 @@ mod tests {
                 prompt: "p\n\u{1F600}".into(),
                 messages: None,
                 prompt_ids: Some(vec![0, u32::MAX - 1, 151_643]),
+                extra: None,
             },
         ];
         for it in items {

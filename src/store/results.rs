@@ -145,6 +145,13 @@ pub fn decode_row(b: &[u8]) -> Result<ShardRow, String> {
             x => return Err(format!("bad ttft flag {x}")),
         },
         completed_at_ms: r.u64()? as i64,
+        sample: 0,
+        turn: 0,
+        reasoning: None,
+        tool_calls: None,
+        tools: None,
+        sampling: None,
+        partial: None,
     };
     r.finish()?;
     Ok(row)

@@ -45,6 +45,31 @@ pub struct ShardRow {
     pub ttft_ms: Option<u32>,
     /// Unix ms UTC; column `completed_at`, timestamp(ms, "UTC").
     pub completed_at_ms: i64,
+    /// Which of the dataset's `samples` generations of this prompt (0-based).
+    #[serde(default)]
+    pub sample: u32,
+    /// The generated assistant turn's place in the conversation: how many assistant
+    /// replies come before it (0 for a single-turn prompt).
+    #[serde(default)]
+    pub turn: u32,
+    /// The model's thinking, apart from `completion` (None when it had none or
+    /// `reasoning = "raw"` left it in the text).
+    #[serde(default)]
+    pub reasoning: Option<String>,
+    /// Generated tool calls, as OpenAI's `tool_calls` JSON array.
+    #[serde(default)]
+    pub tool_calls: Option<String>,
+    /// The tools offered (OpenAI function schemas, JSON array), when the row had them.
+    #[serde(default)]
+    pub tools: Option<String>,
+    /// What was sent besides the prompt and drawn per row (JSON object: sampling
+    /// parameters, `chat_template_kwargs`, the seed).
+    #[serde(default)]
+    pub sampling: Option<String>,
+    /// Why this generation's conversation ended before its last turn (`budget`,
+    /// `tool_mismatch: …`, `failed: …`); None when every turn was generated.
+    #[serde(default)]
+    pub partial: Option<String>,
 }
 
 #[cfg(test)]
@@ -69,6 +94,13 @@ impl ShardRow {
             latency_ms: 1,
             ttft_ms: None,
             completed_at_ms: 0,
+            sample: 0,
+            turn: 0,
+            reasoning: None,
+            tool_calls: None,
+            tools: None,
+            sampling: None,
+            partial: None,
         }
     }
 }

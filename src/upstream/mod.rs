@@ -53,6 +53,11 @@ pub struct GenerateRequest<'a> {
     /// The chat messages (for `api = "chat"`).
     pub messages: Option<&'a serde_json::Value>,
     pub sampling: &'a Sampling,
+    /// OpenAI function schemas offered to the model (chat API; the client-side template
+    /// has already rendered them into `prompt` for the others).
+    pub tools: Option<&'a serde_json::Value>,
+    /// Sent as the chat API's `chat_template_kwargs` (e.g. `enable_thinking = false`).
+    pub chat_template_kwargs: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 /// One finished generation, as the server reported it.
@@ -67,6 +72,11 @@ pub struct Generation {
     pub latency_ms: u32,
     /// Number of content events received (the count of last resort).
     pub chunks: u32,
+    /// The thinking the server's reasoning parser split off (`reasoning_content`, or
+    /// vLLM's newer `reasoning`); None when it sent none.
+    pub reasoning: Option<String>,
+    /// Generated tool calls (OpenAI's `tool_calls` array), when the server parsed some.
+    pub tool_calls: Option<serde_json::Value>,
 }
 
 /// Called with the number of new completion tokens as they stream in.
@@ -535,6 +545,8 @@ mod tests {
             prompt_ids: None,
             messages: None,
             sampling: &sampling,
+            tools: None,
+            chat_template_kwargs: None,
         };
         for stream in [false, true] {
             let up = Upstream::new(UpstreamOptions {

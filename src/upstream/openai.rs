@@ -329,6 +329,8 @@ pub(super) fn parse_full(bytes: &[u8], chat: bool) -> Result<Generation, Upstrea
         ttft_ms: None,
         latency_ms: 0,
         chunks: 1,
+        reasoning: None,
+        tool_calls: None,
     })
 }
 
@@ -404,6 +406,8 @@ pub(super) async fn read_stream(
         ttft_ms: r.ttft_ms,
         latency_ms: 0,
         chunks,
+        reasoning: None,
+        tool_calls: None,
     })
 }
 
@@ -494,6 +498,8 @@ mod tests {
                 prompt_ids,
                 messages,
                 sampling,
+                tools: None,
+                chat_template_kwargs: None,
             }
         }
         let ids = [1u32, 2, 151_643];

@@ -150,6 +150,8 @@ pub(super) fn parse_full(bytes: &[u8]) -> Result<Generation, UpstreamError> {
         ttft_ms: None,
         latency_ms: 0,
         chunks: 1,
+        reasoning: None,
+        tool_calls: None,
     })
 }
 
@@ -253,6 +255,8 @@ impl StreamState {
             ttft_ms,
             latency_ms: 0,
             chunks: self.chunks,
+            reasoning: None,
+            tool_calls: None,
         })
     }
 }

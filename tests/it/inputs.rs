@@ -321,6 +321,11 @@ fn dataset_cfg(path: &Path, cap: Option<u64>) -> spool::config::DatasetConfig {
         token_budget: None,
         max_prompts: cap,
         sampling: Default::default(),
+        reasoning: None,
+        turns: None,
+        history_reasoning: None,
+        samples: None,
+        chat_template_kwargs: None,
     }
 }
 

@@ -278,6 +278,8 @@ async fn the_upstream_client_speaks_tls_with_the_roots_it_is_given() {
         prompt_ids: None,
         messages: None,
         sampling: &sampling,
+        tools: None,
+        chat_template_kwargs: None,
     };
     for stream in [false, true] {
         let up = Upstream::with_roots(opts(stream), &roots).unwrap();

@@ -561,6 +561,7 @@ mod tests {
                 prompt: format!("p {id}"),
                 messages: None,
                 prompt_ids: None,
+                extra: None,
             },
         )
     }
