@@ -10,7 +10,7 @@
 use crate::error::{Context, Error};
 use crate::observe::metrics::DatasetMetrics;
 use crate::run::archiver::ToArchive;
-use crate::run::scheduler::Scheduler;
+use crate::run::scheduler::{Lease, Scheduler};
 use crate::run::shutdown::Stop;
 use crate::run::worker::Finished;
 use crate::store::queue::{Outcome, Queue};
@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 /// Most results applied to the queue in one batch (one fsync).
@@ -39,6 +39,19 @@ pub(crate) enum ToCommit {
     Finished(Finished),
     /// Tokens a cancelled request streamed and threw away, for the dataset's counter.
     Wasted { ds: u16, tokens: u64 },
+    /// A sample of an open item ended without a new generation (`partial`: why, when
+    /// before its last turn); its lease ends here.
+    SampleEnded {
+        lease: Lease,
+        partial: Option<String>,
+    },
+    /// The budget is met: close an open item (see [`Next::Close`](crate::run::scheduler::Next::Close)).
+    Close {
+        lane: usize,
+        ds: u16,
+        row: u64,
+        partial: Vec<(u32, String)>,
+    },
 }
 
 /// The workers' side of the committer's channel.
@@ -65,6 +78,21 @@ impl Commits {
     /// has stopped: a counter, not a result).
     pub(crate) fn wasted(&self, ds: u16, tokens: u64) {
         let _ = self.0.send(ToCommit::Wasted { ds, tokens });
+    }
+
+    /// Ends a sample of an open item that has no new generation to commit.
+    pub(crate) fn sample_ended(&self, lease: Lease, partial: Option<String>) {
+        let _ = self.0.send(ToCommit::SampleEnded { lease, partial });
+    }
+
+    /// Closes an open item the budget has stopped.
+    pub(crate) fn close(&self, lane: usize, ds: u16, row: u64, partial: Vec<(u32, String)>) {
+        let _ = self.0.send(ToCommit::Close {
+            lane,
+            ds,
+            row,
+            partial,
+        });
     }
 }
 
@@ -144,67 +172,68 @@ async fn commit_loop(
                 }
             }
         }
-        let mut metas = Vec::with_capacity(buf.len());
-        let mut outcomes = Vec::with_capacity(buf.len());
+        let mut entries: Vec<Entry> = Vec::with_capacity(buf.len());
         for m in buf.drain(..) {
-            let f = match m {
-                ToCommit::Finished(f) => f,
+            match m {
                 ToCommit::Wasted { ds, tokens } => {
                     // A counter: a failure here shows in the next commit, which reports it.
                     let _ = queue.add_wasted(ds, tokens);
-                    continue;
                 }
-            };
-            // Policy "cancel": a result that would take its dataset past the budget is
-            // not committed; the item goes back to pending.
-            if let Outcome::Done { result, .. } = &f.outcome {
-                if !sched.admit(&f.lease, result.completion_tokens) {
-                    let _ = queue.add_wasted(f.lease.ds, u64::from(result.completion_tokens));
-                    sched.release(&f.lease);
-                    continue;
+                ToCommit::Finished(f) => {
+                    if let Some(e) = admit(f, queue, sched) {
+                        entries.push(e);
+                    }
+                }
+                ToCommit::SampleEnded { lease, partial } => {
+                    if let Some(p) = sched.end_sample(&lease, partial) {
+                        entries.push(Entry::closing(lease.lane, lease.ds, lease.row, None, p));
+                    }
+                }
+                ToCommit::Close {
+                    lane,
+                    ds,
+                    row,
+                    partial,
+                } => {
+                    let mut e = Entry::closing(lane, ds, row, None, partial);
+                    e.budget_close = true;
+                    entries.push(e);
                 }
             }
-            outcomes.push(f.outcome);
-            metas.push((f.lease, f.count_source, f.duration_s, f.ttft_s));
         }
-        if outcomes.is_empty() {
+        if entries.is_empty() {
             continue;
         }
         let q = queue.clone();
-        // One batch and one fsync for everything that arrived together.
-        let (applied, outcomes) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
+        // One batch and one fsync for everything that arrived together. A closed item's
+        // rows are its kept generations and its last one, read before the batch removes
+        // them (the committer is their only writer).
+        let (applied, entries) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
+            let mut entries = entries;
+            for e in entries.iter_mut() {
+                if let Outcome::Closed {
+                    ds,
+                    row,
+                    result,
+                    partial,
+                } = &e.outcome
+                {
+                    let mut rows = q.generations(*ds, *row)?;
+                    rows.extend(result.as_deref().cloned());
+                    e.closed_rows = Some(item_rows(rows, partial));
+                }
+            }
+            let outcomes: Vec<Outcome> = entries.iter().map(|e| e.outcome.clone()).collect();
             let a = q.commit(&outcomes)?;
             q.flush()?;
-            Ok((a, outcomes))
+            Ok((a, entries))
         })
         .await
         .map_err(Error::runtime)
         .context("commit task panicked")??;
         let mut batches: HashMap<u16, Vec<(ShardRow, CountSource)>> = HashMap::new();
-        for ((outcome, ok), (lease, source, duration_s, ttft_s)) in
-            outcomes.into_iter().zip(applied).zip(metas)
-        {
-            let dm = &dmetrics[lease.lane];
-            match outcome {
-                Outcome::Done { ds, result } if ok => {
-                    dm.ok.inc();
-                    dm.completion_tokens
-                        .inc_by(u64::from(result.completion_tokens));
-                    dm.prompt_tokens.inc_by(u64::from(result.prompt_tokens));
-                    dm.duration.observe(duration_s);
-                    if let Some(t) = ttft_s {
-                        dm.ttft.observe(t);
-                    }
-                    sched.completed(&lease, result.completion_tokens);
-                    batches.entry(ds).or_default().push((*result, source));
-                }
-                Outcome::Failed { .. } if ok => {
-                    dm.failed.inc();
-                    sched.failed(&lease);
-                }
-                // Not pending any more: nothing to do but end the lease.
-                _ => sched.release(&lease),
-            }
+        for (e, ok) in entries.into_iter().zip(applied) {
+            e.settle(ok, sched, dmetrics, &mut batches);
         }
         for (ds, rows) in batches {
             // The archive thread only stops on a fatal error, which has stopped dispatch.
@@ -212,6 +241,198 @@ async fn commit_loop(
         }
     }
     Ok(())
+}
+
+/// An item's rows in (sample, turn) order, those of a sample that ended early marked
+/// with why (as the queue writes them).
+fn item_rows(mut rows: Vec<ShardRow>, partial: &[(u32, String)]) -> Vec<ShardRow> {
+    rows.sort_by_key(|r| (r.sample, r.turn));
+    for r in rows.iter_mut() {
+        if let Some((_, why)) = partial.iter().find(|(s, _)| *s == r.sample) {
+            r.partial = Some(why.clone());
+        }
+    }
+    rows
+}
+
+/// Policy "cancel": a result that would take its dataset past the budget is not
+/// committed; the item (or the sample) goes back to pending. Otherwise the entry to
+/// commit, the last generation of an open item becoming its close.
+fn admit(f: Finished, queue: &Queue, sched: &Scheduler) -> Option<Entry> {
+    let Finished {
+        lease,
+        outcome,
+        count_source,
+        duration_s,
+        ttft_s,
+        ends_sample,
+        ack,
+    } = f;
+    if let Outcome::Done { result, .. } | Outcome::Generated { result, .. } = &outcome {
+        if !sched.admit(&lease, result.completion_tokens) {
+            let _ = queue.add_wasted(lease.ds, u64::from(result.completion_tokens));
+            sched.release(&lease);
+            if let Some(ack) = ack {
+                let _ = ack.send(false);
+            }
+            return None;
+        }
+    }
+    let mut entry = Entry {
+        outcome,
+        lease: Some(lease),
+        count_source,
+        duration_s,
+        ttft_s,
+        lane: 0,
+        continues: false,
+        ack,
+        closed_rows: None,
+        budget_close: false,
+    };
+    let lease = entry.lease.as_ref()?;
+    entry.lane = lease.lane;
+    if let Outcome::Generated { ds, result } = &entry.outcome {
+        match ends_sample {
+            None => entry.continues = true,
+            Some(partial) => {
+                if let Some(p) = sched.end_sample(lease, partial) {
+                    entry.outcome = Outcome::Closed {
+                        ds: *ds,
+                        row: lease.row,
+                        result: Some(result.clone()),
+                        partial: p,
+                    };
+                }
+            }
+        }
+    }
+    Some(entry)
+}
+
+/// One outcome of a batch and what to do once it is durable (or refused).
+struct Entry {
+    outcome: Outcome,
+    /// The lease it ends or goes on with (none for a budget close).
+    lease: Option<Lease>,
+    count_source: CountSource,
+    duration_s: f64,
+    ttft_s: Option<f64>,
+    lane: usize,
+    /// A generation after which its sample goes on (the lease stays).
+    continues: bool,
+    /// Told whether the generation was committed (a conversation's next turn waits).
+    ack: Option<oneshot::Sender<bool>>,
+    /// A closed item's rows, for the archive.
+    closed_rows: Option<Vec<ShardRow>>,
+    /// Handed out by the scheduler's budget close.
+    budget_close: bool,
+}
+
+impl Entry {
+    fn closing(
+        lane: usize,
+        ds: u16,
+        row: u64,
+        result: Option<Box<ShardRow>>,
+        partial: Vec<(u32, String)>,
+    ) -> Entry {
+        Entry {
+            outcome: Outcome::Closed {
+                ds,
+                row,
+                result,
+                partial,
+            },
+            lease: None,
+            count_source: CountSource::Server,
+            duration_s: 0.0,
+            ttft_s: None,
+            lane,
+            continues: false,
+            ack: None,
+            closed_rows: None,
+            budget_close: false,
+        }
+    }
+
+    /// After the batch: metrics, the scheduler, the worker waiting for its turn, and the
+    /// rows for the archive.
+    fn settle(
+        self,
+        ok: bool,
+        sched: &Scheduler,
+        dmetrics: &[DatasetMetrics],
+        batches: &mut HashMap<u16, Vec<(ShardRow, CountSource)>>,
+    ) {
+        let dm = &dmetrics[self.lane];
+        let generated = match &self.outcome {
+            Outcome::Done { result, .. } | Outcome::Generated { result, .. } => Some(result),
+            Outcome::Closed { result, .. } => result.as_ref(),
+            Outcome::Failed { .. } => None,
+        };
+        if ok {
+            if let Some(r) = generated {
+                dm.ok.inc();
+                dm.completion_tokens.inc_by(u64::from(r.completion_tokens));
+                dm.prompt_tokens.inc_by(u64::from(r.prompt_tokens));
+                dm.duration.observe(self.duration_s);
+                if let Some(t) = self.ttft_s {
+                    dm.ttft.observe(t);
+                }
+            }
+        }
+        match (self.outcome, self.lease) {
+            (Outcome::Done { ds, result }, Some(lease)) if ok => {
+                sched.completed(&lease, result.completion_tokens);
+                batches
+                    .entry(ds)
+                    .or_default()
+                    .push((*result, self.count_source));
+            }
+            (Outcome::Failed { .. }, Some(lease)) if ok => {
+                dm.failed.inc();
+                sched.failed(&lease);
+            }
+            (Outcome::Generated { result, .. }, Some(lease)) if ok => {
+                sched.turn_completed(&lease, result.completion_tokens);
+            }
+            (
+                Outcome::Closed {
+                    ds, row, result, ..
+                },
+                lease,
+            ) => {
+                if let (Some(r), Some(lease), true) = (&result, &lease, ok) {
+                    sched.turn_completed(lease, r.completion_tokens);
+                }
+                if self.budget_close {
+                    sched.closed(self.lane, row);
+                }
+                let rows = self.closed_rows.unwrap_or_default();
+                if ok && rows.is_empty() {
+                    dm.failed.inc();
+                }
+                if ok {
+                    let source = self.count_source;
+                    batches
+                        .entry(ds)
+                        .or_default()
+                        .extend(rows.into_iter().map(|r| (r, source)));
+                }
+            }
+            // Not pending any more (or a repeat): nothing to do but end the lease.
+            (_, Some(lease)) => {
+                if self.continues || !lease.multi {
+                    sched.release(&lease);
+                }
+            }
+            (_, None) => {}
+        }
+        if let Some(ack) = self.ack {
+            let _ = ack.send(ok);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -235,6 +456,8 @@ mod tests {
             budget: None,
             max_tokens: 100,
             policy: BudgetPolicy::Finish,
+            samples: 1,
+            multi: false,
         };
         let sched = Arc::new(Scheduler::new(q.clone(), vec![spec], Default::default()));
         (q, sched)
@@ -261,6 +484,8 @@ mod tests {
             count_source: CountSource::Server,
             duration_s: 0.1,
             ttft_s: None,
+            ends_sample: None,
+            ack: None,
         })
     }
 

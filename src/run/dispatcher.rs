@@ -47,6 +47,16 @@ pub(crate) async fn dispatch(
             }
             match sched.next()? {
                 Next::Lease(l) => break l,
+                // Budget met: an open item's kept generations become its rows.
+                Next::Close {
+                    lane,
+                    ds,
+                    row,
+                    partial,
+                } => {
+                    ctx.commits.close(lane, ds, row, partial);
+                    continue;
+                }
                 Next::Done => break 'dispatch,
                 Next::Wait => {
                     tokio::select! {

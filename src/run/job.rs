@@ -27,6 +27,8 @@ use crate::output::schema::{
     META_CONFIG_SHA256, META_SAMPLING, META_TOKENIZER_SHA256, META_VERSION,
 };
 use crate::output::shard::ShardLimits;
+use crate::prompt::draw::Drawer;
+use crate::prompt::reasoning::ThinkMarkers;
 use crate::prompt::{ChatTemplate, PromptBuilder, Tokenizer};
 use crate::run::archiver::{output_failure, Archiver, Archiving, ToArchive};
 use crate::run::committer::{self, CommitReceiver, Committer};
@@ -143,12 +145,27 @@ async fn run_job(
         commit_rx,
     );
     let ctx = Arc::new(Ctx {
-        sampling: job
+        gens: job
             .cfg
             .datasets
             .iter()
-            .map(|d| job.cfg.sampling_of(d))
+            .map(|d| job.cfg.generation_of(d))
             .collect(),
+        drawers: job
+            .cfg
+            .datasets
+            .iter()
+            .map(|d| {
+                let g = job.cfg.generation_of(d);
+                Drawer::new(
+                    &job.cfg.sampling_of(d),
+                    &g.chat_template_kwargs,
+                    g.reasoning,
+                )
+                .map_err(|e| Error::new(Kind::Usage, anyhow::anyhow!("dataset {:?}: {e}", d.name)))
+            })
+            .collect::<Result<_, _>>()?,
+        markers: builder.template().and_then(ThinkMarkers::of_template),
         cfg: job.cfg.clone(),
         queue: queue.clone(),
         sched: sched.clone(),
@@ -544,6 +561,8 @@ impl Job {
                 budget: d.token_budget,
                 max_tokens: cfg.sampling_of(d).max_tokens,
                 policy: cfg.run.budget_policy,
+                samples: cfg.generation_of(d).samples,
+                multi: cfg.generation_of(d).is_multi(),
             })
             .collect();
         let sched = Arc::new(Scheduler::new(queue.clone(), specs, self.knobs.bench));

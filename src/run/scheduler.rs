@@ -6,9 +6,17 @@
 //! only in memory: the queue still has a leased item as pending, so a crash returns it to
 //! the queue by itself.
 //!
-//! Invariants: a row is leased at most once at a time; a lease ends exactly once, by
-//! [`Scheduler::completed`], [`Scheduler::failed`] or [`Scheduler::release`]; streamed
-//! tokens are counted through a per-lease atomic, without taking the scheduler lock.
+//! An item of a dataset with several generations (`samples`, `turns = "all"`) is *open*
+//! while they run: each sample is leased on its own and runs its turns in order in one
+//! worker (so its history is its own replies); when every sample has ended the committer
+//! closes the item. A continuing conversation waits between turns while the budget gate
+//! is shut, and a new item is not started while conversations wait; once the budget is
+//! met, open items that have kept generations are closed partial (`Next::Close`).
+//!
+//! Invariants: a (row, sample) is leased at most once at a time; a lease ends exactly
+//! once, by [`Scheduler::completed`], [`Scheduler::failed`], [`Scheduler::end_sample`] or
+//! [`Scheduler::release`]; streamed tokens are counted through a per-lease atomic,
+//! without taking the scheduler lock.
 
 use crate::config::BudgetPolicy;
 use crate::estimate::lengths::LengthModel;
@@ -17,7 +25,7 @@ use crate::estimate::tail::{finish_times, LaneWork};
 use crate::knobs::Bench;
 use crate::store::queue::{Queue, QueueError};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -30,6 +38,10 @@ pub struct LaneSpec {
     pub budget: Option<u64>,
     pub max_tokens: u32,
     pub policy: BudgetPolicy,
+    /// Generations per prompt.
+    pub samples: u32,
+    /// Items have several generations (samples or every turn) and are opened and closed.
+    pub multi: bool,
 }
 
 /// A row handed to a worker.
@@ -38,10 +50,36 @@ pub struct Lease {
     pub lane: usize,
     pub ds: u16,
     pub row: u64,
+    /// Which sample of the item (0 for single-generation items).
+    pub sample: u32,
+    /// The item has several generations: the worker commits each as it comes.
+    pub multi: bool,
+    /// The server the item's earlier generations went to, kept while it is up.
+    pub server: Option<usize>,
     /// Tokens streamed so far by this lease's current attempt.
     pub streamed: Arc<AtomicU32>,
+    /// Set while a conversation waits between turns: it counts as a request about to
+    /// start, not as one generating.
+    pub waiting: Arc<AtomicBool>,
     /// Cancelled when the budget policy "cancel" aborts the dataset's requests in flight.
     pub cancel: CancellationToken,
+}
+
+/// A lease in flight: its streamed tokens and whether it waits between turns.
+type Flight = (Arc<AtomicU32>, Arc<AtomicBool>);
+
+/// An item whose generations are running.
+#[derive(Debug, Default)]
+struct OpenItem {
+    /// Its samples leased now.
+    live: u32,
+    /// Its samples that have ended.
+    ended: u32,
+    /// Samples that ended before their last turn, and why.
+    partial: Vec<(u32, String)>,
+    /// Some generation of it is kept in the queue (so closing it yields rows).
+    kept: bool,
+    server: Option<usize>,
 }
 
 struct Lane {
@@ -49,10 +87,17 @@ struct Lane {
     /// Pending rows read from the queue, not yet leased.
     buffer: VecDeque<u64>,
     /// Leases given back (shutdown, cancel): served before the buffer.
-    returned: VecDeque<u64>,
+    returned: VecDeque<(u64, u32)>,
+    /// Samples of opened items not leased yet: served before new rows.
+    ready: VecDeque<(u64, u32)>,
+    open: HashMap<u64, OpenItem>,
+    /// Items handed to the committer to close, not yet closed.
+    closing: std::collections::HashSet<u64>,
+    /// Turns per conversation seen (sum, count): how many requests an item makes.
+    turns_seen: (u64, u64),
     cursor: Option<u64>,
     exhausted: bool,
-    inflight: HashMap<u64, Arc<AtomicU32>>,
+    inflight: HashMap<(u64, u32), Flight>,
     completed_tokens: u64,
     lengths: LengthModel,
     cancel: CancellationToken,
@@ -69,16 +114,18 @@ impl Lane {
     fn inflight_streamed(&self) -> Vec<u32> {
         self.inflight
             .values()
-            .map(|a| a.load(Ordering::Relaxed))
+            .map(|(a, _)| a.load(Ordering::Relaxed))
             .collect()
     }
 
-    /// Completed tokens plus what the requests in flight are expected to produce in all.
-    fn committed_estimate(&self) -> f64 {
+    /// Completed tokens plus what the requests in flight are expected to produce in all;
+    /// conversations waiting between turns count as a new request each, or not at all.
+    fn committed_estimate(&self, count_waiting: bool) -> f64 {
         let inflight: f64 = self
             .inflight
             .values()
-            .map(|a| self.lengths.expected_final(a.load(Ordering::Relaxed)))
+            .filter(|(_, w)| count_waiting || !w.load(Ordering::Relaxed))
+            .map(|(a, _)| self.lengths.expected_final(a.load(Ordering::Relaxed)))
             .sum();
         self.completed_tokens as f64 + inflight
     }
@@ -86,11 +133,61 @@ impl Lane {
     /// Whether one more request may start: dispatching stops as soon as completed tokens
     /// plus the expected final tokens of the work in flight reach the budget.
     fn budget_allows(&self) -> bool {
+        self.gate_open(true)
+    }
+
+    /// The budget gate, counting waiting conversations (for a new item, so they go
+    /// first) or not (for a waiting conversation's next turn, so they cannot all wait on
+    /// each other).
+    fn gate_open(&self, count_waiting: bool) -> bool {
         match self.spec.budget {
             None => true,
             Some(b) if self.naive_budget => self.completed_tokens < b,
-            Some(b) => self.committed_estimate() < b as f64,
+            Some(b) => self.committed_estimate(count_waiting) < b as f64,
         }
+    }
+
+    /// Requests an item makes: its samples times the turns its conversations have had.
+    fn requests_per_item(&self) -> f64 {
+        let turns = match self.turns_seen {
+            (_, 0) => 1.0,
+            (sum, n) => sum as f64 / n as f64,
+        };
+        f64::from(self.spec.samples.max(1)) * turns
+    }
+
+    /// With the budget met: the next open item to close (nothing of it leased), with its
+    /// samples' reasons. Items with nothing kept are only forgotten (they stay pending).
+    fn take_close(&mut self) -> Option<(u64, Vec<(u32, String)>)> {
+        if !self.budget_met() {
+            return None;
+        }
+        self.ready.clear();
+        self.returned.clear();
+        let idle: Vec<u64> = self
+            .open
+            .iter()
+            .filter(|(_, o)| o.live == 0)
+            .map(|(r, _)| *r)
+            .collect();
+        for row in idle {
+            let Some(o) = self.open.remove(&row) else {
+                continue;
+            };
+            if !o.kept {
+                continue;
+            }
+            let mut partial = o.partial;
+            for s in 0..self.spec.samples {
+                if !partial.iter().any(|(p, _)| *p == s) {
+                    partial.push((s, "budget".to_string()));
+                }
+            }
+            partial.sort();
+            self.closing.insert(row);
+            return Some((row, partial));
+        }
+        None
     }
 
     fn budget_met(&self) -> bool {
@@ -102,6 +199,14 @@ impl Lane {
         self.closed = true;
         self.cancel.cancel();
         self.cancel = CancellationToken::new();
+    }
+
+    fn count_tokens(&mut self, tokens: u32) {
+        self.completed_tokens += u64::from(tokens);
+        if self.spec.policy == BudgetPolicy::Cancel {
+            self.admitted = self.admitted.saturating_sub(u64::from(tokens));
+        }
+        self.lengths.observe(tokens);
     }
 
     fn refill(&mut self, queue: &Queue) -> Result<(), QueueError> {
@@ -119,7 +224,24 @@ impl Lane {
     }
 
     fn has_rows(&self) -> bool {
-        !self.returned.is_empty() || !self.buffer.is_empty() || !self.exhausted
+        !self.returned.is_empty()
+            || !self.ready.is_empty()
+            || !self.buffer.is_empty()
+            || !self.exhausted
+    }
+
+    /// The next (row, sample) to lease: given back first, then samples of open items,
+    /// then a new row (opened when its items have several generations).
+    fn take(&mut self) -> Option<(u64, u32)> {
+        if let Some(x) = self.returned.pop_front().or_else(|| self.ready.pop_front()) {
+            return Some(x);
+        }
+        let row = self.buffer.pop_front()?;
+        if self.spec.multi {
+            self.open.entry(row).or_default();
+            self.ready.extend((1..self.spec.samples).map(|s| (row, s)));
+        }
+        Some((row, 0))
     }
 
     fn can_dispatch(&self) -> bool {
@@ -127,7 +249,10 @@ impl Lane {
     }
 
     fn finished(&self) -> bool {
-        self.inflight.is_empty() && !self.can_dispatch()
+        self.inflight.is_empty()
+            && !self.can_dispatch()
+            && self.closing.is_empty()
+            && !(self.budget_met() && self.open.values().any(|o| o.live == 0 && o.kept))
     }
 }
 
@@ -170,6 +295,14 @@ pub struct Scheduler {
 #[derive(Debug)]
 pub enum Next {
     Lease(Lease),
+    /// The budget is met: close this open item with these samples' reasons (its kept
+    /// generations become rows).
+    Close {
+        lane: usize,
+        ds: u16,
+        row: u64,
+        partial: Vec<(u32, String)>,
+    },
     /// Nothing can start now, but requests in flight may change that.
     Wait,
     /// Every lane is finished.
@@ -194,6 +327,10 @@ impl Scheduler {
                     spec,
                     buffer: VecDeque::new(),
                     returned: VecDeque::new(),
+                    ready: VecDeque::new(),
+                    open: HashMap::new(),
+                    closing: Default::default(),
+                    turns_seen: (0, 0),
                     cursor: None,
                     exhausted: false,
                     inflight: HashMap::new(),
@@ -251,7 +388,18 @@ impl Scheduler {
             if self.serial && i > 0 && !all_finished {
                 break; // benchmarks: the previous lane's tail is still in flight
             }
+            if let Some((row, partial)) = lane.take_close() {
+                return Ok(Next::Close {
+                    lane: i,
+                    ds: lane.spec.ds,
+                    row,
+                    partial,
+                });
+            }
             if lane.budget_met() || !lane.budget_allows() {
+                if !lane.closing.is_empty() {
+                    all_finished = false;
+                }
                 if !lane.budget_logged && lane.inflight.is_empty() {
                     lane.budget_logged = true;
                     tracing::info!(
@@ -267,19 +415,28 @@ impl Scheduler {
                 continue;
             }
             lane.refill(&self.queue)?;
-            let row = lane
-                .returned
-                .pop_front()
-                .or_else(|| lane.buffer.pop_front());
-            match row {
-                Some(row) => {
+            match lane.take() {
+                Some((row, sample)) => {
                     let streamed = Arc::new(AtomicU32::new(0));
-                    lane.inflight.insert(row, streamed.clone());
+                    let waiting = Arc::new(AtomicBool::new(false));
+                    lane.inflight
+                        .insert((row, sample), (streamed.clone(), waiting.clone()));
+                    let server = match lane.open.get_mut(&row) {
+                        Some(o) => {
+                            o.live += 1;
+                            o.server
+                        }
+                        None => None,
+                    };
                     return Ok(Next::Lease(Lease {
                         lane: i,
                         ds: lane.spec.ds,
                         row,
+                        sample,
+                        multi: lane.spec.multi,
+                        server,
                         streamed,
+                        waiting,
                         cancel: lane.cancel.clone(),
                     }));
                 }
@@ -339,12 +496,92 @@ impl Scheduler {
     pub fn completed(&self, lease: &Lease, tokens: u32) {
         let mut lanes = self.lock();
         let lane = &mut lanes[lease.lane];
-        lane.inflight.remove(&lease.row);
-        lane.completed_tokens += u64::from(tokens);
-        if lane.spec.policy == BudgetPolicy::Cancel {
-            lane.admitted = lane.admitted.saturating_sub(u64::from(tokens));
+        lane.inflight.remove(&(lease.row, lease.sample));
+        lane.count_tokens(tokens);
+        drop(lanes);
+        self.changed.notify_waiters();
+    }
+
+    /// One generation of an open item is durable; its lease goes on (the next turn).
+    pub fn turn_completed(&self, lease: &Lease, tokens: u32) {
+        let mut lanes = self.lock();
+        let lane = &mut lanes[lease.lane];
+        lane.count_tokens(tokens);
+        if let Some(o) = lane.open.get_mut(&lease.row) {
+            o.kept = true;
         }
-        lane.lengths.observe(tokens);
+        drop(lanes);
+        self.changed.notify_waiters();
+    }
+
+    /// A sample of an open item has ended (`partial`: before its last turn, and why); its
+    /// lease ends. Returns the item's samples' reasons when this was its last sample: the
+    /// item is then to be closed (and is no longer open here).
+    pub fn end_sample(&self, lease: &Lease, partial: Option<String>) -> Option<Vec<(u32, String)>> {
+        let mut lanes = self.lock();
+        let lane = &mut lanes[lease.lane];
+        lane.inflight.remove(&(lease.row, lease.sample));
+        let samples = lane.spec.samples.max(1);
+        let done = match lane.open.get_mut(&lease.row) {
+            Some(o) => {
+                o.live = o.live.saturating_sub(1);
+                o.ended += 1;
+                if let Some(p) = partial {
+                    o.partial.push((lease.sample, p));
+                }
+                o.ended >= samples
+            }
+            None => true,
+        };
+        let closed = if done {
+            let mut p = lane
+                .open
+                .remove(&lease.row)
+                .map(|o| o.partial)
+                .unwrap_or_default();
+            p.sort();
+            Some(p)
+        } else {
+            None
+        };
+        drop(lanes);
+        self.changed.notify_waiters();
+        closed
+    }
+
+    /// What a worker learned starting a sample: the server it went to, whether the item
+    /// already had kept generations, and how many turns its conversation has.
+    pub fn note(&self, lease: &Lease, server: usize, kept: bool, turns: u32) {
+        let mut lanes = self.lock();
+        let lane = &mut lanes[lease.lane];
+        if let Some(o) = lane.open.get_mut(&lease.row) {
+            o.server.get_or_insert(server);
+            o.kept |= kept;
+        }
+        if lease.sample == 0 {
+            lane.turns_seen.0 += u64::from(turns);
+            lane.turns_seen.1 += 1;
+        }
+    }
+
+    /// Whether a conversation may start its next turn: `Some(true)` go, `Some(false)`
+    /// stop (the budget is met), `None` wait (the gate is shut by the work generating).
+    pub fn may_continue(&self, lease: &Lease) -> Option<bool> {
+        let lanes = self.lock();
+        let lane = &lanes[lease.lane];
+        if lane.budget_met() {
+            Some(false)
+        } else if lane.gate_open(false) {
+            Some(true)
+        } else {
+            None
+        }
+    }
+
+    /// The committer has closed an item handed out by [`Next::Close`].
+    pub fn closed(&self, lane: usize, row: u64) {
+        let mut lanes = self.lock();
+        lanes[lane].closing.remove(&row);
         drop(lanes);
         self.changed.notify_waiters();
     }
@@ -352,7 +589,9 @@ impl Scheduler {
     /// A lease ended with a permanent failure.
     pub fn failed(&self, lease: &Lease) {
         let mut lanes = self.lock();
-        lanes[lease.lane].inflight.remove(&lease.row);
+        lanes[lease.lane]
+            .inflight
+            .remove(&(lease.row, lease.sample));
         drop(lanes);
         self.changed.notify_waiters();
     }
@@ -362,8 +601,11 @@ impl Scheduler {
     pub fn release(&self, lease: &Lease) {
         let mut lanes = self.lock();
         let lane = &mut lanes[lease.lane];
-        if lane.inflight.remove(&lease.row).is_some() {
-            lane.returned.push_back(lease.row);
+        if lane.inflight.remove(&(lease.row, lease.sample)).is_some() {
+            lane.returned.push_back((lease.row, lease.sample));
+            if let Some(o) = lane.open.get_mut(&lease.row) {
+                o.live = o.live.saturating_sub(1);
+            }
         }
         drop(lanes);
         self.changed.notify_waiters();
@@ -390,12 +632,19 @@ impl Scheduler {
                 let dispatching = l.can_dispatch();
                 // Prompts not yet started, and the budget's room after the expected finals
                 // of the requests in flight (`None`: no budget).
+                // Requests not yet started: an item makes `samples` × turns requests.
+                let started = if l.spec.multi {
+                    l.open.len()
+                } else {
+                    l.inflight.len()
+                };
                 let pending = self
                     .queue
                     .state(l.spec.ds)
                     .map(|s| s.pending())
                     .unwrap_or(0)
-                    .saturating_sub(l.inflight.len() as u64) as f64;
+                    .saturating_sub(started as u64) as f64
+                    * l.requests_per_item();
                 let budget_left = l.spec.budget.map(|b| b as f64 - l.completed_tokens as f64);
                 let room = budget_left.map(|left| (left - finals.iter().sum::<f64>()).max(0.0));
                 // Requests the lane is still expected to start: its pending prompts, or as
@@ -553,6 +802,8 @@ mod tests {
             budget,
             max_tokens: 100,
             policy: BudgetPolicy::Finish,
+            samples: 1,
+            multi: false,
         }
     }
 
@@ -650,6 +901,100 @@ mod tests {
         assert!(second > 2.0 && second < 4.0, "{second}");
         assert!(etas[0].unwrap() < second);
         assert_eq!(run_eta(&etas), Some(second));
+    }
+
+    fn multi(ds: u16, budget: Option<u64>, samples: u32) -> LaneSpec {
+        LaneSpec {
+            samples,
+            multi: true,
+            ..spec(ds, budget)
+        }
+    }
+
+    /// An item with three samples is leased as three (row, sample) leases before the next
+    /// row starts; it is to be closed only when its last sample ends, with the reasons of
+    /// those that ended early.
+    #[test]
+    fn samples_of_an_item_are_leased_together_and_closed_once() {
+        let (_d, q) = queue_with(&[0, 1]);
+        let s = Scheduler::new(q, vec![multi(0, None, 3)], Bench::default());
+        let l: Vec<_> = (0..3).map(|_| lease(&s)).collect();
+        let got: Vec<_> = l.iter().map(|x| (x.row, x.sample, x.multi)).collect();
+        assert_eq!(got, [(0, 0, true), (0, 1, true), (0, 2, true)]);
+        assert_eq!((lease(&s).row, 0), (1, 0));
+        assert!(s
+            .end_sample(&l[1], Some("tool_mismatch: x".into()))
+            .is_none());
+        // A given-back sample comes back first, and the item is still open.
+        s.release(&l[0]);
+        let again = lease(&s);
+        assert_eq!((again.row, again.sample), (0, 0));
+        assert!(s.end_sample(&again, None).is_none());
+        let closed = s
+            .end_sample(&l[2], None)
+            .expect("the last sample closes the item");
+        assert_eq!(closed, vec![(1, "tool_mismatch: x".to_string())]);
+    }
+
+    /// Once the budget is met, an open item with kept generations and nothing leased is
+    /// handed out to be closed, its unfinished samples marked `budget`; the lane is not
+    /// finished until the committer has closed it. An open item with nothing kept is only
+    /// forgotten (it stays pending).
+    #[test]
+    fn the_budget_closes_open_conversations_between_turns() {
+        let (_d, q) = queue_with(&(0..10).collect::<Vec<_>>());
+        let s = Scheduler::new(q, vec![multi(0, Some(250), 2)], Bench::default());
+        let a = [lease(&s), lease(&s)];
+        let b = lease(&s);
+        assert_eq!((a[0].row, a[1].row, b.row), (0, 0, 1));
+        s.turn_completed(&a[0], 150);
+        s.turn_completed(&a[1], 120);
+        // 270 ≥ 250: no more turns, and no new item.
+        assert_eq!(s.may_continue(&a[0]), Some(false));
+        assert!(s.end_sample(&a[0], Some("budget".into())).is_none());
+        s.release(&a[1]);
+        s.release(&b);
+        match s.next().unwrap() {
+            Next::Close { row, partial, .. } => {
+                assert_eq!(row, 0);
+                assert_eq!(
+                    partial,
+                    vec![(0, "budget".to_string()), (1, "budget".to_string())]
+                );
+                assert!(!s.views()[0].finished, "not finished while closing");
+                s.closed(0, row);
+            }
+            other => panic!("expected a close, got {other:?}"),
+        }
+        assert!(matches!(s.next().unwrap(), Next::Done));
+        assert!(s.views()[0].finished);
+    }
+
+    /// Conversations waiting between turns hold new items back (they go first), but not
+    /// each other: with every lease waiting, the next turn may go.
+    #[test]
+    fn waiting_conversations_go_before_new_items_and_never_wait_on_each_other() {
+        let (_d, q) = queue_with(&(0..10).collect::<Vec<_>>());
+        // max_tokens 100: each request is expected to make 100 tokens.
+        let s = Scheduler::new(q, vec![multi(0, Some(250), 1)], Bench::default());
+        let l = [lease(&s), lease(&s), lease(&s)];
+        assert!(matches!(s.next().unwrap(), Next::Wait), "3 × 100 ≥ 250");
+        for x in &l {
+            x.waiting.store(true, Ordering::Relaxed);
+        }
+        assert!(
+            matches!(s.next().unwrap(), Next::Wait),
+            "waiting turns count for new items"
+        );
+        assert_eq!(s.may_continue(&l[0]), Some(true), "no one generating: go");
+        l[0].waiting.store(false, Ordering::Relaxed);
+        l[0].streamed.store(90, Ordering::Relaxed);
+        s.turn_completed(&l[1], 160);
+        assert_eq!(
+            s.may_continue(&l[2]),
+            None,
+            "160 completed + one generating (~100) ≥ 250"
+        );
     }
 
     #[test]

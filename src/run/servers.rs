@@ -104,6 +104,22 @@ impl Servers {
             .unwrap_or(0)
     }
 
+    /// `preferred` while it is in rotation, else [`Servers::pick`]: a conversation's turns
+    /// stay on the server whose prefix cache holds their history.
+    pub(crate) fn pick_preferring(&self, preferred: Option<usize>) -> usize {
+        match preferred {
+            Some(i)
+                if self
+                    .list
+                    .get(i)
+                    .is_some_and(|s| s.up.load(Ordering::Relaxed)) =>
+            {
+                i
+            }
+            _ => self.pick(),
+        }
+    }
+
     /// Whether some server is in rotation (a worker waiting for one polls this).
     pub(crate) fn any_up(&self) -> bool {
         self.list.iter().any(|s| s.up.load(Ordering::Relaxed))
@@ -150,6 +166,24 @@ mod tests {
     use super::*;
     use futures_util::FutureExt;
     use std::panic::AssertUnwindSafe;
+
+    /// A conversation keeps its server while that server is in rotation, even when
+    /// another has fewer requests in flight; once it is taken out, the least loaded wins.
+    #[test]
+    fn a_preferred_server_is_kept_while_it_is_up() {
+        let urls = [
+            "http://127.0.0.1:1".to_string(),
+            "http://127.0.0.1:2".to_string(),
+        ];
+        let servers = Servers::new(&urls, Duration::from_secs(60));
+        let _busy = servers.list[1].begin();
+        assert_eq!(servers.pick(), 0);
+        assert_eq!(servers.pick_preferring(Some(1)), 1);
+        assert_eq!(servers.pick_preferring(None), 0);
+        servers.list[1].up.store(false, Ordering::Relaxed);
+        assert_eq!(servers.pick_preferring(Some(1)), 0);
+        assert_eq!(servers.pick_preferring(Some(7)), 0);
+    }
 
     /// The in-flight count comes back down however an attempt ends: normally, by a panic
     /// unwinding through it, or by its future being dropped (a cancel) while it waits.

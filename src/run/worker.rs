@@ -16,8 +16,11 @@
 //! [`Servers::every_server_down`], which logs it. After the shutdown signal no new attempt
 //! is started: a worker between attempts gives its lease back at once.
 
-use crate::config::{Config, Sampling};
+use crate::config::{Api, Config, GenerationSpec, Reasoning, Turns};
 use crate::observe::metrics::DatasetMetrics;
+use crate::prompt::conversation::{Conversation, Reply};
+use crate::prompt::draw::{Draw, Drawer};
+use crate::prompt::reasoning::ThinkMarkers;
 use crate::prompt::PromptBuilder;
 use crate::run::scheduler::{Lease, Scheduler};
 use crate::run::servers::Servers;
@@ -38,6 +41,11 @@ pub(crate) struct Finished {
     pub(crate) count_source: CountSource,
     pub(crate) duration_s: f64,
     pub(crate) ttft_s: Option<f64>,
+    /// For a generation of an open item: `None` while its sample goes on, else how the
+    /// sample ended (`Some(why)` before its last turn).
+    pub(crate) ends_sample: Option<Option<String>>,
+    /// Told whether the generation was committed; the sample's next turn waits for it.
+    pub(crate) ack: Option<tokio::sync::oneshot::Sender<bool>>,
 }
 
 /// Everything workers share.
@@ -50,7 +58,12 @@ pub(crate) struct Ctx {
     pub(crate) builder: Arc<PromptBuilder>,
     pub(crate) names: Vec<String>,
     pub(crate) dmetrics: Vec<DatasetMetrics>,
-    pub(crate) sampling: Vec<Sampling>,
+    /// Per lane: what is generated per row (thinking, turns, samples).
+    pub(crate) gens: Vec<GenerationSpec>,
+    /// Per lane: the per-generation draws.
+    pub(crate) drawers: Vec<Drawer>,
+    /// The template's thinking markers, to split raw completions.
+    pub(crate) markers: Option<ThinkMarkers>,
     /// Cancelled on shutdown (signal or fatal error): no new attempt starts; a worker
     /// waiting between attempts gives its lease back.
     pub(crate) stop: CancellationToken,
@@ -216,8 +229,11 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// outside an attempt fails the item at once with the panic's message, so the scheduler's
 /// count of work in flight always comes back down and the run ends.
 pub(crate) async fn work(ctx: &Ctx, lease: Lease) {
+    if lease.multi {
+        return converse(ctx, lease).await;
+    }
     let mut attempts = 0u32;
-    let end = AssertUnwindSafe(attempt_until_done(ctx, &lease, &mut attempts))
+    let end = AssertUnwindSafe(generate_item(ctx, &lease, &mut attempts))
         .catch_unwind()
         .await
         .unwrap_or_else(|payload| {
@@ -251,33 +267,361 @@ pub(crate) async fn work(ctx: &Ctx, lease: Lease) {
                 count_source,
                 duration_s,
                 ttft_s,
+                ends_sample: None,
+                ack: None,
             });
         }
     }
 }
 
-/// The attempts of one leased item; `attempts` counts those burned (read by [`work`] when
-/// this panics).
-async fn attempt_until_done(ctx: &Ctx, lease: &Lease, attempts: &mut u32) -> End {
-    let lane = lease.lane;
-    let name = &ctx.names[lane];
-    let dm = &ctx.dmetrics[lane];
-    let item = match ctx.queue.item(lease.ds, lease.row) {
-        Ok(Some(i)) => i,
+/// The item of a lease, or `None` (logged) when the queue does not have it.
+fn leased_item(ctx: &Ctx, lease: &Lease) -> Option<Item> {
+    match ctx.queue.item(lease.ds, lease.row) {
+        Ok(Some(i)) => Some(i),
         other => {
-            tracing::error!(dataset = %name, row = lease.row, result = ?other.err(), "leased item missing from the queue");
-            return End::GiveBack;
+            tracing::error!(dataset = %ctx.names[lease.lane], row = lease.row, result = ?other.err(), "leased item missing from the queue");
+            None
         }
+    }
+}
+
+/// A single-generation item: one request, one row.
+async fn generate_item(ctx: &Ctx, lease: &Lease, attempts: &mut u32) -> End {
+    let Some(item) = leased_item(ctx, lease) else {
+        return End::GiveBack;
     };
     let messages: Option<serde_json::Value> = item
         .messages
         .as_deref()
         .and_then(|m| serde_json::from_str(m).ok());
-    let sampling = &ctx.sampling[lane];
+    let turn = assistant_turns(messages.as_ref());
+    let req = match prepare(ctx, lease, &item, messages, true) {
+        Ok(r) => r,
+        Err(reason) => return failed(lease, reason, (*attempts).max(1)),
+    };
+    match generate(ctx, lease, &req, attempts).await {
+        Ok(a) => {
+            let ttft_s = a.generation.ttft_ms.map(|t| f64::from(t) / 1000.0);
+            let duration_s = a.duration_s;
+            let (row, count_source) = to_row(ctx, lease, item, req, a.generation, *attempts, turn);
+            End::Commit {
+                outcome: Outcome::Done {
+                    ds: lease.ds,
+                    result: Box::new(row),
+                },
+                count_source,
+                duration_s,
+                ttft_s,
+            }
+        }
+        Err(Ended::GiveBack) => End::GiveBack,
+        Err(Ended::Failed(reason)) => failed(lease, reason, *attempts),
+    }
+}
+
+fn failed(lease: &Lease, reason: String, attempts: u32) -> End {
+    End::Commit {
+        outcome: Outcome::Failed {
+            ds: lease.ds,
+            row: lease.row,
+            failure: Failure { reason, attempts },
+        },
+        count_source: CountSource::Server,
+        duration_s: 0.0,
+        ttft_s: None,
+    }
+}
+
+/// Assistant messages in a conversation: the place of the turn generated after it.
+fn assistant_turns(messages: Option<&serde_json::Value>) -> u32 {
+    messages.and_then(|m| m.as_array()).map_or(0, |m| {
+        m.iter()
+            .filter(|x| x.get("role").and_then(|r| r.as_str()) == Some("assistant"))
+            .count() as u32
+    })
+}
+
+/// How a sample's worker hands its lease over: exactly one of these, applied by
+/// [`converse`].
+enum Flow {
+    /// The sample ended without a generation to commit (`Some(why)`: before its last turn).
+    Ended(Option<String>),
+    /// Given back unfinished: it resumes at its next turn.
+    GiveBack,
+    /// The committer has the lease (it ended it with the sample's last generation, or
+    /// refused a generation).
+    Handed,
+}
+
+/// One sample of an item with several generations: its turns in order, each committed
+/// (and acknowledged) before the next is requested, so a turn's history is exactly the
+/// replies the queue keeps. A panic ends the sample as failed, once.
+async fn converse(ctx: &Ctx, lease: Lease) {
+    let mut handed = false;
+    let flow = AssertUnwindSafe(sample_turns(ctx, &lease, &mut handed))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|payload| {
+            let reason = format!("failed: spool panicked: {}", panic_message(&*payload));
+            tracing::error!(dataset = %ctx.names[lease.lane], row = lease.row, sample = lease.sample, reason = %reason, "sample failed");
+            if handed {
+                Flow::Handed
+            } else {
+                Flow::Ended(Some(reason))
+            }
+        });
+    lease.waiting.store(false, Ordering::Relaxed);
+    match flow {
+        Flow::Ended(partial) => ctx.commits.sample_ended(lease, partial),
+        Flow::GiveBack => ctx.sched.release(&lease),
+        Flow::Handed => {}
+    }
+}
+
+/// A generated reply as later turns' histories hold it.
+fn reply_of(row: &ShardRow) -> Reply {
+    Reply {
+        content: row.completion.clone(),
+        reasoning: row.reasoning.clone(),
+        tool_calls: row
+            .tool_calls
+            .as_deref()
+            .and_then(|t| serde_json::from_str(t).ok()),
+    }
+}
+
+async fn sample_turns(ctx: &Ctx, lease: &Lease, handed: &mut bool) -> Flow {
+    let name = &ctx.names[lease.lane];
+    let Some(item) = leased_item(ctx, lease) else {
+        return Flow::GiveBack;
+    };
+    let kept: Vec<ShardRow> = match ctx.queue.generations(lease.ds, lease.row) {
+        Ok(g) => g.into_iter().filter(|r| r.sample == lease.sample).collect(),
+        Err(e) => {
+            tracing::error!(dataset = %name, row = lease.row, error = %e, "cannot read the item's kept generations");
+            return Flow::GiveBack;
+        }
+    };
+    let spec = &ctx.gens[lease.lane];
+    let source: Option<serde_json::Value> = item
+        .messages
+        .as_deref()
+        .and_then(|m| serde_json::from_str(m).ok());
+    let conversation = match (spec.turns, &source) {
+        (Turns::All, Some(serde_json::Value::Array(m))) => Some(Conversation::new(m.clone())),
+        _ => None,
+    };
+    let total = conversation.as_ref().map_or(1, |c| c.turns());
+    let mut replies: Vec<Reply> = kept.iter().map(reply_of).collect();
+    let first = replies.len() as u32;
+    let mut server = lease.server;
+    let mut noted = false;
+    for k in first..total {
+        if k > first {
+            match turn_gate(ctx, lease).await {
+                Some(true) => {}
+                Some(false) => return Flow::Ended(Some("budget".into())),
+                None => return Flow::GiveBack,
+            }
+        }
+        if ctx.stop.is_cancelled() {
+            return Flow::GiveBack;
+        }
+        let (messages, turn) = match &conversation {
+            Some(c) => match c.request(k, &replies, spec.history_reasoning) {
+                Ok(m) => (Some(serde_json::Value::Array(m)), k),
+                Err(why) => return Flow::Ended(Some(why)),
+            },
+            None => (source.clone(), assistant_turns(source.as_ref())),
+        };
+        let mut req = match prepare(ctx, lease, &item, messages, k == 0) {
+            Ok(r) => r,
+            Err(reason) => return Flow::Ended(Some(format!("failed: {reason}"))),
+        };
+        req.server = server;
+        let mut attempts = 0;
+        let a = match generate(ctx, lease, &req, &mut attempts).await {
+            Ok(a) => a,
+            Err(Ended::GiveBack) => return Flow::GiveBack,
+            Err(Ended::Failed(reason)) => return Flow::Ended(Some(format!("failed: {reason}"))),
+        };
+        server = Some(a.server);
+        if !noted {
+            ctx.sched.note(lease, a.server, first > 0, total);
+            noted = true;
+        }
+        let ttft_s = a.generation.ttft_ms.map(|t| f64::from(t) / 1000.0);
+        let duration_s = a.duration_s;
+        let (row, count_source) =
+            to_row(ctx, lease, item.clone(), req, a.generation, attempts, turn);
+        let reply = reply_of(&row);
+        let ends_sample = if k + 1 >= total {
+            Some(None)
+        } else {
+            let mut next = replies.clone();
+            next.push(reply.clone());
+            match conversation
+                .as_ref()
+                .map(|c| c.request(k + 1, &next, spec.history_reasoning))
+            {
+                Some(Err(why)) => Some(Some(why)),
+                _ => None,
+            }
+        };
+        let last = ends_sample.is_some();
+        let (ack, acked) = tokio::sync::oneshot::channel();
+        *handed = last;
+        ctx.commits.finished(Finished {
+            lease: lease.clone(),
+            outcome: Outcome::Generated {
+                ds: lease.ds,
+                result: Box::new(row),
+            },
+            count_source,
+            duration_s,
+            ttft_s,
+            ends_sample,
+            ack: Some(ack),
+        });
+        if last {
+            return Flow::Handed;
+        }
+        match acked.await {
+            Ok(true) => replies.push(reply),
+            // Refused (the committer ended the lease) or the committer is gone (the run
+            // is stopping on its error; the item stays pending).
+            Ok(false) => return Flow::Handed,
+            Err(_) => return Flow::GiveBack,
+        }
+    }
+    // Every turn of this sample is already kept (a resumed item).
+    Flow::Ended(None)
+}
+
+/// Waits until a conversation may take its next turn: true go, false the budget is met;
+/// `None` when the run stops meanwhile (the lease is given back).
+async fn turn_gate(ctx: &Ctx, lease: &Lease) -> Option<bool> {
+    loop {
+        let notified = ctx.sched.changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        match ctx.sched.may_continue(lease) {
+            Some(go) => {
+                lease.waiting.store(false, Ordering::Relaxed);
+                return Some(go);
+            }
+            None => lease.waiting.store(true, Ordering::Relaxed),
+        }
+        tokio::select! {
+            _ = &mut notified => {}
+            // Streamed tokens move the estimates without a notification.
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            _ = ctx.stop.cancelled() => return None,
+        }
+    }
+}
+
+/// One generation's request, ready to send.
+pub(crate) struct Prepared {
+    prompt: String,
+    prompt_ids: Option<Vec<u32>>,
+    messages: Option<serde_json::Value>,
+    /// The messages as the row records them (JSON text).
+    messages_text: Option<String>,
+    draw: Draw,
+    tools: Option<serde_json::Value>,
+    tools_text: Option<String>,
+    /// The server to keep (a conversation's earlier turns went there).
+    server: Option<usize>,
+}
+
+/// Builds a generation's request: the draw for its sample, the template rendered with the
+/// drawn variables and the row's tools unless the intake's rendering holds (`first`: the
+/// item's stored prompt is this request's, when nothing is drawn per row). `Err` says why
+/// the prompt cannot be rendered.
+fn prepare(
+    ctx: &Ctx,
+    lease: &Lease,
+    item: &Item,
+    messages: Option<serde_json::Value>,
+    first: bool,
+) -> Result<Prepared, String> {
+    let drawer = &ctx.drawers[lease.lane];
+    let draw = drawer.draw(&ctx.names[lease.lane], &item.id, lease.sample);
+    let tools = item
+        .extra
+        .as_deref()
+        .and_then(|e| serde_json::from_str::<serde_json::Value>(e).ok())
+        .and_then(|mut e| e.get_mut("tools").map(serde_json::Value::take));
+    let tools_text = tools.as_ref().map(|t| t.to_string());
+    let chat = ctx.cfg.server.api == Api::Chat;
+    let stored = first && drawer.is_fixed();
+    let (prompt, prompt_ids) = match &messages {
+        Some(m) if !stored && ctx.builder.has_template() => {
+            let mut extra = draw.chat_template_kwargs.clone();
+            if let Some(t) = &tools {
+                extra.insert("tools".into(), t.clone());
+            }
+            let built = ctx
+                .builder
+                .build_chat_with(m, &extra)
+                .map_err(|e| e.to_string())?;
+            (built.text, built.token_ids)
+        }
+        Some(m) if !stored && chat => (m.to_string(), None),
+        _ => (item.prompt.clone(), item.prompt_ids.clone()),
+    };
+    let messages_text = match (&messages, first) {
+        (_, true) if lease.multi => messages.as_ref().map(|m| m.to_string()),
+        (_, true) => item.messages.clone(),
+        (m, false) => m.as_ref().map(|m| m.to_string()),
+    };
+    Ok(Prepared {
+        prompt,
+        prompt_ids,
+        messages,
+        messages_text,
+        draw,
+        tools,
+        tools_text,
+        server: lease.server,
+    })
+}
+
+/// Why a generation did not come back.
+enum Ended {
+    /// Given back unfinished (shutdown, budget cancel).
+    GiveBack,
+    /// Failed for good, and why.
+    Failed(String),
+}
+
+/// A generation that came back, and where from.
+struct Answer {
+    generation: Generation,
+    server: usize,
+    duration_s: f64,
+}
+
+/// The attempts of one generation, with retries; `attempts` counts those burned (read by
+/// [`work`] when this panics).
+async fn generate(
+    ctx: &Ctx,
+    lease: &Lease,
+    prep: &Prepared,
+    attempts: &mut u32,
+) -> Result<Answer, Ended> {
+    let lane = lease.lane;
+    let name = &ctx.names[lane];
+    let dm = &ctx.dmetrics[lane];
     let max_attempts = ctx.cfg.server.max_attempts;
+    let chat = ctx.cfg.server.api == Api::Chat;
+    let kwargs = (chat && !prep.draw.chat_template_kwargs.is_empty())
+        .then_some(&prep.draw.chat_template_kwargs);
+    let tools = if chat { prep.tools.as_ref() } else { None };
     let mut unreachable_waits = 0u32;
     loop {
-        let si = ctx.servers.pick();
+        let si = ctx.servers.pick_preferring(prep.server);
         let server = &ctx.servers.list[si];
         let rid = format!(
             "{}-{}-{}",
@@ -293,12 +637,12 @@ async fn attempt_until_done(ctx: &Ctx, lease: &Lease, attempts: &mut u32) -> End
         };
         let req = GenerateRequest {
             rid: &rid,
-            prompt: &item.prompt,
-            prompt_ids: item.prompt_ids.as_deref(),
-            messages: messages.as_ref(),
-            sampling,
-            tools: None,
-            chat_template_kwargs: None,
+            prompt: &prep.prompt,
+            prompt_ids: prep.prompt_ids.as_deref(),
+            messages: prep.messages.as_ref(),
+            sampling: &prep.draw.sampling,
+            tools,
+            chat_template_kwargs: kwargs,
         };
         let started = Instant::now();
         // A panic inside the attempt (the HTTP client, a parser) is this attempt's failure;
@@ -332,24 +676,17 @@ async fn attempt_until_done(ctx: &Ctx, lease: &Lease, attempts: &mut u32) -> End
                 if lease.cancel.is_cancelled() && wasted > 0 {
                     ctx.commits.wasted(lease.ds, u64::from(wasted));
                 }
-                return End::GiveBack;
+                return Err(Ended::GiveBack);
             }
         };
         let err = match res {
             Ok(g) => {
                 ctx.servers.ok(si);
-                let duration_s = started.elapsed().as_secs_f64();
-                let (row, count_source) = to_row(ctx, lease, item, g, *attempts);
-                let ttft_s = row.ttft_ms.map(|t| f64::from(t) / 1000.0);
-                return End::Commit {
-                    outcome: Outcome::Done {
-                        ds: lease.ds,
-                        result: Box::new(row),
-                    },
-                    count_source,
-                    duration_s,
-                    ttft_s,
-                };
+                return Ok(Answer {
+                    generation: g,
+                    server: si,
+                    duration_s: started.elapsed().as_secs_f64(),
+                });
             }
             Err(e) => e,
         };
@@ -375,7 +712,7 @@ async fn attempt_until_done(ctx: &Ctx, lease: &Lease, attempts: &mut u32) -> End
                 _ = back => !ctx.stop.is_cancelled(),
             };
             if !go_on {
-                return End::GiveBack;
+                return Err(Ended::GiveBack);
             }
             continue;
         }
@@ -388,25 +725,13 @@ async fn attempt_until_done(ctx: &Ctx, lease: &Lease, attempts: &mut u32) -> End
             dm.retry.inc();
             tracing::debug!(dataset = %name, row = lease.row, attempt = *attempts, error = %err, "attempt failed; retrying");
             if !sleep_or_stop(ctx, lease, backoff(*attempts, err.retry_after())).await {
-                return End::GiveBack;
+                return Err(Ended::GiveBack);
             }
             continue;
         }
         let reason = describe(&err, *attempts);
-        tracing::warn!(dataset = %name, row = lease.row, id = %item.id, reason = %reason, "item failed permanently");
-        return End::Commit {
-            outcome: Outcome::Failed {
-                ds: lease.ds,
-                row: lease.row,
-                failure: Failure {
-                    reason,
-                    attempts: *attempts,
-                },
-            },
-            count_source: CountSource::Server,
-            duration_s: 0.0,
-            ttft_s: None,
-        };
+        tracing::warn!(dataset = %name, row = lease.row, sample = lease.sample, reason = %reason, "generation failed permanently");
+        return Err(Ended::Failed(reason));
     }
 }
 
@@ -432,19 +757,22 @@ async fn sleep_or_stop(ctx: &Ctx, lease: &Lease, d: Duration) -> bool {
     }
 }
 
-/// The shard row of a completed item. Takes the item and the generation by value: their
+/// The shard row of a generation. Takes the item and the generation by value: their
 /// strings and ids move into the row instead of being copied (one row per completion is
 /// the hot path of a fast server).
 fn to_row(
     ctx: &Ctx,
     lease: &Lease,
     item: Item,
+    req: Prepared,
     g: Generation,
     attempts: u32,
+    turn: u32,
 ) -> (ShardRow, CountSource) {
     ctx.faults.row.panic_if_due();
     let tok = ctx.builder.tokenizer();
     let server_ids = g.token_ids.is_some();
+    // The ids cover everything generated, thinking included: encode the whole text.
     let completion_ids = match (g.token_ids, tok) {
         (Some(ids), _) => Some(ids),
         (None, Some(t)) => t.encode(&g.text, false).ok(),
@@ -467,21 +795,29 @@ fn to_row(
     };
     let prompt_tokens = g
         .prompt_tokens
-        .or_else(|| item.prompt_ids.as_ref().map(|i| i.len() as u32))
+        .or_else(|| req.prompt_ids.as_ref().map(|i| i.len() as u32))
         .unwrap_or(0);
     let completed_at_ms = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0);
+    // Thinking the server split off is kept as sent; raw text is split at the template's
+    // markers unless the dataset keeps it raw.
+    let (reasoning, completion) = match (g.reasoning, &ctx.markers) {
+        (Some(r), _) => (Some(r), g.text),
+        (None, Some(m)) if ctx.gens[lease.lane].reasoning == Reasoning::Save => m.split(&g.text),
+        (None, _) => (None, g.text),
+    };
+    let sampling = Some(req.draw.record).filter(|r| r != "{}");
     (
         ShardRow {
             id: item.id,
             dataset: ctx.names[lease.lane].clone(),
             row: lease.row,
-            prompt: item.prompt,
-            messages: item.messages,
-            prompt_token_ids: item.prompt_ids,
-            completion: g.text,
+            prompt: req.prompt,
+            messages: req.messages_text,
+            prompt_token_ids: req.prompt_ids,
+            completion,
             completion_token_ids: completion_ids,
             prompt_tokens,
             completion_tokens,
@@ -491,16 +827,27 @@ fn to_row(
             latency_ms: g.latency_ms,
             ttft_ms: g.ttft_ms,
             completed_at_ms,
-            sample: 0,
-            turn: 0,
-            reasoning: None,
-            tool_calls: None,
-            tools: None,
-            sampling: None,
+            sample: lease.sample,
+            turn,
+            reasoning,
+            tool_calls: g.tool_calls.map(|t| t.to_string()),
+            tools: req.tools_text,
+            sampling,
             partial: None,
         },
         source,
     )
+}
+
+// Placeholder until the builder renders with per-request variables.
+impl PromptBuilder {
+    pub(crate) fn build_chat_with(
+        &self,
+        messages: &serde_json::Value,
+        _extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<crate::prompt::BuiltPrompt, crate::prompt::TemplateError> {
+        self.build_chat(messages)
+    }
 }
 
 #[cfg(test)]
