@@ -77,6 +77,8 @@ struct OpenItem {
     ended: u32,
     /// Samples that ended before their last turn, and why.
     partial: Vec<(u32, String)>,
+    /// Samples that ended with their last turn.
+    complete: Vec<u32>,
     /// Some generation of it is kept in the queue (so closing it yields rows).
     kept: bool,
     server: Option<usize>,
@@ -179,7 +181,7 @@ impl Lane {
             }
             let mut partial = o.partial;
             for s in 0..self.spec.samples {
-                if !partial.iter().any(|(p, _)| *p == s) {
+                if !partial.iter().any(|(p, _)| *p == s) && !o.complete.contains(&s) {
                     partial.push((s, "budget".to_string()));
                 }
             }
@@ -526,8 +528,9 @@ impl Scheduler {
             Some(o) => {
                 o.live = o.live.saturating_sub(1);
                 o.ended += 1;
-                if let Some(p) = partial {
-                    o.partial.push((lease.sample, p));
+                match partial {
+                    Some(p) => o.partial.push((lease.sample, p)),
+                    None => o.complete.push(lease.sample),
                 }
                 o.ended >= samples
             }

@@ -439,6 +439,7 @@ async fn sample_turns(ctx: &Ctx, lease: &Lease, handed: &mut bool) -> Flow {
             Err(reason) => return Flow::Ended(Some(format!("failed: {reason}"))),
         };
         req.server = server;
+        req.turn = Some(turn);
         let mut attempts = 0;
         let a = match generate(ctx, lease, &req, &mut attempts).await {
             Ok(a) => a,
@@ -533,6 +534,8 @@ pub(crate) struct Prepared {
     tools_text: Option<String>,
     /// The server to keep (a conversation's earlier turns went there).
     server: Option<usize>,
+    /// The turn it generates (named in the request id of an open item's generation).
+    turn: Option<u32>,
 }
 
 /// Builds a generation's request: the draw for its sample, the template rendered with the
@@ -585,6 +588,7 @@ fn prepare(
         tools,
         tools_text,
         server: lease.server,
+        turn: None,
     })
 }
 
@@ -623,12 +627,15 @@ async fn generate(
     loop {
         let si = ctx.servers.pick_preferring(prep.server);
         let server = &ctx.servers.list[si];
-        let rid = format!(
-            "{}-{}-{}",
-            name,
-            lease.row,
-            ctx.nonce.fetch_add(1, Ordering::Relaxed)
-        );
+        // `<dataset>-<row>-<nonce>`; a generation of an open item names its sample and
+        // turn in the last part, so a server's log tells them apart.
+        let nonce = ctx.nonce.fetch_add(1, Ordering::Relaxed);
+        let rid = match prep.turn {
+            Some(turn) if lease.multi => {
+                format!("{name}-{}-s{}t{turn}n{nonce}", lease.row, lease.sample)
+            }
+            _ => format!("{name}-{}-{nonce}", lease.row),
+        };
         *attempts += 1;
         lease.streamed.store(0, Ordering::Relaxed);
         let sink = |n: u32| {

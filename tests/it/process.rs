@@ -164,6 +164,10 @@ impl Drop for Proc {
 pub(crate) struct LogLine {
     pub ds: String,
     pub row: u64,
+    /// (sample, turn) of a generation of an item with several (named in its request id).
+    pub generation: Option<(u32, u32)>,
+    /// The request body, when the mock logs bodies.
+    pub request: Option<Value>,
     pub outcome: String,
     /// When the request ended, and how long it took (ms).
     pub end_ms: u64,
@@ -188,12 +192,20 @@ pub(crate) fn mock_log(path: &Path) -> Vec<LogLine> {
                 return None;
             }
             let mut parts = rid.rsplitn(3, '-');
-            let _nonce = parts.next().unwrap();
+            let nonce = parts.next().unwrap();
             let row: u64 = parts.next().unwrap().parse().unwrap();
             let ds = parts.next().unwrap().to_string();
+            // `s<sample>t<turn>n<nonce>` for a generation of an item with several.
+            let generation = nonce.strip_prefix('s').and_then(|x| {
+                let (s, rest) = x.split_once('t')?;
+                let (t, _) = rest.split_once('n')?;
+                Some((s.parse().ok()?, t.parse().ok()?))
+            });
             Some(LogLine {
                 ds,
                 row,
+                generation,
+                request: v.get("request").cloned(),
                 outcome: v["outcome"].as_str().unwrap().to_string(),
                 end_ms: v["ts_ms"].as_u64().unwrap(),
                 latency_ms: v["latency_ms"].as_u64().unwrap(),
