@@ -552,18 +552,25 @@ impl Scheduler {
         closed
     }
 
-    /// What a worker learned starting a sample: the server it went to, whether the item
-    /// already had kept generations, and how many turns its conversation has.
-    pub fn note(&self, lease: &Lease, server: usize, kept: bool, turns: u32) {
+    /// What a worker learned starting a sample: whether the item already has kept
+    /// generations (closing it then yields rows), and how many turns its conversation has.
+    pub fn note_start(&self, lease: &Lease, kept: bool, turns: u32) {
         let mut lanes = self.lock();
         let lane = &mut lanes[lease.lane];
         if let Some(o) = lane.open.get_mut(&lease.row) {
-            o.server.get_or_insert(server);
             o.kept |= kept;
         }
-        if lease.sample == 0 {
+        if lease.sample == 0 && turns > 0 {
             lane.turns_seen.0 += u64::from(turns);
             lane.turns_seen.1 += 1;
+        }
+    }
+
+    /// The server an open item's generation went to: its next ones prefer it.
+    pub fn note_server(&self, lease: &Lease, server: usize) {
+        let mut lanes = self.lock();
+        if let Some(o) = lanes[lease.lane].open.get_mut(&lease.row) {
+            o.server.get_or_insert(server);
         }
     }
 

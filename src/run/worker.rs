@@ -396,7 +396,14 @@ async fn sample_turns(ctx: &Ctx, lease: &Lease, handed: &mut bool) -> Flow {
         return Flow::GiveBack;
     };
     let kept: Vec<ShardRow> = match ctx.queue.generations(lease.ds, lease.row) {
-        Ok(g) => g.into_iter().filter(|r| r.sample == lease.sample).collect(),
+        Ok(g) => {
+            let any = !g.is_empty();
+            let mine: Vec<ShardRow> = g.into_iter().filter(|r| r.sample == lease.sample).collect();
+            if any {
+                ctx.sched.note_start(lease, true, 0);
+            }
+            mine
+        }
         Err(e) => {
             tracing::error!(dataset = %name, row = lease.row, error = %e, "cannot read the item's kept generations");
             return Flow::GiveBack;
@@ -415,7 +422,7 @@ async fn sample_turns(ctx: &Ctx, lease: &Lease, handed: &mut bool) -> Flow {
     let mut replies: Vec<Reply> = kept.iter().map(reply_of).collect();
     let first = replies.len() as u32;
     let mut server = lease.server;
-    let mut noted = false;
+    ctx.sched.note_start(lease, false, total);
     for k in first..total {
         if k > first {
             match turn_gate(ctx, lease).await {
@@ -446,11 +453,10 @@ async fn sample_turns(ctx: &Ctx, lease: &Lease, handed: &mut bool) -> Flow {
             Err(Ended::GiveBack) => return Flow::GiveBack,
             Err(Ended::Failed(reason)) => return Flow::Ended(Some(format!("failed: {reason}"))),
         };
-        server = Some(a.server);
-        if !noted {
-            ctx.sched.note(lease, a.server, first > 0, total);
-            noted = true;
+        if server.is_none() {
+            ctx.sched.note_server(lease, a.server);
         }
+        server = Some(a.server);
         let ttft_s = a.generation.ttft_ms.map(|t| f64::from(t) / 1000.0);
         let duration_s = a.duration_s;
         let (row, count_source) =
