@@ -54,8 +54,9 @@ struct Partial {
     arguments: String,
 }
 
-/// What each call costs beyond its strings, so that many empty calls still count.
-const CALL_OVERHEAD: usize = 64;
+/// What each call costs beyond its strings (the entry, a share of its map node, the
+/// strings' allocations), so that many small calls count what they hold.
+const CALL_OVERHEAD: usize = std::mem::size_of::<Partial>() + 64;
 
 impl Assembler {
     /// Folds in one event's `delta.tool_calls` (`at` names it); returns whether it held
