@@ -356,6 +356,113 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Two calls' arguments cut into fragments anywhere (on char boundaries) and
+        /// interleaved in any order assemble to the arguments whole, in index order.
+        #[test]
+        fn any_fragmenting_assembles_the_arguments_whole(
+            args in proptest::collection::vec("\\PC{0,40}", 2..=2),
+            cuts in proptest::collection::vec(proptest::collection::vec(0usize..64, 0..6), 2..=2),
+            order in proptest::collection::vec(proptest::bool::ANY, 0..16),
+        ) {
+            let pieces: Vec<Vec<String>> = args
+                .iter()
+                .zip(&cuts)
+                .map(|(a, cut)| {
+                    let chars: Vec<char> = a.chars().collect();
+                    let mut at: Vec<usize> = cut.iter().map(|c| c % (chars.len() + 1)).collect();
+                    at.push(0);
+                    at.push(chars.len());
+                    at.sort_unstable();
+                    at.windows(2).map(|w| chars[w[0]..w[1]].iter().collect()).collect()
+                })
+                .collect();
+            let mut a = Assembler::default();
+            for (i, name) in ["f", "g"].iter().enumerate() {
+                let e = json!([{"index": i, "id": format!("c{i}"), "function": {"name": name}}]);
+                a.push(Some(&e), "d").unwrap();
+            }
+            let mut next = [0usize; 2];
+            let mut turn = order.iter().copied().cycle();
+            while next[0] < pieces[0].len() || next[1] < pieces[1].len() {
+                let i = usize::from(turn.next().unwrap_or(false));
+                let i = if next[i] < pieces[i].len() { i } else { 1 - i };
+                let e = json!([{"index": i, "function": {"arguments": pieces[i][next[i]]}}]);
+                a.push(Some(&e), "d").unwrap();
+                next[i] += 1;
+            }
+            let got = a.finish().unwrap().unwrap();
+            proptest::prop_assert_eq!(got[0]["function"]["arguments"].as_str(), Some(args[0].as_str()));
+            proptest::prop_assert_eq!(got[1]["function"]["arguments"].as_str(), Some(args[1].as_str()));
+            proptest::prop_assert_eq!(got[1]["function"]["name"].as_str(), Some("g"));
+        }
+
+        /// Arbitrary JSON trees built of the fields read (and others) as `tool_calls`,
+        /// whole or streamed: each gives either calls all in the one shape (a non-empty
+        /// name, string arguments, an id string or null) or a malformed answer.
+        #[test]
+        fn arbitrary_trees_give_the_shape_or_malformed(v in tree()) {
+            let shaped_ok = |r: Result<Option<Value>, UpstreamError>| -> Result<(), String> {
+                match r {
+                    Ok(None) => Ok(()),
+                    Ok(Some(Value::Array(calls))) if !calls.is_empty() => {
+                        for c in &calls {
+                            let f = &c["function"];
+                            let good = f["name"].as_str().is_some_and(|n| !n.is_empty())
+                                && f["arguments"].is_string()
+                                && c["type"].is_string()
+                                && (c["id"].is_string() || c["id"].is_null());
+                            if !good {
+                                return Err(format!("not the shape: {c}"));
+                            }
+                        }
+                        Ok(())
+                    }
+                    Ok(Some(other)) => Err(format!("not an array of calls: {other}")),
+                    Err(UpstreamError::Malformed(_)) => Ok(()),
+                    Err(e) => Err(format!("not malformed: {e}")),
+                }
+            };
+            proptest::prop_assert_eq!(shaped_ok(whole(Some(&v), "m")), Ok(()));
+            let mut a = Assembler::default();
+            let pushed = a.push(Some(&v), "d");
+            if pushed.is_ok() {
+                proptest::prop_assert_eq!(shaped_ok(a.finish()), Ok(()));
+            } else {
+                proptest::prop_assert!(matches!(pushed, Err(UpstreamError::Malformed(_))));
+            }
+        }
+    }
+
+    /// JSON trees whose keys are mostly the ones a call has.
+    fn tree() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            (0u64..4).prop_map(Value::from),
+            "[a-z{}\":]{0,6}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 48, 5, |inner| {
+            let key = prop_oneof![
+                Just("index"),
+                Just("id"),
+                Just("type"),
+                Just("function"),
+                Just("name"),
+                Just("arguments"),
+                Just("x"),
+            ];
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::from),
+                proptest::collection::vec((key, inner), 0..5).prop_map(|kv| {
+                    Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+                }),
+            ]
+        })
+    }
+
     /// Far-apart indexes (a hostile stream) cost a map entry each, not a vector up to the
     /// largest index, and every entry is counted in what is retained.
     #[test]
