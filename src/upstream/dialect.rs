@@ -172,6 +172,48 @@ mod tests {
         );
     }
 
+    /// A generation with `tools` and `chat_template_kwargs`, byte for byte per API: chat
+    /// sends both after the messages; `/v1/completions` and `/generate` send neither
+    /// (spool's template rendered them into the prompt).
+    #[test]
+    fn generation_bodies_carry_tools_and_kwargs_for_chat_only() {
+        let sampling = crate::config::Sampling {
+            max_tokens: 8,
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: None,
+            min_p: None,
+            seed: None,
+            stop: None,
+        };
+        let tools =
+            serde_json::json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+        let kwargs: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(r#"{"enable_thinking":false}"#).unwrap();
+        let req = GenerateRequest {
+            rid: "r",
+            prompt: "Hello",
+            prompt_ids: Some(&[3]),
+            messages: None,
+            sampling: &sampling,
+            tools: Some(&tools),
+            chat_template_kwargs: Some(&kwargs),
+        };
+        let body = |api| String::from_utf8(of(api).body(&req, "m", false).unwrap()).unwrap();
+        assert_eq!(
+            body(Api::Chat),
+            r#"{"model":"m","max_tokens":8,"temperature":0.0,"top_p":1.0,"stream":false,"return_token_ids":true,"messages":[{"role":"user","content":"Hello"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"chat_template_kwargs":{"enable_thinking":false}}"#
+        );
+        assert_eq!(
+            body(Api::Completions),
+            r#"{"model":"m","max_tokens":8,"temperature":0.0,"top_p":1.0,"stream":false,"return_token_ids":true,"prompt":[3]}"#
+        );
+        assert_eq!(
+            body(Api::Sglang),
+            r#"{"input_ids":[3],"sampling_params":{"max_new_tokens":8,"temperature":0.0,"top_p":1.0},"stream":false,"rid":"r"}"#
+        );
+    }
+
     /// The self-check's bodies, byte for byte: SGLang's with the prompt ids and the `rid`,
     /// OpenAI's with usage asked for when streaming, chat with a one-turn prompt.
     #[test]

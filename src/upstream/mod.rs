@@ -22,6 +22,7 @@ mod openai;
 mod sglang;
 pub(crate) mod sse;
 pub mod tls;
+mod tool_calls;
 
 pub use error::UpstreamError;
 

@@ -4,12 +4,23 @@
 //! ignore either still work (counts then come from the tokenizer or the chunks).
 //! Streaming chunks are always deltas.
 //!
+//! Chat requests carry the row's `tools` and the dataset's `chat_template_kwargs` (vLLM and
+//! SGLang both read them at the top level), since the server renders the template;
+//! `/v1/completions` never sends them, its prompt being already rendered by spool's
+//! template with them. Chat answers give the reasoning parser's output
+//! (`reasoning_content`, or vLLM's newer `reasoning`; the first non-empty of the two, in
+//! that order, per answer or per delta, so a server sending both is not read twice) and
+//! the parsed `tool_calls` (see `tool_calls`); `content` stays the visible answer, `null`
+//! when the answer is only calls. Streamed reasoning and tool-call pieces are generated
+//! tokens like content: they feed the sink and the chunk count.
+//!
 //! Invariants: a request body's keys, their order and values are pinned byte for byte
 //! (`request_bodies_are_pinned_byte_for_byte`), and a field left unset is skipped, never
-//! sent as `null`; an answer's unknown fields are ignored.
+//! sent as `null`; an answer's unknown fields are ignored, and a known one of the wrong
+//! JSON type is a malformed answer naming the field.
 
 use super::dialect::{stream_error, to_json, Dialect, Seen};
-use super::{sse, GenerateRequest, Generation, TokenSink, UpstreamError};
+use super::{sse, tool_calls, GenerateRequest, Generation, TokenSink, UpstreamError};
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 use std::borrow::Cow;
@@ -94,15 +105,20 @@ impl Dialect for OpenAi {
         b
     }
 
+    /// The text is the content, or the reasoning when there is none (a reasoning model's
+    /// few check tokens are all thinking, and still output).
     fn check_event(&self, e: &Value) -> Seen {
         let c = e.get("choices").and_then(|c| c.get(0));
-        let text = c
-            .and_then(|c| {
-                c.get("text")
-                    .or_else(|| c.get("delta").and_then(|d| d.get("content")))
-                    .or_else(|| c.get("message").and_then(|m| m.get("content")))
-            })
-            .and_then(Value::as_str)
+        let m = c.and_then(|c| c.get("delta").or_else(|| c.get("message")));
+        fn field<'v>(v: Option<&'v Value>, k: &str) -> Option<&'v str> {
+            v.and_then(|v| v.get(k))
+                .and_then(Value::as_str)
+                .filter(|t| !t.is_empty())
+        }
+        let text = field(c, "text")
+            .or_else(|| field(m, "content"))
+            .or_else(|| field(m, "reasoning_content"))
+            .or_else(|| field(m, "reasoning"))
             .unwrap_or("")
             .to_string();
         Seen {
@@ -151,6 +167,12 @@ pub(super) struct RequestBody<'a> {
     prompt: Option<Prompt<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     messages: Option<Messages<'a>>,
+    /// Chat only, and only a non-empty list.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a Value>,
+    /// Chat only, and only a non-empty map.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    chat_template_kwargs: Option<&'a serde_json::Map<String, Value>>,
 }
 
 #[derive(serde::Serialize)]
@@ -181,7 +203,8 @@ struct UserTurn<'a> {
 }
 
 /// The body of `req`: for chat (`/v1/chat/completions`) with `messages` (the row's, or the
-/// prompt as one user turn), else (`/v1/completions`) with `prompt` (token ids when known).
+/// prompt as one user turn), `tools` and `chat_template_kwargs` when given, else
+/// (`/v1/completions`) with `prompt` (token ids when known) and neither.
 pub(super) fn request_body<'a>(
     req: &GenerateRequest<'a>,
     model: &'a str,
@@ -189,6 +212,10 @@ pub(super) fn request_body<'a>(
     chat: bool,
 ) -> RequestBody<'a> {
     let s = req.sampling;
+    let tools = req
+        .tools
+        .filter(|t| chat && !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty()));
+    let chat_template_kwargs = req.chat_template_kwargs.filter(|k| chat && !k.is_empty());
     let (prompt, messages) = if chat {
         let messages = match req.messages {
             Some(m) => Messages::Given(m),
@@ -221,6 +248,8 @@ pub(super) fn request_body<'a>(
         return_token_ids: true,
         prompt,
         messages,
+        tools,
+        chat_template_kwargs,
     }
 }
 
@@ -254,10 +283,53 @@ struct Usage {
     completion_tokens: Option<u32>,
 }
 
+/// A string field where `null` reads as absent; another type is an error naming `field`
+/// (serde's own message does not say which field it was).
+fn named_string<'de, D>(d: D, field: &str) -> Result<Option<Cow<'de, str>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    <Option<Cow<'de, str>> as serde::Deserialize>::deserialize(d)
+        .map_err(|e| serde::de::Error::custom(format!("`{field}`: {e}")))
+}
+
+fn reasoning_content<'de, D>(d: D) -> Result<Option<Cow<'de, str>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    named_string(d, "reasoning_content")
+}
+
+fn reasoning<'de, D>(d: D) -> Result<Option<Cow<'de, str>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    named_string(d, "reasoning")
+}
+
+/// A chat `message` (whole answers) or `delta` (stream chunks).
 #[derive(serde::Deserialize)]
 struct Message<'a> {
     #[serde(default, borrow, deserialize_with = "null_as_empty")]
     content: Option<Cow<'a, str>>,
+    #[serde(default, borrow, deserialize_with = "reasoning_content")]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(default, borrow, deserialize_with = "reasoning")]
+    reasoning: Option<Cow<'a, str>>,
+    /// Checked field by field in `tool_calls` (rare, and its errors name the field).
+    #[serde(default)]
+    tool_calls: Option<Value>,
+}
+
+impl<'a> Message<'a> {
+    /// The reasoning parser's output: `reasoning_content`, else `reasoning`, whichever is
+    /// first non-empty (vLLM has sent both with the same text).
+    fn take_reasoning(&mut self) -> Option<Cow<'a, str>> {
+        [self.reasoning_content.take(), self.reasoning.take()]
+            .into_iter()
+            .flatten()
+            .find(|r| !r.is_empty())
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -278,18 +350,47 @@ struct Choice<'a> {
 
 impl<'a> Choice<'a> {
     /// The choice's text: `text` (completions), `message.content` or `delta.content` (chat).
+    #[cfg(test)]
     fn take_text(&mut self, chat: bool, delta: bool) -> Option<Cow<'a, str>> {
-        if chat {
-            let m = if delta {
-                self.delta.take()
-            } else {
-                self.message.take()
+        self.take_output(chat, delta).text
+    }
+
+    /// What the choice generated: its text (`text` for completions, `message` or `delta`
+    /// content for chat), and for chat the reasoning and the tool calls.
+    fn take_output(&mut self, chat: bool, delta: bool) -> Output<'a> {
+        if !chat {
+            return Output {
+                text: self.text.take(),
+                reasoning: None,
+                tool_calls: None,
             };
-            m.and_then(|m| m.content)
+        }
+        let m = if delta {
+            self.delta.take()
         } else {
-            self.text.take()
+            self.message.take()
+        };
+        match m {
+            Some(mut m) => Output {
+                reasoning: m.take_reasoning(),
+                tool_calls: m.tool_calls.take(),
+                text: m.content,
+            },
+            None => Output {
+                text: None,
+                reasoning: None,
+                tool_calls: None,
+            },
         }
     }
+}
+
+/// One choice's generated output, taken out of it.
+struct Output<'a> {
+    text: Option<Cow<'a, str>>,
+    reasoning: Option<Cow<'a, str>>,
+    /// The raw `tool_calls` field (chat).
+    tool_calls: Option<Value>,
 }
 
 /// A whole (non-streamed) body, or one streamed chunk.
@@ -313,12 +414,23 @@ pub(super) fn parse_full(bytes: &[u8], chat: bool) -> Result<Generation, Upstrea
         ));
     }
     let mut c = v.choices.swap_remove(0);
-    let text = c
-        .take_text(chat, false)
-        .ok_or_else(|| UpstreamError::Malformed("completion choice has no text".into()))?;
+    let out = c.take_output(chat, false);
+    let tool_calls = tool_calls::whole(out.tool_calls.as_ref(), "message.tool_calls")
+        .map_err(|e| in_body(e, "completion body"))?;
+    let reasoning = out.reasoning.map(Cow::into_owned);
+    // An answer that is only reasoning or calls may leave `content` out.
+    let text = match out.text {
+        Some(t) => t.into_owned(),
+        None if chat && (reasoning.is_some() || tool_calls.is_some()) => String::new(),
+        None => {
+            return Err(UpstreamError::Malformed(
+                "completion choice has no text".into(),
+            ))
+        }
+    };
     let usage = v.usage.as_ref();
     Ok(Generation {
-        text: text.into_owned(),
+        text,
         token_ids: c.token_ids,
         prompt_tokens: usage.and_then(|u| u.prompt_tokens),
         completion_tokens: usage.and_then(|u| u.completion_tokens),
@@ -329,9 +441,111 @@ pub(super) fn parse_full(bytes: &[u8], chat: bool) -> Result<Generation, Upstrea
         ttft_ms: None,
         latency_ms: 0,
         chunks: 1,
-        reasoning: None,
-        tool_calls: None,
+        reasoning,
+        tool_calls,
     })
+}
+
+/// A malformed-answer error with `what` (the body or the chunk) before its message, as
+/// serde's errors are reported.
+fn in_body(e: UpstreamError, what: &str) -> UpstreamError {
+    match e {
+        UpstreamError::Malformed(m) => UpstreamError::Malformed(format!("{what}: {m}")),
+        e => e,
+    }
+}
+
+/// What a stream has delivered so far.
+#[derive(Default)]
+struct StreamState {
+    text: String,
+    reasoning: String,
+    calls: tool_calls::Assembler,
+    ids: Vec<u32>,
+    has_ids: bool,
+    finish: Option<String>,
+    prompt_tokens: Option<u32>,
+    completion_tokens: Option<u32>,
+    chunks: u32,
+}
+
+impl StreamState {
+    /// Folds in one event's data: `None` for `[DONE]`, else how many new completion
+    /// tokens it brought (its ids, or one per event carrying any generated piece).
+    fn push(&mut self, data: &str, chat: bool) -> Result<Option<u32>, UpstreamError> {
+        if data.trim() == "[DONE]" {
+            return Ok(None);
+        }
+        let mut v: Body<'_> = serde_json::from_str(data)
+            .map_err(|e| UpstreamError::Malformed(format!("stream chunk: {e}")))?;
+        if let Some(err) = &v.error {
+            return Err(stream_error(err));
+        }
+        if let Some(u) = &v.usage {
+            self.prompt_tokens = u.prompt_tokens.or(self.prompt_tokens);
+            self.completion_tokens = u.completion_tokens.or(self.completion_tokens);
+        }
+        if v.choices.is_empty() {
+            return Ok(Some(0));
+        }
+        let mut c = v.choices.swap_remove(0);
+        let out = c.take_output(chat, true);
+        let piece = out.text.unwrap_or_default();
+        let thought = out.reasoning.unwrap_or_default();
+        let called = self
+            .calls
+            .push(out.tool_calls.as_ref(), "delta.tool_calls")
+            .map_err(|e| in_body(e, "stream chunk"))?;
+        let generated = !piece.is_empty() || !thought.is_empty() || called;
+        let new = match &c.token_ids {
+            Some(n) => n.len() as u32,
+            None => u32::from(generated),
+        };
+        if let Some(n) = &c.token_ids {
+            self.has_ids = true;
+            self.ids.extend_from_slice(n);
+        }
+        if generated || new > 0 {
+            self.chunks += 1;
+        }
+        self.text.push_str(&piece);
+        self.reasoning.push_str(&thought);
+        if let Some(f) = c.finish_reason {
+            self.finish = Some(f.into_owned());
+        }
+        Ok(Some(new))
+    }
+
+    /// Bytes of output held (text, reasoning, calls, ids), which the reader caps.
+    fn retained(&self) -> usize {
+        self.text.len() + self.reasoning.len() + self.calls.retained() + self.ids.len() * 4
+    }
+
+    /// The generation, once the stream has ended (`done`: with `[DONE]`).
+    fn finish(self, done: bool, ttft_ms: Option<u32>) -> Result<Generation, UpstreamError> {
+        if !done {
+            return Err(UpstreamError::StreamCut(
+                "stream ended without [DONE]".into(),
+            ));
+        }
+        let Some(finish_reason) = self.finish else {
+            return Err(UpstreamError::StreamCut(
+                "stream ended without a finish_reason".into(),
+            ));
+        };
+        Ok(Generation {
+            text: self.text,
+            token_ids: self.has_ids.then_some(self.ids),
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            finish_reason,
+            ttft_ms,
+            latency_ms: 0,
+            chunks: self.chunks,
+            reasoning: (!self.reasoning.is_empty()).then_some(self.reasoning),
+            tool_calls: self.calls.finish()?,
+        })
+    }
 }
 
 pub(super) async fn read_stream(
@@ -339,76 +553,20 @@ pub(super) async fn read_stream(
     chat: bool,
     sink: TokenSink<'_>,
 ) -> Result<Generation, UpstreamError> {
-    let mut text = String::new();
-    let mut ids: Vec<u32> = Vec::new();
-    let mut has_ids = false;
-    let mut finish: Option<String> = None;
-    let mut prompt_tokens = None;
-    let mut completion_tokens = None;
-    let mut chunks = 0u32;
+    let mut st = StreamState::default();
     let mut done = false;
     while let Some(data) = r.next_event().await? {
-        if data.trim() == "[DONE]" {
+        let Some(new) = st.push(&data, chat)? else {
             done = true;
             break;
-        }
-        let mut v: Body<'_> = serde_json::from_str(&data)
-            .map_err(|e| UpstreamError::Malformed(format!("stream chunk: {e}")))?;
-        if let Some(err) = &v.error {
-            return Err(stream_error(err));
-        }
-        if let Some(u) = &v.usage {
-            prompt_tokens = u.prompt_tokens.or(prompt_tokens);
-            completion_tokens = u.completion_tokens.or(completion_tokens);
-        }
-        if v.choices.is_empty() {
-            continue;
-        }
-        let mut c = v.choices.swap_remove(0);
-        let piece = c.take_text(chat, true).unwrap_or_default();
-        let new = match &c.token_ids {
-            Some(n) => n.len() as u32,
-            None => u32::from(!piece.is_empty()),
         };
-        if let Some(n) = &c.token_ids {
-            has_ids = true;
-            ids.extend_from_slice(n);
-        }
-        if !piece.is_empty() || new > 0 {
-            chunks += 1;
-        }
-        text.push_str(&piece);
-        r.check_retained(text.len() + ids.len() * 4)?;
-        if let Some(f) = c.finish_reason {
-            finish = Some(f.into_owned());
-        }
+        r.check_retained(st.retained())?;
         if new > 0 {
             r.mark_first_token();
             sink(new);
         }
     }
-    if !done {
-        return Err(UpstreamError::StreamCut(
-            "stream ended without [DONE]".into(),
-        ));
-    }
-    let Some(finish_reason) = finish else {
-        return Err(UpstreamError::StreamCut(
-            "stream ended without a finish_reason".into(),
-        ));
-    };
-    Ok(Generation {
-        text,
-        token_ids: has_ids.then_some(ids),
-        prompt_tokens,
-        completion_tokens,
-        finish_reason,
-        ttft_ms: r.ttft_ms,
-        latency_ms: 0,
-        chunks,
-        reasoning: None,
-        tool_calls: None,
-    })
+    st.finish(done, r.ttft_ms)
 }
 
 #[cfg(test)]
@@ -548,6 +706,284 @@ mod tests {
             (g.text.as_str(), g.completion_tokens, g.token_ids),
             ("yo", None, None)
         );
+    }
+}
+
+#[cfg(test)]
+mod reasoning_and_tools_tests {
+    use super::*;
+    use crate::config::Sampling;
+    use serde_json::json;
+
+    /// A stream fed event by event: the generation, the tokens the sink saw, and the
+    /// largest retained size reported.
+    fn stream(events: &[Value], chat: bool) -> Result<(Generation, u32, usize), UpstreamError> {
+        let mut st = StreamState::default();
+        let (mut tokens, mut held) = (0, 0);
+        let mut done = false;
+        for e in events.iter().map(Value::to_string).chain(["[DONE]".into()]) {
+            match st.push(&e, chat)? {
+                Some(n) => tokens += n,
+                None => {
+                    done = true;
+                    break;
+                }
+            }
+            held = held.max(st.retained());
+        }
+        Ok((st.finish(done, None)?, tokens, held))
+    }
+
+    fn delta(d: Value, fin: Option<&str>) -> Value {
+        json!({"choices": [{"index": 0, "delta": d, "finish_reason": fin}]})
+    }
+
+    /// A whole chat answer's reasoning comes from `reasoning_content`, else from vLLM's
+    /// `reasoning`; with both, `reasoning_content`; `null` and `""` are none. `content`
+    /// stays the visible answer.
+    #[test]
+    fn reasoning_is_read_from_whole_answers_in_both_spellings() {
+        let whole = |m: Value| {
+            let body = json!({"choices": [{"index": 0, "message": m, "finish_reason": "stop"}]});
+            parse_full(body.to_string().as_bytes(), true).unwrap()
+        };
+        let g = whole(json!({"role": "assistant", "content": "42", "reasoning_content": "6 x 7"}));
+        assert_eq!(
+            (g.text.as_str(), g.reasoning.as_deref()),
+            ("42", Some("6 x 7"))
+        );
+        let g = whole(json!({"content": "42", "reasoning": "six sevens"}));
+        assert_eq!(g.reasoning.as_deref(), Some("six sevens"));
+        let g = whole(json!({"content": "42", "reasoning_content": "a", "reasoning": "b"}));
+        assert_eq!(g.reasoning.as_deref(), Some("a"));
+        let g = whole(json!({"content": "42", "reasoning_content": "", "reasoning": "b"}));
+        assert_eq!(g.reasoning.as_deref(), Some("b"));
+        for m in [
+            json!({"content": "42", "reasoning_content": null}),
+            json!({"content": "42", "reasoning_content": "", "reasoning": null}),
+            json!({"content": "42"}),
+        ] {
+            assert_eq!(whole(m.clone()).reasoning, None, "{m}");
+        }
+        // Only thinking (cut by max_tokens): no content at all is an empty answer.
+        let g = whole(json!({"role": "assistant", "reasoning_content": "hmm"}));
+        assert_eq!((g.text.as_str(), g.reasoning.as_deref()), ("", Some("hmm")));
+        // Completions have no reasoning field: the raw text keeps the thinking.
+        let c = br#"{"choices":[{"text":"<think>x</think>y","reasoning_content":"z","finish_reason":"stop"}]}"#;
+        let g = parse_full(c, false).unwrap();
+        assert_eq!((g.text.as_str(), g.reasoning), ("<think>x</think>y", None));
+    }
+
+    /// A stream's reasoning deltas are concatenated in order, whichever spelling each
+    /// event uses (one event with both is read once); each reasoning event counts as a
+    /// generated token for the sink and the chunks; the text is the content only.
+    #[test]
+    fn reasoning_is_concatenated_from_stream_deltas_in_both_spellings() {
+        let events = [
+            delta(json!({"role": "assistant", "content": ""}), None),
+            delta(json!({"reasoning_content": "Let"}), None),
+            delta(json!({"reasoning": " me"}), None),
+            delta(
+                json!({"reasoning_content": " think", "reasoning": " think"}),
+                None,
+            ),
+            delta(json!({"reasoning_content": null, "content": "Yes"}), None),
+            delta(json!({"content": "."}), Some("stop")),
+        ];
+        let (g, tokens, held) = stream(&events, true).unwrap();
+        assert_eq!(g.text, "Yes.");
+        assert_eq!(g.reasoning.as_deref(), Some("Let me think"));
+        assert_eq!((tokens, g.chunks), (5, 5));
+        assert!(held >= "Let me thinkYes.".len(), "{held}");
+        // Ids, when sent, are the count (reasoning tokens included).
+        let with_ids = [
+            json!({"choices": [{"delta": {"reasoning_content": "ab"}, "token_ids": [1, 2]}]}),
+            json!({"choices": [{"delta": {"content": "c"}, "token_ids": [3], "finish_reason": "length"}]}),
+        ];
+        let (g, tokens, _) = stream(&with_ids, true).unwrap();
+        assert_eq!((g.token_ids, tokens), (Some(vec![1, 2, 3]), 3));
+        let (g, _, _) = stream(&[delta(json!({"content": "x"}), Some("stop"))], true).unwrap();
+        assert_eq!(g.reasoning, None);
+    }
+
+    /// A whole answer that is only tool calls (`content` null) gives an empty text, the
+    /// calls in the one shape and `finish_reason` `tool_calls` as sent; vLLM's `[]` on a
+    /// plain answer is no calls.
+    #[test]
+    fn tool_calls_are_read_from_whole_answers() {
+        let body = json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": null, "reasoning_content": "need weather",
+            "tool_calls": [{"id": "chatcmpl-tool-1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]}}]});
+        let g = parse_full(body.to_string().as_bytes(), true).unwrap();
+        assert_eq!(
+            (g.text.as_str(), g.finish_reason.as_str()),
+            ("", "tool_calls")
+        );
+        assert_eq!(g.reasoning.as_deref(), Some("need weather"));
+        assert_eq!(
+            g.tool_calls,
+            Some(json!([{"id": "chatcmpl-tool-1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]))
+        );
+        let plain =
+            br#"{"choices":[{"message":{"content":"hi","tool_calls":[]},"finish_reason":"stop"}]}"#;
+        assert_eq!(parse_full(plain, true).unwrap().tool_calls, None);
+        // Only calls, `content` left out altogether.
+        let bare = br#"{"choices":[{"message":{"tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}"#;
+        assert_eq!(parse_full(bare, true).unwrap().text, "");
+        // Neither content nor any output is still no answer.
+        let empty = br#"{"choices":[{"message":{"role":"assistant"},"finish_reason":"stop"}]}"#;
+        assert!(matches!(
+            parse_full(empty, true),
+            Err(UpstreamError::Malformed(_))
+        ));
+    }
+
+    /// Two tool calls streamed in fragments across events, interleaved by `index`, are
+    /// assembled in index order; each fragment counts as a generated token.
+    #[test]
+    fn tool_calls_are_assembled_from_stream_fragments() {
+        let tc = |v: Value| delta(json!({"tool_calls": v}), None);
+        let events = [
+            delta(json!({"role": "assistant", "content": null}), None),
+            tc(
+                json!([{"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]),
+            ),
+            tc(json!([{"index": 0, "function": {"arguments": "{\"city\":"}}])),
+            tc(
+                json!([{"index": 1, "id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{\"tz\""}}]),
+            ),
+            tc(json!([{"index": 0, "function": {"arguments": " \"Paris\"}"}}])),
+            tc(json!([{"index": 1, "function": {"arguments": ": \"CET\"}"}}])),
+            delta(json!({}), Some("tool_calls")),
+        ];
+        let (g, tokens, held) = stream(&events, true).unwrap();
+        assert_eq!(
+            (g.text.as_str(), g.finish_reason.as_str()),
+            ("", "tool_calls")
+        );
+        assert_eq!(tokens, 5);
+        assert!(
+            held >= "{\"city\": \"Paris\"}{\"tz\": \"CET\"}".len(),
+            "{held}"
+        );
+        assert_eq!(
+            g.tool_calls,
+            Some(json!([
+                {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+                {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": "{\"tz\": \"CET\"}"}},
+            ]))
+        );
+    }
+
+    /// A reasoning or tool-call field of the wrong JSON type, whole or streamed, is a
+    /// malformed (retriable) answer whose message names the field.
+    #[test]
+    fn wrong_types_are_malformed_naming_the_field() {
+        let whole = |m: Value| {
+            let body = json!({"choices": [{"message": m, "finish_reason": "stop"}]});
+            parse_full(body.to_string().as_bytes(), true).unwrap_err()
+        };
+        let streamed = |d: Value| stream(&[delta(d, Some("stop"))], true).unwrap_err();
+        let cases = [
+            (
+                json!({"content": "x", "reasoning_content": 5}),
+                "reasoning_content",
+            ),
+            (json!({"content": "x", "reasoning": ["a"]}), "reasoning"),
+            (
+                json!({"content": "x", "reasoning_content": {"t": 1}}),
+                "reasoning_content",
+            ),
+        ];
+        for (m, field) in &cases {
+            for (e, what) in [
+                (whole(m.clone()), "completion body"),
+                (streamed(m.clone()), "stream chunk"),
+            ] {
+                assert!(
+                    matches!(&e, UpstreamError::Malformed(msg) if msg.starts_with(what) && msg.contains(&format!("`{field}`"))),
+                    "{m}: {e}"
+                );
+                assert!(e.is_retriable(), "{e}");
+            }
+        }
+        let e = whole(json!({"content": null, "tool_calls": [{"function": {"name": 5}}]}));
+        assert!(
+            matches!(&e, UpstreamError::Malformed(m) if m.starts_with("completion body") && m.contains("`message.tool_calls[0].function.name`")),
+            "{e}"
+        );
+        let e = streamed(
+            json!({"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": 1}}]}),
+        );
+        assert!(
+            matches!(&e, UpstreamError::Malformed(m) if m.starts_with("stream chunk") && m.contains("`delta.tool_calls[0].function.arguments`")),
+            "{e}"
+        );
+    }
+
+    /// Chat bodies with `tools` and `chat_template_kwargs` pinned byte for byte (after
+    /// `messages`); an empty kwargs map or tools list is left out; `/v1/completions`
+    /// never sends either (its prompt is rendered with them already).
+    #[test]
+    fn chat_bodies_with_tools_and_kwargs_are_pinned_byte_for_byte() {
+        let sampling = Sampling {
+            max_tokens: 64,
+            temperature: 0.7,
+            top_p: 1.0,
+            top_k: None,
+            min_p: None,
+            seed: None,
+            stop: None,
+        };
+        let tools = json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+        let kwargs: serde_json::Map<String, Value> =
+            serde_json::from_str(r#"{"enable_thinking":false,"reasoning_effort":"high"}"#).unwrap();
+        let (empty_tools, empty_kwargs) = (json!([]), serde_json::Map::new());
+        let req = |tools, kwargs| GenerateRequest {
+            rid: "r1",
+            prompt: "hi",
+            prompt_ids: None,
+            messages: None,
+            sampling: &sampling,
+            tools,
+            chat_template_kwargs: kwargs,
+        };
+        let body = |r: &GenerateRequest<'_>, stream, chat| {
+            serde_json::to_string(&request_body(r, "m", stream, chat)).unwrap()
+        };
+        assert_eq!(
+            body(&req(Some(&tools), Some(&kwargs)), false, true),
+            r#"{"model":"m","max_tokens":64,"temperature":0.7,"top_p":1.0,"stream":false,"return_token_ids":true,"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],"chat_template_kwargs":{"enable_thinking":false,"reasoning_effort":"high"}}"#
+        );
+        assert_eq!(
+            body(&req(None, Some(&kwargs)), true, true),
+            r#"{"model":"m","max_tokens":64,"temperature":0.7,"top_p":1.0,"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true,"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"enable_thinking":false,"reasoning_effort":"high"}}"#
+        );
+        let plain = r#"{"model":"m","max_tokens":64,"temperature":0.7,"top_p":1.0,"stream":false,"return_token_ids":true,"messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(
+            body(&req(Some(&empty_tools), Some(&empty_kwargs)), false, true),
+            plain
+        );
+        assert_eq!(body(&req(Some(&Value::Null), None), false, true), plain);
+        assert_eq!(
+            body(&req(Some(&tools), Some(&kwargs)), false, false),
+            r#"{"model":"m","max_tokens":64,"temperature":0.7,"top_p":1.0,"stream":false,"return_token_ids":true,"prompt":"hi"}"#
+        );
+    }
+
+    /// The self-check reads a reasoning model's thinking as output when there is no
+    /// content (its few tokens are all thinking).
+    #[test]
+    fn self_check_counts_reasoning_as_output() {
+        let e = json!({"choices": [{"message": {"content": null, "reasoning_content": "Okay"}}]});
+        assert_eq!(CHAT.check_event(&e).text, "Okay");
+        let e = json!({"choices": [{"delta": {"reasoning": "Hm"}}]});
+        assert_eq!(CHAT.check_event(&e).text, "Hm");
+        let e = json!({"choices": [{"message": {"content": "Hi", "reasoning_content": "x"}}]});
+        assert_eq!(CHAT.check_event(&e).text, "Hi");
     }
 }
 

@@ -4,6 +4,10 @@
 //! `--incremental-streaming-output`. The shape is detected per event from
 //! `meta_info.completion_tokens` (always cumulative) so tokens are never double counted.
 //! `finish_reason` is an object such as `{"type": "length", "length": 128}`.
+//!
+//! The body never carries `tools` or `chat_template_kwargs`: the prompt was rendered by
+//! spool's template with them already. The answer's text is raw (any thinking stays in
+//! it), so a `Generation` from here has no `reasoning` or `tool_calls` of its own.
 
 use super::dialect::{stream_error, to_json, Dialect, Seen};
 use super::{sse, GenerateRequest, Generation, TokenSink, UpstreamError};

@@ -116,6 +116,16 @@ enum Case {
     /// Nothing hostile: the control that shows the harness's answers are valid for each
     /// API, so a failing case fails for its hostility.
     Clean,
+    /// Chat answers whose reasoning or tool-call fields have the wrong JSON type
+    /// (`reasoning_content: 5`, `tool_calls: "x"`, a streamed call index of -1, a whole
+    /// call's name a number, arguments a number).
+    WrongTypes,
+    /// A chat stream of tool-call fragments that never ends, each event a new call at a
+    /// far-apart index: what it holds must be refused at the cap.
+    ToolCallFlood,
+    /// A legal chat answer with reasoning (both spellings, streamed) and a tool call
+    /// before its content: the visible text and every id are kept.
+    ReasoningAndTools,
 }
 
 /// The API the server speaks (what `server.api` says).
@@ -661,6 +671,42 @@ fn serve(mut s: TcpStream, case: Case, api: Api, stream: bool, seen: &Seen) {
                     return;
                 }
             }
+            Case::WrongTypes => {
+                let bodies = wrong_type_bodies(stream);
+                let a = framed(stream, &bodies[n % bodies.len()]);
+                if s.write_all(a.as_bytes()).is_err() {
+                    return;
+                }
+            }
+            Case::ToolCallFlood => {
+                let head =
+                    format!("HTTP/1.1 200 OK\r\nContent-Type: {ct}\r\nConnection: close\r\n\r\n");
+                if s.write_all(head.as_bytes()).is_err() {
+                    return;
+                }
+                // A new call every event, indexes far apart, until the client hangs up.
+                let mut block = String::new();
+                for k in 0u64.. {
+                    let index = (k * 7919) % u64::from(u32::MAX);
+                    block.push_str(&format!(
+                        "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"tool_calls\":[{{\"index\":{index},\"id\":\"c{k}\",\"function\":{{\"name\":\"f\",\"arguments\":\"{{}}\"}}}}]}}}}]}}\n\n"
+                    ));
+                    if block.len() >= 64 << 10 {
+                        if s.write_all(block.as_bytes()).is_err() {
+                            return;
+                        }
+                        block.clear();
+                    }
+                }
+                return;
+            }
+            Case::ReasoningAndTools => {
+                if s.write_all(framed(stream, &reasoning_and_tools(stream)).as_bytes())
+                    .is_err()
+                {
+                    return;
+                }
+            }
             Case::Redirect => {
                 let a = if req.path.starts_with("/moved/") {
                     framed(stream, &p)
@@ -676,6 +722,87 @@ fn serve(mut s: TcpStream, case: Case, api: Api, stream: bool, seen: &Seen) {
             }
         }
     }
+}
+
+/// The ids of the reasoning of [`Case::ReasoningAndTools`], before [`IDS`].
+const THOUGHT_IDS: [u32; 2] = [21, 22];
+
+/// A chat answer with reasoning and a tool call before [`PIECES`]: whole, or streamed
+/// with the reasoning in both spellings and the call's arguments in two fragments.
+fn reasoning_and_tools(stream: bool) -> String {
+    let ids: Vec<u32> = THOUGHT_IDS.iter().chain(&IDS).copied().collect();
+    let usage = serde_json::json!({"prompt_tokens": 5, "completion_tokens": ids.len()});
+    if !stream {
+        return serde_json::json!({"choices": [{"index": 0, "finish_reason": "stop", "token_ids": ids,
+            "message": {"role": "assistant", "content": PIECES.concat(), "reasoning_content": "Think hard",
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}}],
+            "usage": usage})
+        .to_string();
+    }
+    let chunk = |delta: serde_json::Value, ids: &[u32], fin: Option<&str>| {
+        serde_json::json!({"choices": [{"index": 0, "delta": delta, "token_ids": ids, "finish_reason": fin}]})
+            .to_string()
+    };
+    let mut ev = vec![
+        chunk(
+            serde_json::json!({"reasoning_content": "Think"}),
+            &THOUGHT_IDS[..1],
+            None,
+        ),
+        chunk(
+            serde_json::json!({"reasoning": " hard"}),
+            &THOUGHT_IDS[1..],
+            None,
+        ),
+        chunk(
+            serde_json::json!({"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{"}}]}),
+            &[],
+            None,
+        ),
+        chunk(
+            serde_json::json!({"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}),
+            &[],
+            None,
+        ),
+    ];
+    let last = PIECES.len() - 1;
+    for (i, p) in PIECES.iter().enumerate() {
+        ev.push(chunk(
+            serde_json::json!({"content": p}),
+            &IDS[i..=i],
+            (i == last).then_some("stop"),
+        ));
+    }
+    ev.push(serde_json::json!({"choices": [], "usage": usage}).to_string());
+    sse(&ev, "\n")
+}
+
+/// Answers of the wrong-types case, taken in turn.
+fn wrong_type_bodies(stream: bool) -> Vec<String> {
+    let key = if stream { "delta" } else { "message" };
+    [
+        serde_json::json!({"content": "x", "reasoning_content": 5}),
+        serde_json::json!({"content": "x", "reasoning": {"a": 1}}),
+        serde_json::json!({"content": null, "tool_calls": "x"}),
+        // Only streamed calls carry an index; a whole one's name is the wrong type.
+        if stream {
+            serde_json::json!({"content": null, "tool_calls": [{"index": -1, "function": {"name": "f", "arguments": "{}"}}]})
+        } else {
+            serde_json::json!({"content": null, "tool_calls": [{"function": {"name": 5, "arguments": "{}"}}]})
+        },
+        serde_json::json!({"content": null, "tool_calls": [{"index": 0, "function": {"name": "f", "arguments": 7}}]}),
+    ]
+    .into_iter()
+    .map(|m| {
+        let v = serde_json::json!({"choices": [{"index": 0, key: m, "token_ids": [IDS[0]], "finish_reason": "stop"}]})
+            .to_string();
+        if stream {
+            sse(&[v], "\n")
+        } else {
+            v
+        }
+    })
+    .collect()
 }
 
 /// The smuggled answer: valid in every way, its text [`SMUGGLED`].
@@ -1013,6 +1140,34 @@ hostile! {
     hostile_probe_stream: HostileProbe, Sglang, true, assert_every_token_kept;
     redirect_whole: Redirect, Sglang, false, assert_one_redirect_outcome;
     redirect_stream: Redirect, Sglang, true, assert_one_redirect_outcome;
+    wrong_types_chat_whole: WrongTypes, Chat, false, assert_nothing_completed;
+    wrong_types_chat_stream: WrongTypes, Chat, true, assert_nothing_completed;
+    tool_call_flood_chat: ToolCallFlood, Chat, true, assert_nothing_completed;
+    reasoning_and_tools_chat_whole: ReasoningAndTools, Chat, false, assert_visible_text_and_every_id_kept;
+    reasoning_and_tools_chat_stream: ReasoningAndTools, Chat, true, assert_visible_text_and_every_id_kept;
+}
+
+/// An answer with reasoning and a tool call completes every item; the completion is the
+/// visible text only (no reasoning, no call arguments leaked into it) and the ids are
+/// every id generated, the reasoning's first.
+fn assert_visible_text_and_every_id_kept(o: &Outcome, what: &str) {
+    assert_eq!(
+        o.code,
+        Some(0),
+        "{what}: a legal answer fails no item; stderr tail:\n{}",
+        tail(&o.stderr)
+    );
+    assert_eq!(o.rows.len(), o.prompts, "{what}: every item completes");
+    let ids: Vec<u32> = THOUGHT_IDS.iter().chain(&IDS).copied().collect();
+    for r in &o.rows {
+        assert_eq!(r.completion, PIECES.concat(), "{what}: text of {}", r.id);
+        assert_eq!(
+            r.completion_token_ids.as_deref(),
+            Some(&ids[..]),
+            "{what}: ids of {}",
+            r.id
+        );
+    }
 }
 
 /// A smuggled second answer never reaches a shard.

@@ -347,6 +347,80 @@ async fn a_bom_and_cr_line_ends_keep_every_token_openai() {
     }
 }
 
+/// Through reqwest and the chat reader, in small HTTP chunks: reasoning deltas in both
+/// spellings and two tool calls interleaved by index come out whole, the text is the
+/// content only, and the sink counted every generated event (reasoning and calls too).
+#[tokio::test]
+async fn reasoning_and_tool_calls_survive_any_chunking_chat() {
+    let d = |delta: serde_json::Value, fin: Option<&str>| {
+        serde_json::json!({"choices": [{"index": 0, "delta": delta, "finish_reason": fin}]})
+            .to_string()
+    };
+    let call = |i: u32, extra: serde_json::Value| {
+        let mut c = serde_json::json!({"index": i});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            c[k] = v.clone();
+        }
+        d(serde_json::json!({"tool_calls": [c]}), None)
+    };
+    let evs = vec![
+        d(
+            serde_json::json!({"role": "assistant", "content": ""}),
+            None,
+        ),
+        d(serde_json::json!({"reasoning_content": "I should"}), None),
+        d(serde_json::json!({"reasoning": " call both"}), None),
+        call(
+            0,
+            serde_json::json!({"id": "a", "type": "function", "function": {"name": "f", "arguments": "{\"x\":"}}),
+        ),
+        call(
+            1,
+            serde_json::json!({"id": "b", "type": "function", "function": {"name": "g", "arguments": "{"}}),
+        ),
+        call(0, serde_json::json!({"function": {"arguments": "1}"}})),
+        call(1, serde_json::json!({"function": {"arguments": "}"}})),
+        d(serde_json::json!({"content": "done"}), Some("tool_calls")),
+        "[DONE]".to_string(),
+    ];
+    let url = serve_chunked(bom_stream(&evs, &["\n", "\r\n"]), &[3, 1, 7, 2]).await;
+    let (g, tokens) = stream_through_chat(&format!("{url}/v1/chat/completions")).await;
+    assert_eq!(g.text, "done");
+    assert_eq!(g.reasoning.as_deref(), Some("I should call both"));
+    assert_eq!(
+        g.tool_calls,
+        Some(serde_json::json!([
+            {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{\"x\":1}"}},
+            {"id": "b", "type": "function", "function": {"name": "g", "arguments": "{}"}},
+        ]))
+    );
+    assert_eq!(
+        (g.finish_reason.as_str(), tokens, g.chunks),
+        ("tool_calls", 7, 7)
+    );
+}
+
+/// Posts to `url` and reads the answer through the chat streaming path.
+async fn stream_through_chat(url: &str) -> (super::super::Generation, u32) {
+    crate::upstream::tls::install_provider();
+    let resp = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .post(url)
+        .json(&serde_json::json!({"stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut r = Reader::new(resp, 1 << 20, Instant::now(), url.to_string());
+    let tokens = std::sync::atomic::AtomicU32::new(0);
+    let sink = |n: u32| {
+        tokens.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    };
+    let g = super::super::openai::read_stream(&mut r, true, &sink).await;
+    (g.unwrap(), tokens.into_inner())
+}
+
 /// The same through SGLang's `/generate` reader, with cumulative events (every event
 /// repeats the output so far): the last event's text and ids are all kept.
 #[tokio::test]
