@@ -76,6 +76,13 @@ fn rows(n: usize) -> Vec<ShardRow> {
                 latency_ms: 1000 + (i as u32 % 5000),
                 ttft_ms: Some(50),
                 completed_at_ms: 1_764_633_600_000 + i as i64,
+                sample: 0,
+                turn: 0,
+                reasoning: None,
+                tool_calls: None,
+                tools: None,
+                sampling: None,
+                partial: None,
             }
         })
         .collect()
