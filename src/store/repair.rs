@@ -20,12 +20,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// A done row as its shard file holds it, for [`Queue::repair`].
+/// A done item as its shard file holds it, for [`Queue::repair`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardedRow {
     pub shard: u64,
-    pub prompt_tokens: u32,
-    pub completion_tokens: u32,
+    /// Over the item's rows (one per generation).
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
 }
 
 /// A dataset's records counted by state ([`Queue::audit`]).
@@ -140,8 +141,8 @@ impl Rebuild {
                 self.rep.marked_sharded += 1;
             }
             self.shards.entry(f.shard).or_default().push(row);
-            self.after.prompt_tokens += u64::from(f.prompt_tokens);
-            self.after.completion_tokens += u64::from(f.completion_tokens);
+            self.after.prompt_tokens += f.prompt_tokens;
+            self.after.completion_tokens += f.completion_tokens;
             self.after.next_shard = self.after.next_shard.max(f.shard + 1);
             State::Sharded
         } else if let Some(&shard) = found.shard_of.get(&row) {
@@ -788,7 +789,7 @@ mod tests {
                     .sharded_rows(0)
                     .unwrap()
                     .iter()
-                    .map(|(r, _)| u64::from(files[r].completion_tokens))
+                    .map(|(r, _)| files[r].completion_tokens)
                     .sum();
                 let in_log: u64 = q
                     .unsharded(0)
