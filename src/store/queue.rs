@@ -658,6 +658,16 @@ impl Queue {
         }
     }
 
+    /// The rows of one item waiting for a shard, in its record's order: what a commit that
+    /// closed the item wrote (its generations and last result, partial samples marked),
+    /// for the committer to hand to the archive together. Empty when none is waiting.
+    pub fn unsharded_item(&self, ds: u16, row: u64) -> Result<Vec<ShardRow>, QueueError> {
+        match self.lock_results().get(&ds) {
+            Some(log) => Ok(log.read_item(row)?),
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// Whether a row's result is waiting for a shard.
     pub fn is_unsharded(&self, ds: u16, row: u64) -> Result<bool, QueueError> {
         Ok(self

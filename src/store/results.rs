@@ -427,6 +427,18 @@ impl ResultLog {
         Ok(out)
     }
 
+    /// The rows of one unsharded item (several for an item closed with several
+    /// generations), as its record holds them; empty when the item has none here.
+    pub fn read_item(&self, row: u64) -> Result<Vec<ShardRow>, BlockError> {
+        let Some(&offset) = self.by_row.get(&row) else {
+            return Ok(Vec::new());
+        };
+        let len = self.by_offset.get(&offset).map_or(0, |&(_, len)| len);
+        let bytes = self.read_at(offset, len as usize)?;
+        let (payload, _) = self.payload(offset, &bytes)?;
+        decode_record(payload).map_err(|e| self.bad_record(offset, e))
+    }
+
     /// Forgets rows (now in a shard, or given another state by a repair); returns where the
     /// unsharded part now starts (`end` when none is left).
     pub fn forget(&mut self, rows: impl IntoIterator<Item = u64>, end: u64) -> u64 {
@@ -665,7 +677,11 @@ mod tests {
             got,
             vec![(1, 0, 0), (3, 0, 0), (3, 0, 1), (3, 1, 0), (5, 0, 0)]
         );
+        assert_eq!(log.read_item(3).unwrap(), rows);
+        assert_eq!(log.read_item(5).unwrap().len(), 1);
+        assert!(log.read_item(4).unwrap().is_empty());
         log.forget([3], a.end);
+        assert!(log.read_item(3).unwrap().is_empty());
         let rows: Vec<u64> = log.read_all().unwrap().iter().map(|r| r.row).collect();
         assert_eq!(rows, vec![1, 5]);
     }

@@ -217,6 +217,13 @@ fn a_close_gathers_the_generations_in_order_and_marks_partial_samples() {
     );
     // One record per item: the log indexes row 3 once, and sharding it takes all its rows.
     assert_eq!(q.lock_results().get(&0).unwrap().len(), 2);
+    let closed: Vec<(u32, u32)> = q
+        .unsharded_item(0, 3)
+        .unwrap()
+        .iter()
+        .map(|r| (r.sample, r.turn))
+        .collect();
+    assert_eq!(closed, vec![(0, 0), (0, 1), (1, 0), (1, 1)]);
     q.mark_sharded(0, 1, &[2, 3]).unwrap();
     assert!(q.unsharded(0).unwrap().is_empty());
     assert_eq!(q.state(0).unwrap().sharded, 4);
