@@ -8,7 +8,8 @@
 //! Invariant: a repair trusts, in order, the shard files (every row they hold is sharded, in
 //! that shard), then the most advanced state recorded (sharded > unsharded result > failed >
 //! pending); an item in no state lost its result and is pending again. Generations kept
-//! (`g`) for an item left pending count their tokens; those of any other item go. It writes one batch,
+//! (`g`) for an item still recorded pending count their tokens; those of any other item
+//! go, including one brought back from no state (it starts over). It writes one batch,
 //! flushed, so an interrupted repair is simply done again.
 
 use crate::store::blocks::{Bitmap, BlockRef};
@@ -290,7 +291,10 @@ impl Queue {
             }
             let keep = b.choose(row, rec, &found, in_shards);
             b.keep(ds, &kept[r_i], row, rec, keep);
-            if keep == State::Pending {
+            // A kept item still recorded pending keeps its generations; one brought back
+            // from no state (a close or an end torn after its pending bit, some `g` records
+            // perhaps gone with it) starts over, so no history mixes old and new turns.
+            if keep == State::Pending && rec.pending {
                 open.insert(row);
             }
         }
@@ -321,8 +325,9 @@ impl Queue {
     }
 
     /// Counts the tokens of the generations kept for items still pending (they were counted
-    /// when kept), and removes those of items in any other state (a Close torn after its
-    /// pending bit, or an item given another state by this repair).
+    /// when kept), and removes those of items in any other state, or brought back to
+    /// pending from none (a close torn after its pending bit: some of its `g` records may
+    /// be gone, and a history must not lack an earlier turn).
     fn recount_generations(
         &self,
         ds: u16,
@@ -814,6 +819,13 @@ mod tests {
                     s.completion_tokens,
                     in_files + in_log + kept,
                     "{at}: tokens after the repair"
+                );
+                // An item whose close tore keeps all its generations or none: a history
+                // never lacks an earlier turn of its sample.
+                let kept7 = q.generations(0, 7).unwrap().len();
+                assert!(
+                    kept7 == 0 || kept7 == 2 || (name == "generate" && kept7 == 3),
+                    "{at}: row 7 keeps {kept7} generations"
                 );
             }
         }
