@@ -260,7 +260,10 @@ impl Archive {
     }
 
     /// Appends durable results; returns the shards sealed on the way. `source` says where
-    /// the rows' token counts came from (stamped into the shard that opens for them).
+    /// the rows' token counts came from (stamped into the shard that opens for them). An
+    /// item's rows come together, consecutively, in one call (as
+    /// [`Queue::unsharded_item`] gives them): a later row of an item already taken is
+    /// refused as a second copy.
     pub fn add(
         &mut self,
         ds: u16,
