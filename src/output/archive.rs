@@ -15,7 +15,8 @@
 //!
 //! Invariant: every done item is either unsharded (no shard yet) or sharded (listed by an
 //! `S` record of exactly one shard file); a `part-*.parquet` file is complete and its rows
-//! are never written again.
+//! are never written again; an item's rows (one per generation) are never split between
+//! shards, as the limits are checked between items.
 //!
 //! Rows handed to [`Archive::add`] are buffered in memory and converted to Arrow in
 //! batches of up to [`APPEND_BATCH_ROWS`] (one Parquet row group), not one small batch per
@@ -76,11 +77,16 @@ pub fn repair_queue(
         shards.sort();
         for (index, path) in shards {
             for c in reader::read_counts(&path)? {
-                in_shards.entry(c.row).or_insert(ShardedRow {
+                let r = in_shards.entry(c.row).or_insert(ShardedRow {
                     shard: index,
-                    prompt_tokens: c.prompt_tokens,
-                    completion_tokens: c.completion_tokens,
+                    prompt_tokens: 0,
+                    completion_tokens: 0,
                 });
+                // An item's rows (its generations) are all in one shard: their tokens add up.
+                if r.shard == index {
+                    r.prompt_tokens += u64::from(c.prompt_tokens);
+                    r.completion_tokens += u64::from(c.completion_tokens);
+                }
             }
         }
         out.push((state.name.clone(), queue.repair(state.index, &in_shards)?));
@@ -119,9 +125,11 @@ struct Open {
     /// Durable rows not yet appended to the writer (see the module docs).
     pending: Vec<ShardRow>,
     pending_bytes: usize,
-    /// Rows of this shard, appended or pending.
+    /// Items (their `row`) of this shard, appended or pending: what the queue marks sharded.
     rows: Vec<u64>,
-    /// The same rows, to refuse a second copy of one (a defence: the job never sends one).
+    /// Shard rows, appended or pending (an item has one per generation).
+    row_count: usize,
+    /// The same items, to refuse a second copy of one (a defence: the job never sends one).
     seen: std::collections::HashSet<u64>,
 }
 
@@ -211,7 +219,10 @@ impl Archive {
                 if !self.queue.is_unsharded(ds, row)? {
                     return Err(ArchiveError::Inconsistent { path, row, id });
                 }
-                rows.push(row);
+                // An item's rows are consecutive in its shard: it is marked once.
+                if rows.last() != Some(&row) {
+                    rows.push(row);
+                }
             }
             self.queue.mark_sharded(ds, index, &rows)?;
             tracing::info!(path = %path.display(), rows = rows.len(), "adopted a shard finished before the last stop");
@@ -243,12 +254,16 @@ impl Archive {
             pending: Vec::new(),
             pending_bytes: 0,
             rows: Vec::new(),
+            row_count: 0,
             seen: Default::default(),
         })
     }
 
     /// Appends durable results; returns the shards sealed on the way. `source` says where
-    /// the rows' token counts came from (stamped into the shard that opens for them).
+    /// the rows' token counts came from (stamped into the shard that opens for them). An
+    /// item's rows come together, consecutively, in one call (as
+    /// [`Queue::unsharded_item`] gives them): a later row of an item already taken is
+    /// refused as a second copy.
     pub fn add(
         &mut self,
         ds: u16,
@@ -263,19 +278,25 @@ impl Archive {
                 None => self.open_shard(ds, source)?,
             };
             let open = self.open.entry(ds).or_insert(open);
-            // Respect max_rows exactly: take only what fits.
-            let room = self.limits.max_rows.saturating_sub(open.rows.len()).max(1);
-            let mut taken = 0;
-            while taken < room {
-                let Some(r) = rest.next() else { break };
-                taken += 1;
-                if !open.seen.insert(r.row) {
-                    tracing::error!(row = r.row, id = %r.id, "row offered twice to the open shard: ignored");
+            // Limits are checked between items: an item's rows (its generations, consecutive
+            // here) all go to this shard, so max_rows is exact for one-row items.
+            while open.row_count < self.limits.max_rows {
+                let Some(first) = rest.next() else { break };
+                let item = first.row;
+                let mut rows = vec![first];
+                while let Some(r) = rest.next_if(|r| r.row == item) {
+                    rows.push(r);
+                }
+                if !open.seen.insert(item) {
+                    tracing::error!(row = item, id = %rows[0].id, "item offered twice to the open shard: ignored");
                     continue;
                 }
-                open.rows.push(r.row);
-                open.pending_bytes += row_bytes(&r);
-                open.pending.push(r);
+                open.rows.push(item);
+                open.row_count += rows.len();
+                for r in rows {
+                    open.pending_bytes += row_bytes(&r);
+                    open.pending.push(r);
+                }
                 if open.pending.len() >= APPEND_BATCH_ROWS
                     || open.pending_bytes >= APPEND_BATCH_BYTES
                     || open.writer.estimated_bytes() + open.pending_bytes as u64
@@ -287,7 +308,7 @@ impl Archive {
                     }
                 }
             }
-            if open.rows.len() >= self.limits.max_rows {
+            if open.row_count >= self.limits.max_rows {
                 open.append_pending()?;
             }
             if open.writer.is_full() {
@@ -409,6 +430,46 @@ mod tests {
             );
         }
         assert_eq!(all, (0..7).collect::<Vec<_>>());
+    }
+
+    /// An item's rows (its generations) are never split between shards: the row limit is
+    /// checked between items, so a shard may pass it by the rest of the item that crossed
+    /// it, and the queue marks each item once, in the shard that holds all its rows.
+    #[test]
+    fn an_item_is_never_split_between_shards() {
+        let tmp = tempfile::tempdir().unwrap();
+        let queue = Arc::new(Queue::open(&tmp.path().join("q")).unwrap());
+        let ds = queue.open_dataset("d").unwrap().index;
+        let limits = ShardLimits {
+            max_rows: 3,
+            max_bytes: 1 << 30,
+            compression_level: 3,
+        };
+        let out = tmp.path().join("out");
+        let mut archive = Archive::of_one_dataset(queue.clone(), &out, ds, "d", limits);
+        let gens = |item: u64, n: u32| -> Vec<ShardRow> {
+            (0..n).map(|turn| ShardRow { turn, ..row(item) }).collect()
+        };
+        let mut sealed = archive.add(ds, None, gens(0, 1)).unwrap();
+        let mut second = gens(1, 3);
+        second.extend(gens(2, 2));
+        sealed.extend(archive.add(ds, None, second).unwrap());
+        sealed.extend(archive.add(ds, None, gens(3, 1)).unwrap());
+        assert_eq!(sealed.len(), 2);
+        let rows_of = |s: &SealedShard| -> Vec<(u64, u32)> {
+            reader::read_rows(&s.path)
+                .unwrap()
+                .into_iter()
+                .map(|r| (r.row, r.turn))
+                .collect()
+        };
+        assert_eq!(rows_of(&sealed[0]), vec![(0, 0), (1, 0), (1, 1), (1, 2)]);
+        assert_eq!(rows_of(&sealed[1]), vec![(2, 0), (2, 1), (3, 0)]);
+        assert_eq!(
+            queue.sharded_rows(ds).unwrap(),
+            vec![(0, 0), (1, 0), (2, 1), (3, 1)]
+        );
+        assert_eq!(queue.state(ds).unwrap().sharded, 4);
     }
 
     /// Sealing a dataset with no open shard is refused as exactly that, naming the dataset.

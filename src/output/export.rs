@@ -1,7 +1,8 @@
 //! `spool export`: the shards in the forms drafter-training tools read.
 //!
-//! - `sharegpt`: JSONL, one line per completed item,
-//!   `{"id", "dataset", "conversations": [...input turns, {"role": "assistant", "content": completion}]}`.
+//! - `sharegpt`: JSONL, one line per shard row (per generation of an item),
+//!   `{"id", "dataset", "sample", "turn", "conversations": [...input turns, {"role": "assistant", "content": completion}]}`,
+//!   the assistant turn with `reasoning_content` when the row's `reasoning` is set.
 //!   This is the shape SpecForge's `regenerate_train_data.py` writes (turns as
 //!   `{role, content}`, the regenerated assistant turn last), so its data preparation takes
 //!   it as is. The input turns are the row's messages exactly as enqueued (ShareGPT input
@@ -22,11 +23,11 @@
 //! export may run while `spool run` is still writing.
 
 use crate::config::Config;
-use crate::output::reader::{column, ids_at, ShardReader};
+use crate::output::reader::{column, ids_at, opt_column, ShardReader};
 use crate::output::shard::{folder_entries, parse_shard_index};
 use anyhow::{anyhow, bail, Context, Result};
 use arrow_array::builder::{Int32Builder, ListBuilder, StringBuilder, UInt8Builder};
-use arrow_array::{Array, ArrayRef, ListArray, RecordBatch, StringArray};
+use arrow_array::{Array, ArrayRef, ListArray, RecordBatch, StringArray, UInt32Array};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
@@ -118,13 +119,25 @@ fn lists<'a>(path: &Path, b: &'a RecordBatch, name: &str) -> Result<&'a ListArra
     Ok(column::<ListArray>(path, b, name)?)
 }
 
-/// One `sharegpt` line: the input turns plus the completion as the assistant turn.
+/// What a `sharegpt` line says of one generation besides its input turns.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reply<'a> {
+    pub completion: &'a str,
+    /// The thinking, kept apart from the text: the assistant turn's `reasoning_content`.
+    pub reasoning: Option<&'a str>,
+    pub sample: u32,
+    pub turn: u32,
+}
+
+/// One `sharegpt` line: the input turns plus the reply as the assistant turn (with its
+/// `reasoning_content` when the model's thinking was kept apart), and which sample and
+/// turn of the item it is.
 pub fn sharegpt_line(
     id: &str,
     dataset: &str,
     prompt: &str,
     messages: Option<&str>,
-    completion: &str,
+    reply: Reply<'_>,
 ) -> Result<Value> {
     let mut turns = match messages {
         Some(m) => match serde_json::from_str::<Value>(m)
@@ -135,8 +148,15 @@ pub fn sharegpt_line(
         },
         None => vec![json!({"role": "user", "content": prompt})],
     };
-    turns.push(json!({"role": "assistant", "content": completion}));
-    Ok(json!({"id": id, "dataset": dataset, "conversations": turns}))
+    let mut assistant = json!({"role": "assistant", "content": reply.completion});
+    if let Some(r) = reply.reasoning {
+        assistant["reasoning_content"] = json!(r);
+    }
+    turns.push(assistant);
+    Ok(
+        json!({"id": id, "dataset": dataset, "sample": reply.sample, "turn": reply.turn,
+        "conversations": turns}),
+    )
 }
 
 /// Where the output goes while it is written.
@@ -197,14 +217,32 @@ fn export_sharegpt(cfg: &Config, names: &[&str], tmp: &Path) -> Result<ExportRep
     for name in names {
         for shard in shards_of(&cfg.output_dir, name)? {
             report.shards += 1;
-            read_columns(&shard, &["id", "prompt", "messages", "completion"], |b| {
+            let columns = [
+                "id",
+                "prompt",
+                "messages",
+                "completion",
+                "sample",
+                "turn",
+                "reasoning",
+            ];
+            read_columns(&shard, &columns, |b| {
                 let (id, prompt) = (strings(&shard, b, "id")?, strings(&shard, b, "prompt")?);
                 let messages = strings(&shard, b, "messages")?;
                 let completion = strings(&shard, b, "completion")?;
+                // Absent in shards written before the generation columns.
+                let sample = opt_column::<UInt32Array>(&shard, b, "sample")?;
+                let turn = opt_column::<UInt32Array>(&shard, b, "turn")?;
+                let reasoning = opt_column::<StringArray>(&shard, b, "reasoning")?;
                 for i in 0..b.num_rows() {
                     let m = messages.is_valid(i).then(|| messages.value(i));
-                    let line =
-                        sharegpt_line(id.value(i), name, prompt.value(i), m, completion.value(i))?;
+                    let reply = Reply {
+                        completion: completion.value(i),
+                        reasoning: reasoning.filter(|r| r.is_valid(i)).map(|r| r.value(i)),
+                        sample: sample.map_or(0, |a| a.value(i)),
+                        turn: turn.map_or(0, |a| a.value(i)),
+                    };
+                    let line = sharegpt_line(id.value(i), name, prompt.value(i), m, reply)?;
                     serde_json::to_writer(&mut w, &line)?;
                     w.write_all(b"\n")?;
                     report.rows += 1;
@@ -332,23 +370,45 @@ mod tests {
     use super::*;
 
     /// A `sharegpt` line is the stored input turns (or the prompt as one user turn) plus the
-    /// completion as the assistant turn; messages that are not JSON are an error.
+    /// completion as the assistant turn, with its reasoning as `reasoning_content`;
+    /// messages that are not JSON are an error.
     #[test]
     fn sharegpt_lines_append_the_completion() {
         let m = r#"[{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]"#;
-        let v = sharegpt_line("a", "d", "<rendered>", Some(m), "ans").unwrap();
+        let reply = |completion| Reply {
+            completion,
+            ..Reply::default()
+        };
+        let v = sharegpt_line("a", "d", "<rendered>", Some(m), reply("ans")).unwrap();
         assert_eq!(
             v,
-            json!({"id": "a", "dataset": "d", "conversations": [
+            json!({"id": "a", "dataset": "d", "sample": 0, "turn": 0, "conversations": [
                 {"role": "system", "content": "s"}, {"role": "user", "content": "q"},
                 {"role": "assistant", "content": "ans"}]})
         );
-        let v = sharegpt_line("b", "d", "raw prompt", None, "x").unwrap();
+        let v = sharegpt_line("b", "d", "raw prompt", None, reply("x")).unwrap();
         assert_eq!(
             v["conversations"],
             json!([{"role": "user", "content": "raw prompt"}, {"role": "assistant", "content": "x"}])
         );
-        assert!(sharegpt_line("c", "d", "p", Some("{"), "x").is_err());
+        assert!(sharegpt_line("c", "d", "p", Some("{"), reply("x")).is_err());
+        // The thinking goes with the assistant turn; the sample and turn say which
+        // generation of the item the line is.
+        let thought = Reply {
+            completion: "4",
+            reasoning: Some("2+2"),
+            sample: 2,
+            turn: 1,
+        };
+        let v = sharegpt_line("e", "d", "p", None, thought).unwrap();
+        assert_eq!(
+            v["conversations"][1],
+            json!({"role": "assistant", "content": "4", "reasoning_content": "2+2"})
+        );
+        assert_eq!(
+            (v["sample"].as_u64(), v["turn"].as_u64()),
+            (Some(2), Some(1))
+        );
     }
 
     /// The export is written under a hidden temporary name beside `--out`.

@@ -20,7 +20,7 @@ use parquet::file::metadata::ParquetMetaData;
 
 #[cfg(doc)]
 use crate::output::schema::schema;
-use crate::output::schema::{check_schema, ARROW_SCHEMA_KEY};
+use crate::output::schema::{check_schema, ARROW_SCHEMA_KEY, GENERATION_COLUMNS};
 use crate::output::shard::ShardError;
 use crate::store::row::ShardRow;
 
@@ -97,8 +97,12 @@ impl ShardReader {
         let path = self.path;
         let mut builder = self.builder;
         if let Some(columns) = columns {
+            let schema = builder.schema().clone();
             let roots = columns
                 .iter()
+                // A shard written before the generation columns lacks them: they read as
+                // absent ([`opt_column`]).
+                .filter(|c| !GENERATION_COLUMNS.contains(c) || schema.index_of(c).is_ok())
                 .map(|c| {
                     builder
                         .schema()
@@ -150,6 +154,24 @@ pub fn column<'a, T: 'static>(
         })
 }
 
+/// Column `name` as its Arrow array type, or None when the shard has no such column (one
+/// of [`GENERATION_COLUMNS`] in a shard written before them, or not projected).
+pub fn opt_column<'a, T: 'static>(
+    path: &Path,
+    batch: &'a RecordBatch,
+    name: &str,
+) -> Result<Option<&'a T>, ShardError> {
+    match batch.column_by_name(name) {
+        None => Ok(None),
+        Some(_) => column::<T>(path, batch, name).map(Some),
+    }
+}
+
+/// Row `i` of an optional text column that may be absent.
+pub fn text_at(a: Option<&StringArray>, i: usize) -> Option<String> {
+    a.and_then(|a| opt_string(a, i))
+}
+
 /// The token ids of row `i` of a `list<uint32>` column; `None` when the list is null.
 pub fn ids_at(path: &Path, list: &ListArray, i: usize) -> Result<Option<Vec<u32>>, ShardError> {
     if list.is_null(i) {
@@ -188,6 +210,16 @@ fn batch_to_rows(
     let latency = column::<UInt32Array>(path, batch, "latency_ms")?;
     let ttft = column::<UInt32Array>(path, batch, "ttft_ms")?;
     let completed_at = column::<TimestampMillisecondArray>(path, batch, "completed_at")?;
+    let sample = opt_column::<UInt32Array>(path, batch, "sample")?;
+    let turn = opt_column::<UInt32Array>(path, batch, "turn")?;
+    let text = |name| opt_column::<StringArray>(path, batch, name);
+    let (reasoning, tool_calls, tools, sampling, partial) = (
+        text("reasoning")?,
+        text("tool_calls")?,
+        text("tools")?,
+        text("sampling")?,
+        text("partial")?,
+    );
     out.reserve(batch.num_rows());
     for i in 0..batch.num_rows() {
         out.push(ShardRow {
@@ -207,13 +239,13 @@ fn batch_to_rows(
             latency_ms: latency.value(i),
             ttft_ms: ttft.is_valid(i).then(|| ttft.value(i)),
             completed_at_ms: completed_at.value(i),
-            sample: 0,
-            turn: 0,
-            reasoning: None,
-            tool_calls: None,
-            tools: None,
-            sampling: None,
-            partial: None,
+            sample: sample.map_or(0, |a| a.value(i)),
+            turn: turn.map_or(0, |a| a.value(i)),
+            reasoning: text_at(reasoning, i),
+            tool_calls: text_at(tool_calls, i),
+            tools: text_at(tools, i),
+            sampling: text_at(sampling, i),
+            partial: text_at(partial, i),
         });
     }
     Ok(())

@@ -14,7 +14,8 @@
 //! `model` and the small integers.
 //!
 //! Invariant: writers and readers both check against [`schema`], so a shard that passes
-//! [`check_schema`] decodes into every column type named here.
+//! [`check_schema`] decodes into every column type named here; columns are only appended,
+//! so a shard written before [`GENERATION_COLUMNS`] is a prefix of the schema and reads.
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -56,6 +57,19 @@ pub const PLAIN_COLUMNS: &[&str] = &[
     "completion_token_ids",
 ];
 
+/// The columns appended for several generations per item, in order. A shard written
+/// before them has exactly the columns before them; it still reads, these as 0 (`sample`,
+/// `turn`) or null.
+pub const GENERATION_COLUMNS: &[&str] = &[
+    "sample",
+    "turn",
+    "reasoning",
+    "tool_calls",
+    "tools",
+    "sampling",
+    "partial",
+];
+
 /// The item field of the token-id list columns: named `item`, never null.
 pub(crate) fn list_item_field() -> FieldRef {
     Arc::new(Field::new("item", DataType::UInt32, false))
@@ -89,6 +103,13 @@ pub fn schema() -> SchemaRef {
                     DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
                     false,
                 ),
+                Field::new("sample", DataType::UInt32, false),
+                Field::new("turn", DataType::UInt32, false),
+                Field::new("reasoning", DataType::Utf8, true),
+                Field::new("tool_calls", DataType::Utf8, true),
+                Field::new("tools", DataType::Utf8, true),
+                Field::new("sampling", DataType::Utf8, true),
+                Field::new("partial", DataType::Utf8, true),
             ]))
         })
         .clone()
@@ -107,16 +128,18 @@ pub(crate) fn leaf_path(name: &str) -> ColumnPath {
     ColumnPath::new(parts)
 }
 
-/// Fails unless `found` has exactly the shard columns (names, types, nullability, order).
+/// Fails unless `found` has exactly the shard columns (names, types, nullability, order),
+/// or exactly those before [`GENERATION_COLUMNS`] (a shard written before them).
 pub(crate) fn check_schema(path: &Path, found: &Schema) -> Result<(), ShardError> {
     let expected = schema();
-    if found.fields().len() != expected.fields().len() {
+    let all = expected.fields().len();
+    let before = all - GENERATION_COLUMNS.len();
+    if found.fields().len() != all && found.fields().len() != before {
         return Err(ShardError::schema(
             path,
             format!(
-                "{} columns, expected {}",
+                "{} columns, expected {all} (or {before}, written before the generation columns)",
                 found.fields().len(),
-                expected.fields().len()
             ),
         ));
     }
@@ -176,6 +199,11 @@ mod tests {
         let columns = doc["columns"].as_array().unwrap();
         let fields = schema();
         assert_eq!(columns.len(), fields.fields().len());
+        let tail: Vec<&str> = columns[columns.len() - GENERATION_COLUMNS.len()..]
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(tail, GENERATION_COLUMNS);
         for (c, f) in columns.iter().zip(fields.fields()) {
             assert_eq!(c["name"].as_str().unwrap(), f.name());
             assert_eq!(

@@ -365,6 +365,16 @@ pub(crate) fn row_bytes(r: &ShardRow) -> usize {
         + r.prompt.len()
         + r.completion.len()
         + r.messages.as_ref().map_or(0, String::len)
+        + [
+            &r.reasoning,
+            &r.tool_calls,
+            &r.tools,
+            &r.sampling,
+            &r.partial,
+        ]
+        .into_iter()
+        .map(|t| t.as_ref().map_or(0, String::len))
+        .sum::<usize>()
         + 4 * (r.prompt_token_ids.as_ref().map_or(0, Vec::len)
             + r.completion_token_ids.as_ref().map_or(0, Vec::len))
         + 64
@@ -394,6 +404,10 @@ fn batch_chunks(rows: &[ShardRow]) -> impl Iterator<Item = &[ShardRow]> {
 
 fn strings<'a>(rows: &'a [ShardRow], f: impl Fn(&'a ShardRow) -> &'a str) -> ArrayRef {
     Arc::new(StringArray::from_iter_values(rows.iter().map(f)))
+}
+
+fn opt_strings<'a>(rows: &'a [ShardRow], f: impl Fn(&'a ShardRow) -> Option<&'a str>) -> ArrayRef {
+    Arc::new(rows.iter().map(f).collect::<StringArray>())
 }
 
 fn u32s(rows: &[ShardRow], f: impl Fn(&ShardRow) -> u32) -> ArrayRef {
@@ -441,6 +455,13 @@ fn rows_to_batch(rows: &[ShardRow]) -> Result<RecordBatch, ArrowError> {
             )
             .with_timezone("UTC"),
         ),
+        u32s(rows, |r| r.sample),
+        u32s(rows, |r| r.turn),
+        opt_strings(rows, |r| r.reasoning.as_deref()),
+        opt_strings(rows, |r| r.tool_calls.as_deref()),
+        opt_strings(rows, |r| r.tools.as_deref()),
+        opt_strings(rows, |r| r.sampling.as_deref()),
+        opt_strings(rows, |r| r.partial.as_deref()),
     ];
     RecordBatch::try_new(schema(), columns)
 }
@@ -487,13 +508,15 @@ pub(crate) mod tests {
             latency_ms: 1000 + i as u32,
             ttft_ms: (!i.is_multiple_of(3)).then_some(i as u32),
             completed_at_ms: 1_767_225_600_000 + i as i64,
-            sample: 0,
-            turn: 0,
-            reasoning: None,
-            tool_calls: None,
-            tools: None,
-            sampling: None,
-            partial: None,
+            sample: i as u32 % 3,
+            turn: i as u32 / 2,
+            reasoning: (!i.is_multiple_of(2)).then(|| format!("thinking {i} ü")),
+            tool_calls: i
+                .is_multiple_of(3)
+                .then(|| r#"[{"type":"function","function":{"name":"f"}}]"#.into()),
+            tools: i.is_multiple_of(3).then(|| "[]".into()),
+            sampling: Some(format!(r#"{{"seed":{i}}}"#)),
+            partial: (i % 4 == 3).then(|| "budget".into()),
         }
     }
 
@@ -654,7 +677,7 @@ pub(crate) mod tests {
         let md = builder.metadata();
         assert!(md.num_row_groups() >= 1);
         for rg in md.row_groups() {
-            assert_eq!(rg.columns().len(), 16);
+            assert_eq!(rg.columns().len(), 23);
             for c in rg.columns() {
                 assert!(
                     matches!(c.compression(), Compression::ZSTD(_)),

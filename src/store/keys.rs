@@ -13,9 +13,11 @@
 //! | `P` ds first_row | bitmap over the block's rows | which of its items are pending (absent: none) |
 //! | `S` ds shard first_row | the shard's rows from `first_row` (varint deltas, ≤ [`SHARD_RECORD_ROWS`]) | done and in shard N |
 //! | `f` ds row | [`Failure`](crate::store::records::Failure) (JSON) | failed permanently |
+//! | `g` ds row sample turn | the [`ShardRow`](crate::store::row::ShardRow) ([`encode_row`](crate::store::results::encode_row)) | a generation kept while its item is open (pending) |
 //!
 //! `ds` is the dataset's u16 index (BE), `row` its 0-based line (u64 BE), so scans run in
-//! file order; `shard` is u64 BE. Results done but not yet in a shard are in the dataset's
+//! file order; `shard` is u64 BE; `sample` and `turn` u32 BE, so an item's generations scan in
+//! (sample, turn) order. Results done but not yet in a shard are in the dataset's
 //! results log ([`crate::store::results`], `results/<ds>.log`), between the counters'
 //! `results_start` and `results_end`.
 //!
@@ -38,8 +40,11 @@ use crate::store::writes::Writes;
 ///    its shard;
 /// 3. unsharded results in the results log (`results/<ds>.log`); sharded items still as `s`;
 /// 4. sharded items as `S` records, one per [`SHARD_RECORD_ROWS`] rows of a shard, so sealing
-///    a shard is a few writes rather than one per row.
-pub const FORMAT_VERSION: u32 = 4;
+///    a shard is a few writes rather than one per row;
+/// 5. the item record may end with the item's extra (JSON object text), and `g` records
+///    keep the generations of open items (a format-4 queue is a valid format-5 one: its
+///    migration only rewrites the version, so older spools refuse it).
+pub const FORMAT_VERSION: u32 = 5;
 
 /// Present while a migration is under way, holding the format it started from. `v` already
 /// says the new format then: every spool refuses a format newer than its own, so a spool
@@ -57,6 +62,15 @@ pub(crate) fn key(prefix: u8, ds: u16, row: u64) -> [u8; 11] {
     k[0] = prefix;
     k[1..3].copy_from_slice(&ds.to_be_bytes());
     k[3..11].copy_from_slice(&row.to_be_bytes());
+    k
+}
+
+/// Key of the `g` record keeping generation (`sample`, `turn`) of item `row`.
+pub(crate) fn gen_key(ds: u16, row: u64, sample: u32, turn: u32) -> [u8; 19] {
+    let mut k = [0u8; 19];
+    k[..11].copy_from_slice(&key(b'g', ds, row));
+    k[11..15].copy_from_slice(&sample.to_be_bytes());
+    k[15..19].copy_from_slice(&turn.to_be_bytes());
     k
 }
 

@@ -465,6 +465,35 @@ mod tests {
         assert_eq!(audit_counts(&q, 0), (300, 39, 0, 260, 1));
     }
 
+    /// A real format-4 queue (`tests/fixtures/shard-v1/data`, written by the build of
+    /// `2f50701`) opens in the current format with no migration marker left, every item
+    /// (no extra), state and counter kept, and a new item with an extra enqueues and reads
+    /// back after a reopen.
+    #[test]
+    fn a_format_4_queue_opens_as_the_current_format() {
+        let (dir, q) = open_fixture("shard-v1/data");
+        assert!(!q.tree.contains_key(MIGRATING_KEY).unwrap());
+        let s = q.state(0).unwrap();
+        assert_eq!(
+            (s.items, s.done, s.sharded, s.failed, s.next_shard),
+            (4, 4, 4, 0, 2)
+        );
+        let ids: Vec<String> = (0..4).map(|r| q.item(0, r).unwrap().unwrap().id).collect();
+        assert_eq!(ids, ["m0", "c1", "m2", "m3"]);
+        assert!((0..4).all(|r| q.item(0, r).unwrap().unwrap().extra.is_none()));
+        assert_eq!(audit_counts(&q, 0), (4, 0, 0, 4, 0));
+        let with_tools = crate::store::records::Item {
+            extra: Some(r#"{"tools":[]}"#.into()),
+            ..crate::store::fixtures::item("t4")
+        };
+        q.enqueue(0, &[(4, with_tools.clone())], 5, 0).unwrap();
+        drop(q);
+        let q = Queue::open(dir.path()).unwrap();
+        assert_eq!(q.item(0, 4).unwrap(), Some(with_tools));
+        drop(q);
+        assert_eq!(version_records(dir.path()), (Some(FORMAT_VERSION), None));
+    }
+
     /// Everything a queue holds, readable: the counters, every row's item and pending bit,
     /// the sharded rows, the unsharded results, the failures and the audit's counts.
     fn contents(q: &Queue) -> Vec<String> {

@@ -7,7 +7,8 @@
 //!
 //! Invariants: counters change only in the same batch as the items they count, so they are
 //! never recomputed by scanning; an outcome is applied only to an item that is still pending
-//! (a late answer to a cancelled request cannot complete an item twice); in-flight state is
+//! (a late answer to a cancelled request cannot complete an item twice), and a generation
+//! only once per (row, sample, turn) while its item is open; in-flight state is
 //! not stored (a lease is in memory), so after a crash every unfinished item is simply
 //! pending; one process at a time (an exclusive lock file); blocks never overlap and are
 //! recorded in row order (an enqueue only adds rows after the last block's).
@@ -26,9 +27,13 @@ use crate::store::blocks::{
     encode_block, Bitmap, BlockError, BlockFile, BlockRef, BLOCK_ITEMS, BLOCK_SPAN,
 };
 use crate::store::cache::BlockCache;
-use crate::store::keys::{decode_shard_record, key, meta_key, prefix, put_shard_rows, row_of};
+use crate::store::keys::{
+    decode_shard_record, gen_key, key, meta_key, prefix, put_shard_rows, row_of,
+};
 use crate::store::records::{decode, encode};
-use crate::store::results::{encode_record, ResultLog};
+use crate::store::results::{
+    decode_row, encode_group_record, encode_record, encode_row, ResultLog,
+};
 use crate::store::row::ShardRow;
 use crate::store::writes::{reclaim, Writes};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -429,13 +434,20 @@ impl Queue {
     }
 
     /// Applies finished attempts in one atomic batch; returns which were applied (an
-    /// outcome for an item that is no longer pending is ignored).
+    /// outcome for an item that is no longer pending is ignored, as is a generation already
+    /// kept or offered twice). A `Generated` keeps its row under `g` and counts its tokens,
+    /// the item staying pending; a `Closed` turns the item's kept generations (and its
+    /// `result`) into one record of the results log, removes them and clears the pending
+    /// bit, or fails the item when it has no row at all. `Done` and `Failed` also drop any
+    /// generation kept for the item (nothing else would ever read it).
     pub fn commit(&self, outcomes: &[Outcome]) -> Result<Vec<bool>, QueueError> {
         let mut states = self.lock_states();
         let mut changed: HashMap<u16, DatasetState> = HashMap::new();
         let mut batch = Writes::default();
         let mut applied = Vec::with_capacity(outcomes.len());
         let mut seen = std::collections::HashSet::new();
+        // Generations kept by this batch, by item: a `Closed` later in it gathers them too.
+        let mut kept: HashMap<(u16, u64), Vec<ShardRow>> = HashMap::new();
         // Pending bitmaps read by this batch (and whether it cleared a bit), by (dataset,
         // first row).
         let mut bits: BTreeMap<(u16, u64), (Option<Bitmap>, bool)> = BTreeMap::new();
@@ -443,19 +455,20 @@ impl Queue {
         let mut records: BTreeMap<u16, Vec<(u64, Vec<u8>)>> = BTreeMap::new();
         for o in outcomes {
             let (ds, row) = match o {
-                Outcome::Done { ds, result } => (*ds, result.row),
-                Outcome::Failed { ds, row, .. } => (*ds, *row),
-                // Not yet kept: nothing of them is applied.
-                Outcome::Generated { .. } | Outcome::Closed { .. } => {
-                    applied.push(false);
-                    continue;
+                Outcome::Done { ds, result } | Outcome::Generated { ds, result } => {
+                    (*ds, result.row)
                 }
+                Outcome::Failed { ds, row, .. } | Outcome::Closed { ds, row, .. } => (*ds, *row),
             };
-            let Some(r) = self
-                .blocks
-                .block_of(ds, row)
-                .filter(|_| seen.insert((ds, row)))
-            else {
+            // An item ends once per batch; its generations may be several, each once.
+            let fresh = match o {
+                Outcome::Generated { result, .. } => {
+                    !seen.contains(&(ds, row, None))
+                        && seen.insert((ds, row, Some((result.sample, result.turn))))
+                }
+                _ => seen.insert((ds, row, None)),
+            };
+            let Some(r) = self.blocks.block_of(ds, row).filter(|_| fresh) else {
                 applied.push(false);
                 continue;
             };
@@ -466,15 +479,21 @@ impl Queue {
                 }
             };
             let bit = row - r.first_row;
-            match pending {
-                Some(b) if b.get(bit) => {
-                    b.set(bit, false);
-                    *cleared = true;
-                }
-                _ => {
+            if !pending.as_ref().is_some_and(|b| b.get(bit)) {
+                applied.push(false);
+                continue;
+            }
+            if let Outcome::Generated { result, .. } = o {
+                if self
+                    .tree
+                    .contains_key(gen_key(ds, row, result.sample, result.turn))?
+                {
                     applied.push(false);
                     continue;
                 }
+            } else if let Some(b) = pending {
+                b.set(bit, false);
+                *cleared = true;
             }
             let s = match changed.get_mut(&ds) {
                 Some(s) => s,
@@ -488,6 +507,7 @@ impl Queue {
                     s.done += 1;
                     s.completion_tokens += u64::from(result.completion_tokens);
                     s.prompt_tokens += u64::from(result.prompt_tokens);
+                    self.drop_generations(ds, row, &mut batch, &mut kept)?;
                     records
                         .entry(ds)
                         .or_default()
@@ -495,9 +515,50 @@ impl Queue {
                 }
                 Outcome::Failed { failure, .. } => {
                     s.failed += 1;
+                    self.drop_generations(ds, row, &mut batch, &mut kept)?;
                     batch.insert(key(b'f', ds, row), encode(failure));
                 }
-                Outcome::Generated { .. } | Outcome::Closed { .. } => {}
+                Outcome::Generated { result, .. } => {
+                    s.completion_tokens += u64::from(result.completion_tokens);
+                    s.prompt_tokens += u64::from(result.prompt_tokens);
+                    let mut v = Vec::new();
+                    encode_row(result, &mut v);
+                    batch.insert(gen_key(ds, row, result.sample, result.turn), v);
+                    kept.entry((ds, row)).or_default().push((**result).clone());
+                }
+                Outcome::Closed {
+                    result, partial, ..
+                } => {
+                    let mut rows = self.drop_generations(ds, row, &mut batch, &mut kept)?;
+                    if let Some(result) = result {
+                        s.completion_tokens += u64::from(result.completion_tokens);
+                        s.prompt_tokens += u64::from(result.prompt_tokens);
+                        rows.push((**result).clone());
+                    }
+                    rows.sort_by_key(|r| (r.sample, r.turn));
+                    for r in &mut rows {
+                        if let Some((_, why)) = partial.iter().find(|(n, _)| *n == r.sample) {
+                            r.partial = Some(why.clone());
+                        }
+                    }
+                    if rows.is_empty() {
+                        s.failed += 1;
+                        let reason = partial
+                            .first()
+                            .map_or_else(|| "no generation".to_string(), |(_, why)| why.clone());
+                        let failure = Failure {
+                            reason,
+                            attempts: 0,
+                        };
+                        batch.insert(key(b'f', ds, row), encode(&failure));
+                    } else {
+                        s.done += 1;
+                        records
+                            .entry(ds)
+                            .or_default()
+                            .push((row, encode_group_record(&rows)));
+                    }
+                }
             }
             applied.push(true);
         }
@@ -544,11 +605,65 @@ impl Queue {
         Ok(applied)
     }
 
+    /// Removes from `batch` the generations kept for item `row` (in sled, and those kept
+    /// earlier in this batch) and returns them.
+    fn drop_generations(
+        &self,
+        ds: u16,
+        row: u64,
+        batch: &mut Writes,
+        kept: &mut HashMap<(u16, u64), Vec<ShardRow>>,
+    ) -> Result<Vec<ShardRow>, QueueError> {
+        let mut rows = self.generations(ds, row)?;
+        for r in &rows {
+            batch.remove(gen_key(ds, row, r.sample, r.turn));
+        }
+        for r in kept.remove(&(ds, row)).unwrap_or_default() {
+            batch.remove(gen_key(ds, row, r.sample, r.turn));
+            rows.push(r);
+        }
+        Ok(rows)
+    }
+
+    /// The generations kept for an open item, in (sample, turn) order: what a worker
+    /// builds a conversation's history from, and where a restarted item resumes.
+    pub fn generations(&self, ds: u16, row: u64) -> Result<Vec<ShardRow>, QueueError> {
+        let mut out = Vec::new();
+        for kv in self.tree.scan_prefix(key(b'g', ds, row)) {
+            let (k, v) = kv?;
+            out.push(decode_generation(&k, &v)?);
+        }
+        Ok(out)
+    }
+
+    /// The rows of the items with kept generations (open items), in file order.
+    pub fn open_items(&self, ds: u16) -> Result<Vec<u64>, QueueError> {
+        let mut out: Vec<u64> = Vec::new();
+        for kv in self.tree.scan_prefix(prefix(b'g', ds)) {
+            let (k, _) = kv?;
+            let row = row_of(&k);
+            if out.last() != Some(&row) {
+                out.push(row);
+            }
+        }
+        Ok(out)
+    }
+
     /// Results done but not yet in a shard, in file order.
     pub fn unsharded(&self, ds: u16) -> Result<Vec<ShardRow>, QueueError> {
         let logs = self.lock_results();
         match logs.get(&ds) {
             Some(log) => Ok(log.read_all()?),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// The rows of one item waiting for a shard, in its record's order: what a commit that
+    /// closed the item wrote (its generations and last result, partial samples marked),
+    /// for the committer to hand to the archive together. Empty when none is waiting.
+    pub fn unsharded_item(&self, ds: u16, row: u64) -> Result<Vec<ShardRow>, QueueError> {
+        match self.lock_results().get(&ds) {
+            Some(log) => Ok(log.read_item(row)?),
             None => Ok(Vec::new()),
         }
     }
@@ -659,6 +774,14 @@ impl Queue {
         }
         Ok(())
     }
+}
+
+/// A `g` record's generation; a value that does not decode is a corrupt record.
+pub(crate) fn decode_generation(k: &[u8], v: &[u8]) -> Result<ShardRow, QueueError> {
+    decode_row(v).map_err(|detail| QueueError::Corrupt {
+        key: format!("g{}/{}", crate::store::keys::ds_of(k), row_of(k)),
+        detail,
+    })
 }
 
 /// A dataset's counters, which must exist once the dataset was opened.

@@ -89,7 +89,8 @@ impl Item {
     /// The item's record in a block (format 2; the id is in the block's id table), binary
     /// so that enqueue does not escape every prompt as JSON again: `hash` (16 bytes), the
     /// prompt (u32 LE length, UTF-8), the messages (length, or `u32::MAX` for none), the
-    /// prompt ids (count, or `u32::MAX` for none, then u32 LE each).
+    /// prompt ids (count, or `u32::MAX` for none, then u32 LE each); then, only when the
+    /// item has one, its extra (length, text) — absent, the record is a format-4 one.
     pub fn encode_record(&self) -> Vec<u8> {
         let ids = self.prompt_ids.as_ref().map_or(0, |v| v.len() * 4);
         let msgs = self.messages.as_ref().map_or(0, |m| m.len());
@@ -113,6 +114,9 @@ impl Item {
             }
             None => v.extend_from_slice(&u32::MAX.to_le_bytes()),
         }
+        if let Some(extra) = &self.extra {
+            put(&mut v, Some(extra.as_bytes()));
+        }
         v
     }
 
@@ -123,6 +127,11 @@ impl Item {
         let prompt = r.text("prompt")?;
         let messages = r.opt_text("messages")?;
         let prompt_ids = r.opt_ids("prompt ids")?;
+        let extra = if r.0.is_empty() {
+            None
+        } else {
+            r.opt_text("extra")?
+        };
         r.finish()?;
         Ok(Item {
             id,
@@ -130,7 +139,7 @@ impl Item {
             prompt,
             messages,
             prompt_ids,
-            extra: None,
+            extra,
         })
     }
 }
@@ -235,8 +244,8 @@ mod tests {
         assert_eq!(back, marked);
     }
 
-    /// Item records read back exactly — with and without messages and prompt ids, empty
-    /// and non-ASCII text — and a cut or padded record is an error, not another item.
+    /// Item records read back exactly — with and without messages, prompt ids and the
+    /// extra, empty and non-ASCII text — and a cut or padded record is an error, not another item.
     #[test]
     fn item_records_round_trip_and_damage_is_refused() {
         let items = [
@@ -257,7 +266,21 @@ mod tests {
                 prompt_ids: Some(vec![0, u32::MAX - 1, 151_643]),
                 extra: None,
             },
+            Item {
+                extra: Some(r#"{"tools":[{"type":"function"}]}"#.into()),
+                ..item("with-extra")
+            },
         ];
+        // Without an extra the record is the format-4 layout, byte for byte: the extra is a
+        // trailing field, there only when set.
+        let plain = item("p").encode_record();
+        let with = Item {
+            extra: Some("{}".into()),
+            ..item("p")
+        }
+        .encode_record();
+        assert_eq!(&with[..plain.len()], &plain[..]);
+        assert_eq!(with.len(), plain.len() + 4 + 2);
         for it in items {
             let rec = it.encode_record();
             assert_eq!(Item::decode_record(it.id.clone(), &rec), Ok(it.clone()));

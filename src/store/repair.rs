@@ -7,24 +7,27 @@
 //!
 //! Invariant: a repair trusts, in order, the shard files (every row they hold is sharded, in
 //! that shard), then the most advanced state recorded (sharded > unsharded result > failed >
-//! pending); an item in no state lost its result and is pending again. It writes one batch,
+//! pending); an item in no state lost its result and is pending again. Generations kept
+//! (`g`) for an item still recorded pending count their tokens; those of any other item
+//! go, including one brought back from no state (it starts over). It writes one batch,
 //! flushed, so an interrupted repair is simply done again.
 
 use crate::store::blocks::{Bitmap, BlockRef};
 use crate::store::keys::{decode_shard_record, key, meta_key, prefix, put_shard_rows, row_of};
-use crate::store::queue::{known, Queue, QueueError, REPAIR_MARKER};
+use crate::store::queue::{decode_generation, known, Queue, QueueError, REPAIR_MARKER};
 use crate::store::records::{encode, DatasetState};
 use crate::store::writes::Writes;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// A done row as its shard file holds it, for [`Queue::repair`].
+/// A done item as its shard file holds it, for [`Queue::repair`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardedRow {
     pub shard: u64,
-    pub prompt_tokens: u32,
-    pub completion_tokens: u32,
+    /// Over the item's rows (one per generation).
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
 }
 
 /// A dataset's records counted by state ([`Queue::audit`]).
@@ -105,8 +108,8 @@ struct Findings {
     rows: BTreeMap<u64, Recorded>,
     /// The pending bitmaps as stored, by their block's first row.
     old_bits: HashMap<u64, Bitmap>,
-    /// (prompt, completion) tokens of each result in the log.
-    result_tokens: HashMap<u64, (u32, u32)>,
+    /// (prompt, completion) tokens of each item's rows in the log.
+    result_tokens: HashMap<u64, (u64, u64)>,
     /// The shard an `S` record puts each item in.
     shard_of: HashMap<u64, u64>,
 }
@@ -139,8 +142,8 @@ impl Rebuild {
                 self.rep.marked_sharded += 1;
             }
             self.shards.entry(f.shard).or_default().push(row);
-            self.after.prompt_tokens += u64::from(f.prompt_tokens);
-            self.after.completion_tokens += u64::from(f.completion_tokens);
+            self.after.prompt_tokens += f.prompt_tokens;
+            self.after.completion_tokens += f.completion_tokens;
             self.after.next_shard = self.after.next_shard.max(f.shard + 1);
             State::Sharded
         } else if let Some(&shard) = found.shard_of.get(&row) {
@@ -149,8 +152,8 @@ impl Rebuild {
             State::Sharded
         } else if rec.unsharded {
             let (p, c) = found.result_tokens.get(&row).copied().unwrap_or_default();
-            self.after.prompt_tokens += u64::from(p);
-            self.after.completion_tokens += u64::from(c);
+            self.after.prompt_tokens += p;
+            self.after.completion_tokens += c;
             State::Unsharded
         } else if rec.failed {
             State::Failed
@@ -278,15 +281,24 @@ impl Queue {
         let found = self.find_states(ds, &kept, &mut b)?;
         b.after.items = found.rows.len() as u64;
         let mut r_i = 0;
+        let mut open = HashSet::new();
         for (&row, &rec) in &found.rows {
             // `kept` and `found.rows` are both in row order, and every row is an item of a
-            // kept block.
-            while kept[r_i].first_row + kept[r_i].span() <= row {
+            // kept block: the last one starting at or before it (a block's bitmap span can
+            // reach past the next block's first row, so the span does not say).
+            while kept.get(r_i + 1).is_some_and(|n| n.first_row <= row) {
                 r_i += 1;
             }
             let keep = b.choose(row, rec, &found, in_shards);
             b.keep(ds, &kept[r_i], row, rec, keep);
+            // A kept item still recorded pending keeps its generations; one brought back
+            // from no state (a close or an end torn after its pending bit, some `g` records
+            // perhaps gone with it) starts over, so no history mixes old and new turns.
+            if keep == State::Pending && rec.pending {
+                open.insert(row);
+            }
         }
+        self.recount_generations(ds, &open, &mut b)?;
         b.write_states(ds, &kept, &found.old_bits);
         let Rebuild {
             mut rep,
@@ -310,6 +322,30 @@ impl Queue {
         self.flush()?;
         rep.after = after;
         Ok(rep)
+    }
+
+    /// Counts the tokens of the generations kept for items still pending (they were counted
+    /// when kept), and removes those of items in any other state, or brought back to
+    /// pending from none (a close torn after its pending bit: some of its `g` records may
+    /// be gone, and a history must not lack an earlier turn).
+    fn recount_generations(
+        &self,
+        ds: u16,
+        open: &HashSet<u64>,
+        b: &mut Rebuild,
+    ) -> Result<(), QueueError> {
+        for kv in self.tree.scan_prefix(prefix(b'g', ds)) {
+            let (k, v) = kv?;
+            if open.contains(&row_of(&k)) {
+                let g = decode_generation(&k, &v)?;
+                b.after.prompt_tokens += u64::from(g.prompt_tokens);
+                b.after.completion_tokens += u64::from(g.completion_tokens);
+            } else {
+                b.batch.remove(&k);
+                b.rep.extra_states_removed += 1;
+            }
+        }
+        Ok(())
     }
 
     /// Reads every state recorded for the items of `kept`; removes from `b`'s batch the
@@ -348,9 +384,10 @@ impl Queue {
                 // A state without its item: only a torn enqueue past the scan position.
                 None => b.forget.push(r.row),
             }
-            found
-                .result_tokens
-                .insert(r.row, (r.prompt_tokens, r.completion_tokens));
+            // An item's rows (several generations) are one record: their tokens add up.
+            let t = found.result_tokens.entry(r.row).or_default();
+            t.0 += u64::from(r.prompt_tokens);
+            t.1 += u64::from(r.completion_tokens);
         }
         for kv in self.tree.scan_prefix(prefix(b'S', ds)) {
             let (k, v) = kv?;
@@ -442,6 +479,7 @@ mod tests {
     use crate::store::queue::block_of_items;
     use crate::store::records::Outcome;
     use crate::store::records::{EncodedItem, Failure};
+    use crate::store::row::ShardRow;
     use std::collections::BTreeMap;
 
     fn shard0() -> HashMap<u64, ShardedRow> {
@@ -599,14 +637,17 @@ mod tests {
 
     /// Regression guard for the `done` counter against torn writes: sled applies a batch key
     /// by key and stops at the first failed write, so a full disk can leave any prefix of a
-    /// batch. For each state change (a commit of two results and a failure, a shard's
-    /// rows marked, failed items retried, an enqueue), every prefix of its batch is written
+    /// batch. For each state change (a commit of two results and a failure, two generations
+    /// kept, an open item closed, a shard's rows marked, failed items retried, an enqueue), every prefix of its batch is written
     /// onto the queue as it was before, with the block and results files as the change left
     /// them (they are synced before the batch). Before any repair, `done` equals the results
     /// recorded (sharded plus unsharded): the counters sort after every record a batch
     /// writes, so no prefix counts a result it does not hold (were they to sort first, the
     /// counters alone would be a prefix with `done` one above the records). The repair then
-    /// makes every counter agree with the records and leaves no item without a state.
+    /// makes every counter agree with the records and leaves no item without a state, with
+    /// the tokens of exactly the results held and the generations kept for pending items
+    /// (a torn close loses its counters but may keep its `g` records: dropped unless the
+    /// item is pending again, then counted).
     #[test]
     fn no_torn_prefix_of_any_batch_counts_a_result_the_records_do_not_hold() {
         type Change = fn(&Queue);
@@ -618,7 +659,38 @@ mod tests {
                 attempts: 1,
             },
         };
-        let changes: [(&str, Change); 4] = [
+        let gen = |row, sample, turn, tokens| Outcome::Generated {
+            ds: 0,
+            result: Box::new(ShardRow {
+                sample,
+                turn,
+                ..*crate::store::fixtures::result("a", row, tokens)
+            }),
+        };
+        let changes: [(&str, Change); 6] = [
+            ("generate", |q| {
+                let gen = |row, turn, tokens| Outcome::Generated {
+                    ds: 0,
+                    result: Box::new(ShardRow {
+                        turn,
+                        ..*crate::store::fixtures::result("a", row, tokens)
+                    }),
+                };
+                let applied = q.commit(&[gen(7, 1, 11), gen(6, 0, 13)]).unwrap();
+                assert_eq!(applied, vec![true; 2]);
+            }),
+            ("close", |q| {
+                let close = Outcome::Closed {
+                    ds: 0,
+                    row: 7,
+                    result: Some(Box::new(ShardRow {
+                        turn: 2,
+                        ..*crate::store::fixtures::result("a", 7, 17)
+                    })),
+                    partial: Vec::new(),
+                };
+                assert_eq!(q.commit(&[close]).unwrap(), vec![true]);
+            }),
             ("commit", |q| {
                 let f = Outcome::Failed {
                     ds: 0,
@@ -648,6 +720,9 @@ mod tests {
             let more: Vec<_> = (6..8).map(|r| (r, item(&format!("id{r}")))).collect();
             q.enqueue(0, &more, 8, 0).unwrap();
             assert_eq!(q.commit(&[failed(4)]).unwrap(), vec![true]);
+            // Row 7 is open: two generations kept.
+            let kept = q.commit(&[gen(7, 0, 0, 5), gen(7, 1, 0, 7)]).unwrap();
+            assert_eq!(kept, vec![true; 2]);
             q.flush().unwrap();
         }
         for (name, change) in changes {
@@ -713,6 +788,45 @@ mod tests {
                     "{at}: counters after the repair"
                 );
                 assert_eq!(pending + unsharded + sharded + failed, items, "{at}");
+                // Tokens: the results held, sharded and not, and the generations kept for
+                // open items — each once.
+                let in_files: u64 = q
+                    .sharded_rows(0)
+                    .unwrap()
+                    .iter()
+                    .map(|(r, _)| files[r].completion_tokens)
+                    .sum();
+                let in_log: u64 = q
+                    .unsharded(0)
+                    .unwrap()
+                    .iter()
+                    .map(|r| u64::from(r.completion_tokens))
+                    .sum();
+                let mut kept = 0u64;
+                for row in q.open_items(0).unwrap() {
+                    assert!(
+                        q.is_pending(0, row).unwrap(),
+                        "{at}: row {row} kept, not open"
+                    );
+                    kept += q
+                        .generations(0, row)
+                        .unwrap()
+                        .iter()
+                        .map(|g| u64::from(g.completion_tokens))
+                        .sum::<u64>();
+                }
+                assert_eq!(
+                    s.completion_tokens,
+                    in_files + in_log + kept,
+                    "{at}: tokens after the repair"
+                );
+                // An item whose close tore keeps all its generations or none: a history
+                // never lacks an earlier turn of its sample.
+                let kept7 = q.generations(0, 7).unwrap().len();
+                assert!(
+                    kept7 == 0 || kept7 == 2 || (name == "generate" && kept7 == 3),
+                    "{at}: row 7 keeps {kept7} generations"
+                );
             }
         }
     }

@@ -11,10 +11,16 @@
 //! the append and the queue's batch) are cut off when the log is opened, and their items
 //! are still pending.
 //!
-//! Record: `len` (u32 LE) · xxHash64 of the payload (u64 LE) · payload: the [`ShardRow`]
-//! in binary ([`encode_row`]: a version byte, then its fields in declaration order, because
-//! JSON spends its time escaping text and printing token ids). Every read checks the
+//! Record: `len` (u32 LE) · xxHash64 of the payload (u64 LE) · payload: one item's rows —
+//! a single [`ShardRow`] in binary ([`encode_row`]: a version byte, then its fields in
+//! declaration order, because JSON spends its time escaping text and printing token ids),
+//! or a group ([`encode_group_record`]: the rows of an item with several generations, so
+//! that the log's index, `forget` and the archive stay per item). Every read checks the
 //! checksum; a damaged log is named with its offset.
+//!
+//! Invariant: one record holds the rows of one item, all with that item's `row`; row
+//! layouts only gain versions ([`ROW_V1`] records, written before the generation fields
+//! existed, still read, their new fields 0 or None).
 //!
 //! Invariant: the log is only appended to; the part before `results_start` holds only rows
 //! already in shards and is given back to the file system (a hole punched) as shards are
@@ -48,15 +54,42 @@ pub struct ResultLog {
     punched: u64,
 }
 
-/// Version byte of [`encode_row`]'s layout (a change of layout gets a new one; readers
-/// refuse versions they do not know).
+/// Version byte of the first row layout: the fields up to `completed_at_ms` (a change of
+/// layout gets a new one; readers refuse versions they do not know).
 const ROW_V1: u8 = 1;
+/// [`ROW_V1`]'s fields, then `sample`, `turn` (u32 LE) and the optional texts
+/// `reasoning`, `tool_calls`, `tools`, `sampling`, `partial`.
+const ROW_V2: u8 = 2;
+/// A group record: a count (u32 LE), then that many [`ROW_V2`] rows, each with its version
+/// byte.
+const GROUP: u8 = 3;
 
 /// Frames a result as a log record.
 pub fn encode_record(row: &ShardRow) -> Vec<u8> {
     let mut v = Vec::with_capacity(HEADER + 64 + row.prompt.len() + row.completion.len());
     v.extend_from_slice(&[0u8; HEADER]);
     encode_row(row, &mut v);
+    frame(v)
+}
+
+/// Frames the rows of one item (its generations, in order) as one log record.
+pub fn encode_group_record(rows: &[ShardRow]) -> Vec<u8> {
+    let text: usize = rows
+        .iter()
+        .map(|r| 64 + r.prompt.len() + r.completion.len())
+        .sum();
+    let mut v = Vec::with_capacity(HEADER + 5 + text);
+    v.extend_from_slice(&[0u8; HEADER]);
+    v.push(GROUP);
+    v.extend_from_slice(&(rows.len() as u32).to_le_bytes());
+    for r in rows {
+        encode_row(r, &mut v);
+    }
+    frame(v)
+}
+
+/// Fills in the header (length, checksum) of a record whose payload follows it.
+fn frame(mut v: Vec<u8>) -> Vec<u8> {
     let payload = &v[HEADER..];
     let (n, h) = (
         payload.len() as u32,
@@ -67,20 +100,39 @@ pub fn encode_record(row: &ShardRow) -> Vec<u8> {
     v
 }
 
-/// A [`ShardRow`] in binary: [`ROW_V1`], then every field in declaration order — text as
+/// A [`ShardRow`] in binary: [`ROW_V2`], then every field in declaration order — text as
 /// u32 LE length and UTF-8, integers little-endian, token ids as a count and u32 LE each;
 /// an absent optional text or list is a length of `u32::MAX`, an optional integer a 0/1
 /// byte before it.
 pub fn encode_row(r: &ShardRow, v: &mut Vec<u8>) {
-    fn text(v: &mut Vec<u8>, t: Option<&str>) {
-        match t {
-            Some(t) => {
-                v.extend_from_slice(&(t.len() as u32).to_le_bytes());
-                v.extend_from_slice(t.as_bytes());
-            }
-            None => v.extend_from_slice(&u32::MAX.to_le_bytes()),
-        }
+    v.push(ROW_V2);
+    encode_v1_fields(r, v);
+    v.extend_from_slice(&r.sample.to_le_bytes());
+    v.extend_from_slice(&r.turn.to_le_bytes());
+    for t in [
+        &r.reasoning,
+        &r.tool_calls,
+        &r.tools,
+        &r.sampling,
+        &r.partial,
+    ] {
+        put_text(v, t.as_deref());
     }
+}
+
+fn put_text(v: &mut Vec<u8>, t: Option<&str>) {
+    match t {
+        Some(t) => {
+            v.extend_from_slice(&(t.len() as u32).to_le_bytes());
+            v.extend_from_slice(t.as_bytes());
+        }
+        None => v.extend_from_slice(&u32::MAX.to_le_bytes()),
+    }
+}
+
+/// The fields [`ROW_V1`] has, after the version byte.
+fn encode_v1_fields(r: &ShardRow, v: &mut Vec<u8>) {
+    let text = put_text;
     fn ids(v: &mut Vec<u8>, ids: Option<&[u32]>) {
         match ids {
             Some(ids) => {
@@ -92,7 +144,6 @@ pub fn encode_row(r: &ShardRow, v: &mut Vec<u8>) {
             None => v.extend_from_slice(&u32::MAX.to_le_bytes()),
         }
     }
-    v.push(ROW_V1);
     text(v, Some(&r.id));
     text(v, Some(&r.dataset));
     v.extend_from_slice(&r.row.to_le_bytes());
@@ -117,14 +168,41 @@ pub fn encode_row(r: &ShardRow, v: &mut Vec<u8>) {
     v.extend_from_slice(&r.completed_at_ms.to_le_bytes());
 }
 
-/// Reads [`encode_row`]'s bytes back; `Err` says what does not add up.
+/// Reads [`encode_row`]'s bytes back (either row layout); `Err` says what does not add up.
 pub fn decode_row(b: &[u8]) -> Result<ShardRow, String> {
     let mut r = RecordReader(b);
+    let row = read_row(&mut r)?;
+    r.finish()?;
+    Ok(row)
+}
+
+/// Reads a log record's payload back: the one row of [`encode_record`] or every row of
+/// [`encode_group_record`], in order.
+pub fn decode_record(b: &[u8]) -> Result<Vec<ShardRow>, String> {
+    let mut r = RecordReader(b);
+    let rows = if b.first() == Some(&GROUP) {
+        r.take(1)?;
+        let n = r.u32()?;
+        // Each row takes more than 8 bytes: a count beyond that is damage, not a size hint.
+        let mut rows = Vec::with_capacity((n as usize).min(b.len() / 8));
+        for _ in 0..n {
+            rows.push(read_row(&mut r)?);
+        }
+        rows
+    } else {
+        vec![read_row(&mut r)?]
+    };
+    r.finish()?;
+    Ok(rows)
+}
+
+/// One row, either layout, from where `r` stands.
+fn read_row(r: &mut RecordReader<'_>) -> Result<ShardRow, String> {
     let version = r.take(1)?[0];
-    if version != ROW_V1 {
+    if version != ROW_V1 && version != ROW_V2 {
         return Err(format!("unknown result record version {version}"));
     }
-    let row = ShardRow {
+    let mut row = ShardRow {
         id: r.text("id")?,
         dataset: r.text("dataset")?,
         row: r.u64()?,
@@ -153,16 +231,30 @@ pub fn decode_row(b: &[u8]) -> Result<ShardRow, String> {
         sampling: None,
         partial: None,
     };
-    r.finish()?;
+    if version == ROW_V2 {
+        row.sample = r.u32()?;
+        row.turn = r.u32()?;
+        row.reasoning = r.opt_text("reasoning")?;
+        row.tool_calls = r.opt_text("tool calls")?;
+        row.tools = r.opt_text("tools")?;
+        row.sampling = r.opt_text("sampling")?;
+        row.partial = r.opt_text("partial")?;
+    }
     Ok(row)
 }
 
-/// The row of an [`encode_row`] record, without decoding the rest (opening the log indexes
+/// The item row of a log record, without decoding the rest (opening the log indexes
 /// every unsharded record; the archive decodes them in full once, when it is seeded).
 fn peek_row(b: &[u8]) -> Result<u64, String> {
     let mut r = RecordReader(b);
+    if b.first() == Some(&GROUP) {
+        r.take(1)?;
+        if r.u32()? == 0 {
+            return Err("a group record without rows".into());
+        }
+    }
     let version = r.take(1)?[0];
-    if version != ROW_V1 {
+    if version != ROW_V1 && version != ROW_V2 {
         return Err(format!("unknown result record version {version}"));
     }
     r.skip_text()?;
@@ -316,7 +408,8 @@ impl ResultLog {
         self.by_row.keys().copied()
     }
 
-    /// The unsharded results, in the order they completed.
+    /// The unsharded results, in the order their items completed (an item's rows together,
+    /// in its record's order).
     pub fn read_all(&self) -> Result<Vec<ShardRow>, BlockError> {
         let (Some((&first, _)), Some((&last, &(_, len)))) = (
             self.by_offset.first_key_value(),
@@ -327,11 +420,23 @@ impl ResultLog {
         let mut out = Vec::with_capacity(self.by_offset.len());
         self.scan(first, last + u64::from(len), |offset, _, payload| {
             if self.by_offset.contains_key(&offset) {
-                out.push(decode_row(payload).map_err(|e| self.bad_record(offset, e))?);
+                out.extend(decode_record(payload).map_err(|e| self.bad_record(offset, e))?);
             }
             Ok(())
         })?;
         Ok(out)
+    }
+
+    /// The rows of one unsharded item (several for an item closed with several
+    /// generations), as its record holds them; empty when the item has none here.
+    pub fn read_item(&self, row: u64) -> Result<Vec<ShardRow>, BlockError> {
+        let Some(&offset) = self.by_row.get(&row) else {
+            return Ok(Vec::new());
+        };
+        let len = self.by_offset.get(&offset).map_or(0, |&(_, len)| len);
+        let bytes = self.read_at(offset, len as usize)?;
+        let (payload, _) = self.payload(offset, &bytes)?;
+        decode_record(payload).map_err(|e| self.bad_record(offset, e))
     }
 
     /// Forgets rows (now in a shard, or given another state by a repair); returns where the
@@ -484,6 +589,101 @@ mod tests {
             b[0] = 9;
             assert!(decode_row(&b).unwrap_err().contains("version 9"));
         }
+    }
+
+    /// A row with every generation field set, for the layouts' tests.
+    fn generation(r: u64, sample: u32, turn: u32) -> ShardRow {
+        ShardRow {
+            sample,
+            turn,
+            reasoning: Some(format!("think {sample}/{turn} ü")),
+            tool_calls: Some(r#"[{"id":"c","type":"function"}]"#.into()),
+            tools: Some("[]".into()),
+            sampling: Some(r#"{"seed":7}"#.into()),
+            partial: (sample == 1).then(|| "budget".to_string()),
+            ..row(r, "gen")
+        }
+    }
+
+    /// A record written in the first row layout (before the generation fields) still
+    /// reads, the new fields 0 and None, through both the row and the record decoders.
+    #[test]
+    fn a_version_1_row_record_still_decodes() {
+        let full = generation(4, 2, 3);
+        let mut b = vec![ROW_V1];
+        encode_v1_fields(&full, &mut b);
+        let want = ShardRow {
+            sample: 0,
+            turn: 0,
+            reasoning: None,
+            tool_calls: None,
+            tools: None,
+            sampling: None,
+            partial: None,
+            ..full.clone()
+        };
+        assert_eq!(decode_row(&b).unwrap(), want);
+        assert_eq!(decode_record(&b).unwrap(), vec![want]);
+        assert_eq!(peek_row(&b).unwrap(), 4);
+        // The current layout keeps every field.
+        let mut v2 = Vec::new();
+        encode_row(&full, &mut v2);
+        assert_eq!(v2[0], ROW_V2);
+        assert_eq!(decode_row(&v2).unwrap(), full);
+    }
+
+    /// A group record (one item's generations) round-trips every row in order, is indexed
+    /// under its item's row, reads back flattened among single-row records, and is
+    /// forgotten whole; a cut or miscounted group is refused.
+    #[test]
+    fn a_group_record_round_trips_and_reads_back_flattened() {
+        let rows = vec![
+            generation(3, 0, 0),
+            generation(3, 0, 1),
+            generation(3, 1, 0),
+        ];
+        let rec = encode_group_record(&rows);
+        let payload = &rec[HEADER..];
+        assert_eq!(decode_record(payload).unwrap(), rows);
+        assert_eq!(peek_row(payload).unwrap(), 3);
+        assert!(decode_record(&payload[..payload.len() - 1]).is_err());
+        let mut miscounted = payload.to_vec();
+        miscounted[1] = 4;
+        assert!(decode_record(&miscounted).is_err());
+        let mut empty = vec![GROUP];
+        empty.extend_from_slice(&0u32.to_le_bytes());
+        assert!(peek_row(&empty).is_err());
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = ResultLog::path(dir.path(), 0);
+        let mut log = ResultLog::open(path.clone(), 0, 0).unwrap();
+        let recs = vec![
+            (1, encode_record(&row(1, "one"))),
+            (3, rec.clone()),
+            (5, encode_record(&row(5, "five"))),
+        ];
+        let a = log.append(&recs).unwrap();
+        log.recorded(a.records);
+        drop(log);
+        let mut log = ResultLog::open(path, 0, a.end).unwrap();
+        assert_eq!(log.len(), 3, "one index entry per item");
+        let got: Vec<(u64, u32, u32)> = log
+            .read_all()
+            .unwrap()
+            .iter()
+            .map(|r| (r.row, r.sample, r.turn))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(1, 0, 0), (3, 0, 0), (3, 0, 1), (3, 1, 0), (5, 0, 0)]
+        );
+        assert_eq!(log.read_item(3).unwrap(), rows);
+        assert_eq!(log.read_item(5).unwrap().len(), 1);
+        assert!(log.read_item(4).unwrap().is_empty());
+        log.forget([3], a.end);
+        assert!(log.read_item(3).unwrap().is_empty());
+        let rows: Vec<u64> = log.read_all().unwrap().iter().map(|r| r.row).collect();
+        assert_eq!(rows, vec![1, 5]);
     }
 
     /// A damaged or missing record is an error naming the file and the offset, never a

@@ -31,13 +31,16 @@ fn rows() -> Vec<ShardRow> {
             latency_ms: 1234,
             ttft_ms: Some(56),
             completed_at_ms: 1_767_225_600_123,
-            sample: 0,
-            turn: 0,
-            reasoning: None,
-            tool_calls: None,
-            tools: None,
-            sampling: None,
-            partial: None,
+            sample: 2,
+            turn: u32::MAX,
+            reasoning: Some("Let me think — 日本語".into()),
+            tool_calls: Some(
+                r#"[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]"#
+                    .into(),
+            ),
+            tools: Some(r#"[{"type":"function","function":{"name":"f"}}]"#.into()),
+            sampling: Some(r#"{"temperature":0.7,"seed":3}"#.into()),
+            partial: Some("tool_mismatch: turn 1".into()),
         },
         ShardRow {
             id: "chat:1".into(),

@@ -284,3 +284,94 @@ async fn the_cli_exits_by_outcome_and_names_the_damage() {
     assert!(stderr.contains("spool run` is active"), "{stderr}");
     drop(held);
 }
+
+/// Shards written before the generation columns existed (`tests/fixtures/shard-v1`,
+/// written by the build of `2f50701`, with its format-4 queue) still read: `verify` finds
+/// them clean (opening the queue migrates it to the current format), `export` writes their
+/// four rows with sample and turn 0 and no `reasoning_content`, and `show` prints them with
+/// the new fields at their defaults.
+#[test]
+fn shards_written_before_the_generation_columns_verify_export_and_show() {
+    let tmp = tempfile::tempdir().unwrap();
+    let job = tmp.path().join("fixtures/shard-v1");
+    std::fs::create_dir_all(tmp.path().join("fixtures")).unwrap();
+    let cp = Command::new("cp")
+        .arg("-r")
+        .arg(fixtures().join("shard-v1"))
+        .arg(&job)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    std::os::unix::fs::symlink(
+        fixtures().join("tokenizers"),
+        tmp.path().join("fixtures/tokenizers"),
+    )
+    .unwrap();
+    let cfg = job.join("spool.toml");
+    let out = spool_verify(&cfg);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("4 row(s)"), "{stdout}");
+    let q = Queue::open(&job.join("data")).unwrap();
+    let s = q.state(0).unwrap();
+    assert_eq!((s.items, s.done, s.sharded, s.next_shard), (4, 4, 4, 2));
+    assert_eq!(q.item(0, 1).unwrap().unwrap().extra, None);
+    drop(q);
+
+    let jsonl = tmp.path().join("x.jsonl");
+    let st = Command::new(spool_bin())
+        .args(["export", "-q", "--format", "sharegpt", "-c"])
+        .arg(&cfg)
+        .arg("--out")
+        .arg(&jsonl)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&jsonl)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4);
+    for l in &lines {
+        assert_eq!(
+            (l["sample"].as_u64(), l["turn"].as_u64()),
+            (Some(0), Some(0))
+        );
+        let last = l["conversations"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .clone();
+        assert_eq!(last["role"], "assistant");
+        assert!(last.get("reasoning_content").is_none(), "{l}");
+    }
+
+    let shown = Command::new(spool_bin())
+        .args(["show", "-n", "2"])
+        .arg(job.join("out/chat/part-000000.parquet"))
+        .output()
+        .unwrap();
+    assert!(shown.status.success());
+    let text = String::from_utf8_lossy(&shown.stdout);
+    let rows: Vec<serde_json::Value> = text
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    for r in rows {
+        assert_eq!(
+            (r["sample"].as_u64(), r["turn"].as_u64()),
+            (Some(0), Some(0))
+        );
+        assert!(r["reasoning"].is_null() && r["partial"].is_null(), "{r}");
+        assert!(!r["completion"].as_str().unwrap().is_empty());
+    }
+}

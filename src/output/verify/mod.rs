@@ -14,12 +14,14 @@
 //!   equals `completion_tokens` (the pair the budget counts; `prompt_token_ids` may
 //!   legitimately differ from a server-counted `prompt_tokens`, so it is not checked);
 //! - exactly-once: every item the queue records as sharded (`S` records) is in exactly one
-//!   row of exactly one shard, the one the queue names; no shard row is an item the queue
+//!   shard, the one the queue names, all its rows there and each (sample, turn) once (an
+//!   item has several rows with `samples > 1` or `turns = "all"`); no shard row is an item the queue
 //!   does not have as sharded (except in a shard the next `spool run` would adopt);
 //! - shard indices ≥ the dataset's `next_shard` (a crash between the rename and the queue
 //!   update) are reported, with whether `spool run` can adopt them;
-//! - the durable counters `done`, `sharded` and `completion_tokens` equal what the scan
-//!   counts (rows found in shards plus results waiting in the queue's results log).
+//! - the durable counters `done`, `sharded` (items) and `completion_tokens` (rows) equal
+//!   what the scan counts (shards plus results waiting in the queue's results log); tokens
+//!   of generations kept for items still open count too.
 //!
 //! Done items whose result is durable in the queue but not yet in a shard (the results log,
 //! normal after a kill: the next run writes them) are not problems; they are counted in
@@ -159,17 +161,49 @@ fn verify_output(
     Ok(report)
 }
 
-/// One row of a shard, as much as the cross-checks need.
+/// One row of a shard, as much as the cross-checks need; after [`by_item`], one item
+/// (its rows' tokens summed).
 struct Key {
     row: u64,
     id: String,
-    completion_tokens: u32,
+    completion_tokens: u64,
+    sample: u32,
+    turn: u32,
 }
 
-/// A shard read to the end: its rows' keys and the problems found inside it.
+/// A shard read to the end: its items' keys (one per item, in the order they first
+/// appear), its row count and the problems found inside it.
 struct ShardScan {
     keys: Vec<Key>,
+    rows: u64,
     problems: Vec<Problem>,
+}
+
+/// Collapses a shard's row keys to one per item, summing tokens; a (sample, turn) an item
+/// has twice in the shard is a duplicate.
+fn by_item(path: &Path, dataset: &str, keys: Vec<Key>, problems: &mut Vec<Problem>) -> Vec<Key> {
+    let mut at: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    let mut seen: HashSet<(u64, u32, u32)> = HashSet::new();
+    let mut out: Vec<Key> = Vec::new();
+    for k in keys {
+        if !seen.insert((k.row, k.sample, k.turn)) {
+            problems.push(Problem::Duplicate {
+                dataset: dataset.to_string(),
+                row: k.row,
+                id: format!("{} (sample {}, turn {})", k.id, k.sample, k.turn),
+                places: vec![path.to_path_buf(), path.to_path_buf()],
+            });
+            continue;
+        }
+        match at.get(&k.row) {
+            Some(&i) => out[i].completion_tokens += k.completion_tokens,
+            None => {
+                at.insert(k.row, out.len());
+                out.push(k);
+            }
+        }
+    }
+    out
 }
 
 /// A shard row whose item the queue does not record as sharded.
@@ -227,7 +261,7 @@ fn verify_dataset(
             }
         };
         problems.extend(scan.problems);
-        rep.rows += scan.keys.len() as u64;
+        rep.rows += scan.rows;
         let mut rows_here = Vec::new();
         for key in scan.keys {
             if let Some(ds) = ds {
@@ -247,7 +281,7 @@ fn verify_dataset(
             match expected.binary_search_by_key(&key.row, |e| e.0) {
                 Ok(i) if found[i] == NOT_FOUND => {
                     found[i] = index;
-                    counted_tokens += u64::from(key.completion_tokens);
+                    counted_tokens += key.completion_tokens;
                 }
                 Ok(i) => more_places.entry(i).or_default().push(index),
                 Err(_) => extras
@@ -266,16 +300,24 @@ fn verify_dataset(
     }
 
     // Results durable in the queue, waiting for a shard.
-    let waiting: Vec<(u64, u32)> = match ds {
-        Some(ds) => queue
-            .unsharded(ds)?
-            .into_iter()
-            .map(|r| (r.row, r.completion_tokens))
-            .collect(),
-        None => Vec::new(),
-    };
+    // One entry per item, its rows' tokens summed (an item's rows are together in the log).
+    let mut waiting: Vec<(u64, u64)> = Vec::new();
+    if let Some(ds) = ds {
+        for r in queue.unsharded(ds)? {
+            match waiting.last_mut() {
+                Some(w) if w.0 == r.row => w.1 += u64::from(r.completion_tokens),
+                _ => waiting.push((r.row, u64::from(r.completion_tokens))),
+            }
+        }
+        // Generations kept for open items were counted when kept.
+        for row in queue.open_items(ds)? {
+            for g in queue.generations(ds, row)? {
+                counted_tokens += u64::from(g.completion_tokens);
+            }
+        }
+    }
     let waiting_rows: HashSet<u64> = waiting.iter().map(|w| w.0).collect();
-    counted_tokens += waiting.iter().map(|w| u64::from(w.1)).sum::<u64>();
+    counted_tokens += waiting.iter().map(|w| w.1).sum::<u64>();
     rep.waiting_for_shard = waiting
         .iter()
         .filter(|w| !extras.contains_key(&w.0))
@@ -496,7 +538,13 @@ fn scan_shard(path: &Path, dataset: &str) -> Result<ShardScan, Problem> {
             keys.len()
         )));
     }
-    Ok(ShardScan { keys, problems })
+    let rows = keys.len() as u64;
+    let keys = by_item(path, dataset, keys, &mut problems);
+    Ok(ShardScan {
+        keys,
+        rows,
+        problems,
+    })
 }
 
 /// Checks one decoded batch's rows and appends their keys.
@@ -512,11 +560,15 @@ fn scan_batch(
     let rows = reader::column::<UInt64Array>(path, batch, "row")?;
     let tokens = reader::column::<UInt32Array>(path, batch, "completion_tokens")?;
     let token_ids = reader::column::<ListArray>(path, batch, "completion_token_ids")?;
+    let samples = reader::opt_column::<UInt32Array>(path, batch, "sample")?;
+    let turns = reader::opt_column::<UInt32Array>(path, batch, "turn")?;
     for i in 0..batch.num_rows() {
         let key = Key {
             row: rows.value(i),
             id: ids.value(i).to_owned(),
-            completion_tokens: tokens.value(i),
+            completion_tokens: u64::from(tokens.value(i)),
+            sample: samples.map_or(0, |a| a.value(i)),
+            turn: turns.map_or(0, |a| a.value(i)),
         };
         if datasets.value(i) != dataset {
             problems.push(Problem::WrongDataset {
@@ -533,7 +585,7 @@ fn scan_batch(
                     path: path.to_path_buf(),
                     row: key.row,
                     id: key.id.clone(),
-                    completion_tokens: key.completion_tokens,
+                    completion_tokens: tokens.value(i),
                     ids_len,
                 });
             }
@@ -617,6 +669,119 @@ mod tests {
 
     fn names() -> Vec<String> {
         vec!["a".to_string()]
+    }
+
+    /// A generation of item `row`: result(row) with its (sample, turn), 3 tokens.
+    fn generation(row: u64, sample: u32, turn: u32) -> ShardRow {
+        ShardRow {
+            sample,
+            turn,
+            ..result(row)
+        }
+    }
+
+    /// A queue whose items 0 and 1 are closed with two generations each and sharded
+    /// together in shard 0 (written as `shard0`), and item 4 open with one kept.
+    fn generations_setup(out: &Path, data: &Path, shard0: &[ShardRow]) -> Queue {
+        let q = Queue::open(data).unwrap();
+        let ds = q.open_dataset("a").unwrap().index;
+        let items: Vec<_> = (0..6).map(|i| item(&format!("x{i}"))).collect();
+        q.enqueue(ds, &items, 6, 0).unwrap();
+        let generated = |row, sample, turn| Outcome::Generated {
+            ds,
+            result: Box::new(generation(row, sample, turn)),
+        };
+        let applied = q
+            .commit(&[
+                generated(0, 0, 0),
+                generated(1, 0, 0),
+                generated(1, 1, 0),
+                generated(4, 0, 0),
+            ])
+            .unwrap();
+        assert_eq!(applied, vec![true; 4]);
+        let closes = [
+            Outcome::Closed {
+                ds,
+                row: 0,
+                result: Some(Box::new(generation(0, 0, 1))),
+                partial: Vec::new(),
+            },
+            Outcome::Closed {
+                ds,
+                row: 1,
+                result: None,
+                partial: Vec::new(),
+            },
+        ];
+        assert_eq!(q.commit(&closes).unwrap(), vec![true; 2]);
+        write_shard(out, 0, shard0);
+        q.mark_sharded(ds, 0, &[0, 1]).unwrap();
+        q
+    }
+
+    /// Items with several rows verify clean when each is whole in its recorded shard, each
+    /// (sample, turn) once: `done` counts items, rows are more, and the tokens of a
+    /// generation kept for an open item count; a (sample, turn) twice is a duplicate.
+    #[test]
+    fn items_of_several_generations_verify_per_item() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("out");
+        let rows = [
+            generation(0, 0, 0),
+            generation(0, 0, 1),
+            generation(1, 0, 0),
+            generation(1, 1, 0),
+        ];
+        let q = generations_setup(&out, &t.path().join("data"), &rows);
+        let r = verify_output(&q, &out, &names()).unwrap();
+        assert!(r.is_clean(), "{:?}", r.problems);
+        assert_eq!((r.shards, r.rows, r.waiting_for_shard), (1, 4, 0));
+        assert_eq!(r.datasets[0].done, 2);
+        assert_eq!(q.state(0).unwrap().completion_tokens, 5 * 3);
+        drop(q);
+
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("out");
+        let twice = [
+            generation(0, 0, 0),
+            generation(0, 0, 1),
+            generation(1, 0, 0),
+            generation(1, 0, 0),
+        ];
+        let q = generations_setup(&out, &t.path().join("data"), &twice);
+        let r = verify_output(&q, &out, &names()).unwrap();
+        assert!(
+            r.problems
+                .iter()
+                .any(|p| matches!(p, Problem::Duplicate { row: 1, .. })),
+            "{:?}",
+            r.problems
+        );
+    }
+
+    /// An item's rows split between two shards are reported: the item is in more than one
+    /// shard.
+    #[test]
+    fn an_item_split_between_shards_is_reported() {
+        let t = tempfile::tempdir().unwrap();
+        let out = t.path().join("out");
+        let rows = [
+            generation(0, 0, 0),
+            generation(0, 0, 1),
+            generation(1, 0, 0),
+        ];
+        let q = generations_setup(&out, &t.path().join("data"), &rows);
+        write_shard(&out, 1, &[generation(1, 1, 0)]);
+        let r = verify_output(&q, &out, &names()).unwrap();
+        assert!(
+            r.problems.iter().any(|p| matches!(
+                p,
+                Problem::Duplicate { row: 1, places, .. } if places.len() == 2
+            )),
+            "{:?}",
+            r.problems
+        );
     }
 
     /// Results waiting in the queue are counted, not reported; the counters check out.
