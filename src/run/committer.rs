@@ -205,27 +205,27 @@ async fn commit_loop(
             continue;
         }
         let q = queue.clone();
-        // One batch and one fsync for everything that arrived together. A closed item's
-        // rows are its kept generations and its last one, read before the batch removes
-        // them (the committer is their only writer).
+        // One batch and one fsync for everything that arrived together; then a closed
+        // item's rows are read back as the queue wrote them (its kept generations, some
+        // perhaps kept in this very batch, and its last one), for the archive.
         let (applied, entries) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
             let mut entries = entries;
-            for e in entries.iter_mut() {
-                if let Outcome::Closed {
-                    ds,
-                    row,
-                    result,
-                    partial,
-                } = &e.outcome
-                {
-                    let mut rows = q.generations(*ds, *row)?;
-                    rows.extend(result.as_deref().cloned());
-                    e.closed_rows = Some(item_rows(rows, partial));
+            // Moved out and back rather than cloned: a row is the hot path's payload.
+            let outcomes: Vec<Outcome> = entries
+                .iter_mut()
+                .map(|e| std::mem::replace(&mut e.outcome, placeholder()))
+                .collect();
+            let committed = q.commit(&outcomes);
+            for (e, o) in entries.iter_mut().zip(outcomes) {
+                e.outcome = o;
+            }
+            let a = committed?;
+            q.flush()?;
+            for (e, ok) in entries.iter_mut().zip(&a) {
+                if let (Outcome::Closed { ds, row, .. }, true) = (&e.outcome, ok) {
+                    e.closed_rows = Some(q.unsharded_item(*ds, *row)?);
                 }
             }
-            let outcomes: Vec<Outcome> = entries.iter().map(|e| e.outcome.clone()).collect();
-            let a = q.commit(&outcomes)?;
-            q.flush()?;
             Ok((a, entries))
         })
         .await
@@ -243,16 +243,16 @@ async fn commit_loop(
     Ok(())
 }
 
-/// An item's rows in (sample, turn) order, those of a sample that ended early marked
-/// with why (as the queue writes them).
-fn item_rows(mut rows: Vec<ShardRow>, partial: &[(u32, String)]) -> Vec<ShardRow> {
-    rows.sort_by_key(|r| (r.sample, r.turn));
-    for r in rows.iter_mut() {
-        if let Some((_, why)) = partial.iter().find(|(s, _)| *s == r.sample) {
-            r.partial = Some(why.clone());
-        }
+/// A cheap stand-in for an outcome moved out of its entry for the commit.
+fn placeholder() -> Outcome {
+    Outcome::Failed {
+        ds: 0,
+        row: 0,
+        failure: crate::store::queue::Failure {
+            reason: String::new(),
+            attempts: 0,
+        },
     }
-    rows
 }
 
 /// Policy "cancel": a result that would take its dataset past the budget is not

@@ -799,11 +799,3 @@ pub(crate) fn unknown(ds: u16) -> QueueError {
 
 #[cfg(test)]
 mod tests;
-
-// Placeholder until the store keeps generations: no item has any yet.
-impl Queue {
-    /// The kept generations of an item, by (sample, turn).
-    pub fn generations(&self, _ds: u16, _row: u64) -> Result<Vec<ShardRow>, QueueError> {
-        Ok(Vec::new())
-    }
-}

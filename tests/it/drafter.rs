@@ -277,7 +277,7 @@ async fn reasoning_is_kept_from_whole_and_streamed_chat_answers() {
         let mock = Mock::start(spool::mock::MockConfig {
             think: true,
             reasoning_parser: true,
-            reasoning_field: field.to_string(),
+            reasoning_field: field,
             ..fast_mock()
         })
         .await;
@@ -298,7 +298,7 @@ async fn reasoning_is_kept_from_whole_and_streamed_chat_answers() {
         let rows = shard_rows(&dir.path().join("out"), "c");
         assert_eq!(rows.len(), 10);
         for r in &rows {
-            let ctx = format!("stream={stream} field={field} id={}", r.id);
+            let ctx = format!("stream={stream} field={field:?} id={}", r.id);
             let reasoning = r
                 .reasoning
                 .as_deref()

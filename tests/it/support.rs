@@ -232,7 +232,14 @@ pub fn assert_exactly_once(rows: &[ShardRow], ids: &[String]) {
     assert_eq!(rows.len(), ids.len(), "rows that are not in the input");
 }
 
-/// Decodes mock token ids to the mock's text (token t is " w{t}").
+/// Decodes mock token ids to the mock's text (token t is " w{t}"; 32001 and 32002 are the
+/// think block's markers).
 pub fn mock_text(ids: &[u32]) -> String {
-    ids.iter().map(|t| format!(" w{t}")).collect()
+    ids.iter()
+        .map(|&t| match t {
+            32001 => "<think>\n".to_string(),
+            32002 => "\n</think>\n\n".to_string(),
+            t => format!(" w{t}"),
+        })
+        .collect()
 }
