@@ -10,7 +10,10 @@
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
-use super::sim::{detokenize, ids_key, text_key, tokenize, Finish, EOS_ID, VOCAB};
+use super::sim::{
+    detokenize, ids_key, push_text, splitmix64, text_key, tokenize, Finish, Part, Plan, EOS_ID,
+    THINK_CLOSE, THINK_OPEN, VOCAB,
+};
 
 /// The three generation endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,8 +48,17 @@ pub(crate) struct GenRequest {
     pub return_token_ids: bool,
     /// The prompt as the mock tokenizer sees it.
     pub prompt_ids: Vec<u32>,
-    /// Hash of the prompt: seeds the completion.
+    /// Hash of the prompt, mixed with the request's seed when it sends one: seeds the
+    /// completion.
     pub key: u64,
+    /// The request allows a think block: not `chat_template_kwargs.enable_thinking = false`,
+    /// and the prompt does not end with an empty think block.
+    pub thinking_allowed: bool,
+    /// The prompt ends inside an opened think block (`<think>` last).
+    pub think_opened: bool,
+    /// Tools the answer calls one of (chat with `tools`, last message from the user, not
+    /// `tool_choice = "none"`); empty for a text answer.
+    pub tools: Vec<String>,
     /// Requested cap (before clamping to the context), or the server's default.
     pub max_tokens: u32,
     pub min_tokens: u32,
@@ -115,6 +127,9 @@ pub(crate) fn parse(
             return_token_ids: f.return_token_ids,
             prompt_ids: f.prompt_ids,
             key: f.key,
+            thinking_allowed: f.thinking_allowed,
+            think_opened: f.think_opened,
+            tools: f.tools,
             max_tokens: f.max_tokens,
             min_tokens: f.min_tokens,
             ignore_eos: f.ignore_eos,
@@ -126,6 +141,9 @@ pub(crate) fn parse(
 struct Fields {
     prompt_ids: Vec<u32>,
     key: u64,
+    thinking_allowed: bool,
+    think_opened: bool,
+    tools: Vec<String>,
     max_tokens: u32,
     min_tokens: u32,
     ignore_eos: bool,
@@ -152,9 +170,13 @@ fn parse_fields(api: Api, obj: &Map<String, Value>, context_len: u32) -> Result<
                 Some(Value::Object(m)) => m.clone(),
                 Some(_) => return Err("sampling_params: Input should be an object".into()),
             };
+            let seed = opt_seed(&sp, "sampling_seed")?;
             Ok(Fields {
+                thinking_allowed: !ends_with_empty_think(&prompt_ids),
+                think_opened: prompt_ids.last() == Some(&THINK_OPEN),
+                key: seeded_key(key, seed),
                 prompt_ids,
-                key,
+                tools: Vec::new(),
                 max_tokens: opt_u32(&sp, "max_new_tokens")?.unwrap_or(SGLANG_DEFAULT_MAX_NEW),
                 min_tokens: opt_u32(&sp, "min_new_tokens")?.unwrap_or(0),
                 ignore_eos: opt_bool(&sp, "ignore_eos").unwrap_or(false),
@@ -163,19 +185,29 @@ fn parse_fields(api: Api, obj: &Map<String, Value>, context_len: u32) -> Result<
             })
         }
         Api::Completions | Api::Chat => {
-            let (prompt_ids, key) = if api == Api::Completions {
+            let (prompt_ids, key, tools) = if api == Api::Completions {
                 match obj.get("prompt") {
                     None | Some(Value::Null) => {
                         return Err("Field required: prompt".into());
                     }
                     Some(Value::String(_)) | Some(Value::Array(_)) => {
-                        completion_prompt(&obj["prompt"])?
+                        let (ids, key) = completion_prompt(&obj["prompt"])?;
+                        (ids, key, Vec::new())
                     }
                     Some(_) => return Err("prompt: must be a string or a list of token ids".into()),
                 }
             } else {
-                chat_prompt(obj.get("messages"))?
+                chat_prompt(obj)?
             };
+            let (thinking_allowed, think_opened) = if api == Api::Chat {
+                (!thinking_disabled(obj)?, false)
+            } else {
+                (
+                    !ends_with_empty_think(&prompt_ids),
+                    prompt_ids.last() == Some(&THINK_OPEN),
+                )
+            };
+            let key = seeded_key(key, opt_seed(obj, "seed")?);
             if let Some(n) = opt_u32(obj, "n")? {
                 if n != 1 {
                     return Err(format!(
@@ -202,6 +234,9 @@ fn parse_fields(api: Api, obj: &Map<String, Value>, context_len: u32) -> Result<
             Ok(Fields {
                 prompt_ids,
                 key,
+                thinking_allowed,
+                think_opened,
+                tools,
                 max_tokens: max.unwrap_or(default_max),
                 min_tokens: opt_u32(obj, "min_tokens")?.unwrap_or(0),
                 ignore_eos: opt_bool(obj, "ignore_eos").unwrap_or(false),
@@ -209,6 +244,83 @@ fn parse_fields(api: Api, obj: &Map<String, Value>, context_len: u32) -> Result<
                 return_token_ids: opt_bool(obj, "return_token_ids").unwrap_or(false),
             })
         }
+    }
+}
+
+/// A request's `seed` (vLLM) or `sampling_seed` (SGLang): any integer.
+fn opt_seed(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, String> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match (v.as_u64(), v.as_i64()) {
+            (Some(n), _) => Ok(Some(n)),
+            // A negative seed is as good a seed: its bits are kept.
+            (None, Some(n)) => Ok(Some(n as u64)),
+            _ => Err(format!("{key}: Input should be a valid integer, got {v}")),
+        },
+    }
+}
+
+/// The prompt key with the seed mixed in, or the prompt key alone without a seed (so a
+/// seedless retry regenerates the same output).
+fn seeded_key(key: u64, seed: Option<u64>) -> u64 {
+    match seed {
+        Some(s) => splitmix64(key ^ splitmix64(s ^ 0x5eed_5eed_5eed_5eed)),
+        None => key,
+    }
+}
+
+/// A prompt closing with an empty think block: how Qwen3's template renders
+/// `enable_thinking = false`.
+fn ends_with_empty_think(ids: &[u32]) -> bool {
+    ids.ends_with(&[THINK_OPEN, THINK_CLOSE])
+}
+
+/// `chat_template_kwargs.enable_thinking == false`.
+fn thinking_disabled(obj: &Map<String, Value>) -> Result<bool, String> {
+    match obj.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Object(kw)) => Ok(kw.get("enable_thinking") == Some(&Value::Bool(false))),
+        Some(_) => Err("chat_template_kwargs: Input should be a valid dictionary".into()),
+    }
+}
+
+/// The names of the request's `tools`, each checked to have a `function.name`.
+fn tool_names(obj: &Map<String, Value>) -> Result<Vec<String>, String> {
+    let tools = match obj.get("tools") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err("tools: Input should be a valid list".into()),
+    };
+    tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            t.get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| format!("tools[{i}].function.name: Field required"))
+        })
+        .collect()
+}
+
+/// The tools an answer may call: none under `tool_choice = "none"`, the named one under
+/// `{"type": "function", "function": {"name": …}}`, else all.
+fn callable_tools(obj: &Map<String, Value>, names: Vec<String>) -> Result<Vec<String>, String> {
+    match obj.get("tool_choice") {
+        Some(Value::String(s)) if s == "none" => Ok(Vec::new()),
+        Some(Value::Object(c)) => {
+            let name = c
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .ok_or("tool_choice.function.name: Field required")?;
+            if !names.iter().any(|n| n == name) {
+                return Err(format!("tool_choice: no tool named {name:?} in tools"));
+            }
+            Ok(vec![name.to_owned()])
+        }
+        _ => Ok(names),
     }
 }
 
@@ -269,22 +381,42 @@ fn completion_prompt(v: &Value) -> Result<(Vec<u32>, u64), String> {
     }
 }
 
-/// Chat prompt: each message rendered as `"{role}: {content}\n"`, counted by the mock
-/// tokenizer (so the role word counts as one prompt token per message).
-fn chat_prompt(v: Option<&Value>) -> Result<(Vec<u32>, u64), String> {
-    let Some(Value::Array(msgs)) = v else {
+/// Chat prompt: the tools' names first (`"tools: a b\n"`, as templates render the schemas),
+/// then each message as `"{role}: {content}\n"`, an assistant's `reasoning_content` (or
+/// `reasoning`) as a think block before its content and its `tool_calls` as
+/// `<tool_call> {name}` after it; counted by the mock tokenizer (so the role word counts as
+/// one prompt token per message). Returns the tools an answer is to call: those offered
+/// when the last message is the user's.
+fn chat_prompt(obj: &Map<String, Value>) -> Result<(Vec<u32>, u64, Vec<String>), String> {
+    let Some(Value::Array(msgs)) = obj.get("messages") else {
         return Err("Field required: messages (a list of messages)".into());
     };
     if msgs.is_empty() {
         return Err("messages: List should have at least 1 item".into());
     }
+    let names = tool_names(obj)?;
     let mut rendered = String::new();
+    if !names.is_empty() {
+        rendered.push_str("tools: ");
+        rendered.push_str(&names.join(" "));
+        rendered.push('\n');
+    }
+    let mut last_role = "";
     for (i, m) in msgs.iter().enumerate() {
         let Some(role) = m.get("role").and_then(Value::as_str) else {
             return Err(format!("messages[{i}].role: Field required"));
         };
+        last_role = role;
         rendered.push_str(role);
         rendered.push_str(": ");
+        let reasoning = ["reasoning_content", "reasoning"]
+            .iter()
+            .find_map(|k| m.get(*k).and_then(Value::as_str));
+        if let Some(r) = reasoning {
+            rendered.push_str("<think>\n");
+            rendered.push_str(r);
+            rendered.push_str("\n</think>\n\n");
+        }
         match m.get("content") {
             None | Some(Value::Null) => {}
             Some(Value::String(s)) => rendered.push_str(s),
@@ -302,9 +434,33 @@ fn chat_prompt(v: Option<&Value>) -> Result<(Vec<u32>, u64), String> {
                 ))
             }
         }
+        match m.get("tool_calls") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(calls)) => {
+                for (j, c) in calls.iter().enumerate() {
+                    let Some(name) = c
+                        .get("function")
+                        .and_then(|f| f.get("name"))
+                        .and_then(Value::as_str)
+                    else {
+                        return Err(format!(
+                            "messages[{i}].tool_calls[{j}].function.name: Field required"
+                        ));
+                    };
+                    rendered.push_str(" <tool_call> ");
+                    rendered.push_str(name);
+                }
+            }
+            Some(_) => return Err(format!("messages[{i}].tool_calls: must be a list")),
+        }
         rendered.push('\n');
     }
-    Ok((tokenize(&rendered), text_key(&rendered)))
+    let tools = if last_role == "user" {
+        callable_tools(obj, names)?
+    } else {
+        Vec::new()
+    };
+    Ok((tokenize(&rendered), text_key(&rendered), tools))
 }
 
 /// vLLM's context-length message. `requested` = prompt + max tokens.
@@ -369,6 +525,21 @@ pub(crate) struct Render {
     pub usage_chunk: bool,
     /// SGLang deltas instead of cumulative output.
     pub incremental: bool,
+    /// Chat's reasoning parser: the field the thinking goes to (`reasoning_content` or
+    /// `reasoning`); None leaves the think block in the content.
+    pub reasoning_field: Option<&'static str>,
+    /// The id of the answer's tool call (`call_…`), if it makes one.
+    pub tool_call_id: String,
+}
+
+/// What a chat client is shown of one output id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shown {
+    Reasoning,
+    Content,
+    /// The tool call's name is known: the call is announced.
+    ToolHead,
+    ToolArgs,
 }
 
 /// vLLM's `usage` object.
@@ -413,8 +584,13 @@ struct FullChoice<'a> {
 #[derive(serde::Serialize)]
 struct FullMessage<'a> {
     role: &'static str,
-    content: &'a str,
-    tool_calls: &'static [u8],
+    content: Option<&'a str>,
+    /// `Some(None)` sends null: a parser that found no thinking.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<Option<&'a str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning: Option<Option<&'a str>>,
+    tool_calls: Vec<Value>,
 }
 
 impl Render {
@@ -475,17 +651,84 @@ impl Render {
         })
     }
 
-    /// The whole non-streaming body for output `ids`, serialised. OpenAI-style bodies are
-    /// written from borrowed structs (their fields in a fixed order) rather than
-    /// built as a `Value` per response: with instant responses that allocation is much of
-    /// the mock's CPU, which a client measured against it shares the machine with.
-    pub(crate) fn full(&self, ids: &[u32], finish: FinishOut, latency_s: f64) -> Vec<u8> {
+    /// What a chat client is shown of output id `i`, None when a parser hides it (markers
+    /// and the tool call's JSON frame). `tool_ok`: the tool call is whole, so it is parsed.
+    fn shown(&self, plan: &Plan, i: usize, tool_ok: bool) -> Option<Shown> {
+        let split = self.reasoning_field.is_some();
+        match plan.part(i) {
+            Part::ThinkMarker if split => None,
+            Part::Thinking if split => Some(Shown::Reasoning),
+            Part::ToolFrame if tool_ok => None,
+            Part::ToolName if tool_ok => Some(Shown::ToolHead),
+            Part::ToolArgs if tool_ok => Some(Shown::ToolArgs),
+            _ => Some(Shown::Content),
+        }
+    }
+
+    /// Chat's finish reason: a whole tool call that ended the output is `tool_calls`.
+    fn chat_finish(f: FinishOut, tool_ok: bool) -> &'static str {
+        if tool_ok && f == FinishOut::Stop {
+            "tool_calls"
+        } else {
+            Self::openai_finish(f)
+        }
+    }
+
+    fn tool_call_value(&self, plan: &Plan) -> Option<Value> {
+        plan.tool.as_ref().map(|t| {
+            json!({
+                "id": self.tool_call_id,
+                "type": "function",
+                "function": {"name": t.name, "arguments": t.arguments}
+            })
+        })
+    }
+
+    /// The whole non-streaming body for the first `upto` ids of `plan`, serialised.
+    /// OpenAI-style bodies are written from borrowed structs (their fields in a fixed order)
+    /// rather than built as a `Value` per response: with instant responses that allocation
+    /// is much of the mock's CPU, which a client measured against it shares the machine
+    /// with.
+    pub(crate) fn full(
+        &self,
+        plan: &Plan,
+        upto: usize,
+        finish: FinishOut,
+        latency_s: f64,
+    ) -> Vec<u8> {
+        let ids = &plan.ids[..upto];
         let n = ids.len() as u32;
         let body = match self.api {
             Api::Generate => serde_json::to_vec(&self.sglang_body(ids, n, Some(finish), latency_s)),
             Api::Completions | Api::Chat => {
-                let text = detokenize(ids);
                 let chat = self.api == Api::Chat;
+                let plain = plan.think_end == 0 && plan.tool.is_none();
+                let tool_ok = chat && plan.tool_complete(upto);
+                let (reasoning, text) = if chat && !plain {
+                    let (mut reasoning, mut content) = (String::new(), String::new());
+                    for i in 0..upto {
+                        match self.shown(plan, i, tool_ok) {
+                            Some(Shown::Reasoning) => push_text(&mut reasoning, &ids[i..=i]),
+                            Some(Shown::Content) => push_text(&mut content, &ids[i..=i]),
+                            _ => {}
+                        }
+                    }
+                    (reasoning, content)
+                } else {
+                    (String::new(), detokenize(ids))
+                };
+                let split = self.reasoning_field.is_some();
+                let reasoning = split.then_some((!reasoning.is_empty()).then_some(&reasoning[..]));
+                let content = if (split || tool_ok) && text.is_empty() {
+                    None
+                } else {
+                    Some(&text[..])
+                };
+                let finish_reason = if chat {
+                    Self::chat_finish(finish, tool_ok)
+                } else {
+                    Self::openai_finish(finish)
+                };
                 serde_json::to_vec(&FullBody {
                     id: &self.id,
                     object: if chat {
@@ -497,14 +740,22 @@ impl Render {
                     model: &self.model,
                     choices: [FullChoice {
                         index: 0,
-                        message: chat.then_some(FullMessage {
+                        message: chat.then(|| FullMessage {
                             role: "assistant",
-                            content: &text,
-                            tool_calls: &[],
+                            content,
+                            reasoning_content: reasoning
+                                .filter(|_| self.reasoning_field == Some("reasoning_content")),
+                            reasoning: reasoning
+                                .filter(|_| self.reasoning_field == Some("reasoning")),
+                            tool_calls: if tool_ok {
+                                self.tool_call_value(plan).into_iter().collect()
+                            } else {
+                                Vec::new()
+                            },
                         }),
                         text: (!chat).then_some(&text),
                         logprobs: (),
-                        finish_reason: Self::openai_finish(finish),
+                        finish_reason,
                         stop_reason: (),
                         token_ids: self.token_ids.then_some(ids),
                         prompt_token_ids: (self.token_ids && !chat).then_some(&self.prompt_ids[..]),
@@ -516,6 +767,106 @@ impl Render {
         };
         // Serialising plain structs and a `Value` to a Vec cannot fail.
         body.unwrap_or_default()
+    }
+
+    /// Chat stream events for output ids `from..upto` of `plan`. Each event carries the
+    /// ids since the one before; thinking and content go in separate events, thinking
+    /// first. Ids a parser hides go with the next shown piece, or stay unsent until one
+    /// comes or the stream finishes: the returned index is how far ids were sent. With
+    /// `finish` all ids to `upto` are sent and the last event carries the reason.
+    pub(crate) fn chat_events(
+        &self,
+        plan: &Plan,
+        from: usize,
+        upto: usize,
+        finish: Option<FinishOut>,
+    ) -> (Vec<Value>, usize) {
+        let tool_ok = plan.tool_complete(plan.ids.len());
+        let mut events = Vec::new();
+        let mut run: Option<(Shown, String)> = None;
+        let mut ids_from = from;
+        let mut run_end = from;
+        for i in from..upto {
+            let Some(kind) = self.shown(plan, i, tool_ok) else {
+                continue;
+            };
+            let same = matches!(&run, Some((k, _)) if *k == kind && kind != Shown::ToolHead);
+            if !same {
+                if let Some((k, text)) = run.take() {
+                    let ids = &plan.ids[ids_from..run_end];
+                    events.push(self.chat_delta(plan, k, &text, ids, None));
+                    ids_from = run_end;
+                }
+                run = Some((kind, String::new()));
+            }
+            if let Some((k, text)) = &mut run {
+                if *k != Shown::ToolHead {
+                    push_text(text, &plan.ids[i..=i]);
+                }
+            }
+            run_end = i + 1;
+        }
+        match finish {
+            Some(f) => {
+                let (k, text) = run.unwrap_or((Shown::Content, String::new()));
+                let reason = Self::chat_finish(f, tool_ok);
+                let ids = &plan.ids[ids_from..upto];
+                events.push(self.chat_delta(plan, k, &text, ids, Some(reason)));
+                (events, upto)
+            }
+            None => {
+                if let Some((k, text)) = run {
+                    let ids = &plan.ids[ids_from..run_end];
+                    events.push(self.chat_delta(plan, k, &text, ids, None));
+                    ids_from = run_end;
+                }
+                (events, ids_from)
+            }
+        }
+    }
+
+    /// One chat chunk showing `text` as `kind`, carrying `ids`.
+    fn chat_delta(
+        &self,
+        plan: &Plan,
+        kind: Shown,
+        text: &str,
+        ids: &[u32],
+        finish: Option<&'static str>,
+    ) -> Value {
+        let delta = match kind {
+            Shown::Reasoning => {
+                let mut d = Map::new();
+                let field = self.reasoning_field.unwrap_or("reasoning_content");
+                d.insert(field.into(), json!(text));
+                Value::Object(d)
+            }
+            Shown::Content => json!({ "content": text }),
+            Shown::ToolHead => {
+                let mut call = self.tool_call_value(plan).unwrap_or(Value::Null);
+                if let Some(f) = call.get_mut("function").and_then(Value::as_object_mut) {
+                    f.remove("arguments");
+                }
+                call["index"] = json!(0);
+                json!({ "tool_calls": [call] })
+            }
+            Shown::ToolArgs => {
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": text}}]})
+            }
+        };
+        let mut choice = Map::new();
+        choice.insert("index".into(), json!(0));
+        choice.insert("delta".into(), delta);
+        choice.insert("logprobs".into(), Value::Null);
+        choice.insert(
+            "finish_reason".into(),
+            finish.map_or(Value::Null, |f| json!(f)),
+        );
+        choice.insert("stop_reason".into(), Value::Null);
+        if self.token_ids {
+            choice.insert("token_ids".into(), json!(ids));
+        }
+        self.openai_chunk(choice, None)
     }
 
     fn openai_chunk(&self, choice: Map<String, Value>, extra: Option<(&str, Value)>) -> Value {
@@ -629,6 +980,8 @@ mod tests {
             usage: true,
             usage_chunk: true,
             incremental,
+            reasoning_field: None,
+            tool_call_id: "call_0".into(),
         }
     }
 
@@ -679,7 +1032,15 @@ mod tests {
             chat.prelude()[0]["choices"][0]["delta"]["role"],
             "assistant"
         );
-        let full: Value = serde_json::from_slice(&chat.full(&[9], FinishOut::Length, 0.0)).unwrap();
+        let plan = Plan {
+            ids: vec![9],
+            finish: Finish::Length,
+            thinking: 0..0,
+            think_end: 0,
+            tool: None,
+        };
+        let full: Value =
+            serde_json::from_slice(&chat.full(&plan, 1, FinishOut::Length, 0.0)).unwrap();
         assert_eq!(full["object"], "chat.completion");
         assert_eq!(full["choices"][0]["message"]["content"], " w9");
         assert_eq!(full["usage"]["completion_tokens"], 1);

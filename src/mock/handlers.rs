@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use super::api::{self, sse_event, Api, FinishOut, Rejection, Render, SSE_DONE};
 use super::engine::{Job, JobState, Progress};
 use super::log::LogLine;
-use super::sim::{Fault, Limits, Plan};
+use super::sim::{Fault, Limits, Plan, Shape, Think};
 use super::{MockState, Outcome};
 
 /// One request's outcome record: logged and counted exactly once, on drop.
@@ -36,6 +36,8 @@ struct Record {
     prompt_tokens: u32,
     completion_tokens: u32,
     outcome: Option<Outcome>,
+    /// The body as received, kept for the log with `--log-bodies`.
+    body: Option<Bytes>,
     /// The outcome if the request is dropped before one is set.
     on_drop: Outcome,
     start: Instant,
@@ -52,6 +54,7 @@ impl Record {
             prompt_tokens: 0,
             completion_tokens: 0,
             outcome: None,
+            body: None,
             on_drop: Outcome::ClientGone,
             start: Instant::now(),
         }
@@ -76,6 +79,7 @@ impl Drop for Record {
                 prompt_tokens: self.prompt_tokens,
                 completion_tokens: self.completion_tokens,
                 latency_ms: u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX),
+                request: self.body.as_deref(),
             });
         }
         self.st.counters.ended(outcome);
@@ -88,7 +92,7 @@ pub(crate) async fn generate(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    handle(st, Api::Generate, &headers, &body).await
+    handle(st, Api::Generate, &headers, body).await
 }
 
 /// `POST /v1/completions` (vLLM/OpenAI).
@@ -97,7 +101,7 @@ pub(crate) async fn completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    handle(st, Api::Completions, &headers, &body).await
+    handle(st, Api::Completions, &headers, body).await
 }
 
 /// `POST /v1/chat/completions` (vLLM/OpenAI).
@@ -106,16 +110,19 @@ pub(crate) async fn chat(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    handle(st, Api::Chat, &headers, &body).await
+    handle(st, Api::Chat, &headers, body).await
 }
 
-async fn handle(st: Arc<MockState>, api: Api, headers: &HeaderMap, body: &[u8]) -> Response {
+async fn handle(st: Arc<MockState>, api: Api, headers: &HeaderMap, body: Bytes) -> Response {
     let header_rid = headers
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let mut rec = Record::new(&st, api, header_rid.clone());
-    let req = match api::parse(api, body, header_rid, st.cfg.context_len) {
+    if st.cfg.log_bodies {
+        rec.body = Some(body.clone());
+    }
+    let req = match api::parse(api, &body, header_rid, st.cfg.context_len) {
         Ok(r) => r,
         Err(rej) => {
             rec.rid = rej.rid.clone();
@@ -180,12 +187,21 @@ async fn handle(st: Arc<MockState>, api: Api, headers: &HeaderMap, body: &[u8]) 
         Fault::None | Fault::Malformed | Fault::Drop => {}
     }
 
+    let think = match (st.cfg.think && req.thinking_allowed, req.think_opened) {
+        (false, _) => Think::Off,
+        (true, true) => Think::Opened,
+        (true, false) => Think::Block,
+    };
     let plan = st.lengths.plan(
         req.key,
         Limits {
             max_tokens,
             min_tokens: req.min_tokens,
             ignore_eos: req.ignore_eos,
+        },
+        Shape {
+            think,
+            tools: &req.tools,
         },
     );
     let total = u32::try_from(plan.ids.len()).unwrap_or(u32::MAX);
@@ -274,7 +290,7 @@ async fn unary(
             cut_connection()
         }
         JobState::Done => {
-            let body = render.full(&plan.ids, plan.finish.into(), latency);
+            let body = render.full(&plan, total, plan.finish.into(), latency);
             if fault == Fault::Malformed {
                 rec.outcome = Some(Outcome::Malformed);
                 let half = Bytes::copy_from_slice(&body[..body.len() / 2]);
@@ -287,7 +303,7 @@ async fn unary(
         JobState::Aborted => {
             rec.outcome = Some(Outcome::Aborted);
             let upto = (p.produced as usize).min(total);
-            json_bytes(render.full(&plan.ids[..upto], FinishOut::Abort, latency))
+            json_bytes(render.full(&plan, upto, FinishOut::Abort, latency))
         }
         JobState::Shutdown | JobState::Running => {
             rec.outcome = Some(Outcome::Dropped);
@@ -311,9 +327,12 @@ enum Phase {
 /// The state of one event stream: turns engine progress into SSE events.
 struct Streamer {
     render: Render,
-    ids: Vec<u32>,
+    plan: Plan,
     finish: FinishOut,
     job: Job,
+    /// Output ids whose progress has been turned into events.
+    seen: usize,
+    /// Output ids sent to the client (chat holds back ids a parser hides).
     sent: usize,
     first: bool,
     drop_at: Option<usize>,
@@ -331,8 +350,9 @@ impl Streamer {
         Self {
             render,
             finish: plan.finish.into(),
-            ids: plan.ids,
+            plan,
             job,
+            seen: 0,
             sent: 0,
             first: true,
             drop_at: (fault == Fault::Drop).then_some(half),
@@ -359,7 +379,7 @@ impl Streamer {
                 Phase::Open => {}
             }
             let mut p = self.job.current();
-            while p.state == JobState::Running && p.produced as usize <= self.sent {
+            while p.state == JobState::Running && p.produced as usize <= self.seen {
                 p = self.job.next().await;
             }
             self.advance(p);
@@ -368,7 +388,7 @@ impl Streamer {
 
     /// Queues the events for progress `p` and moves the phase on.
     fn advance(&mut self, p: Progress) {
-        let mut upto = (p.produced as usize).min(self.ids.len());
+        let mut upto = (p.produced as usize).min(self.plan.ids.len());
         let mut cut = p.state == JobState::Shutdown;
         if let Some(d) = self.drop_at {
             if upto >= d {
@@ -378,7 +398,7 @@ impl Streamer {
         }
         if let Some(m) = self.malformed_at {
             if m <= upto {
-                if m > self.sent {
+                if m > self.seen {
                     self.emit(m, None);
                 }
                 self.emit_malformed();
@@ -386,7 +406,7 @@ impl Streamer {
             }
         }
         if cut {
-            if upto > self.sent {
+            if upto > self.seen {
                 self.emit(upto, None);
             }
             self.rec.outcome = Some(Outcome::Dropped);
@@ -417,7 +437,7 @@ impl Streamer {
                 self.phase = Phase::Closed;
             }
             JobState::Running | JobState::Shutdown => {
-                if upto > self.sent {
+                if upto > self.seen {
                     self.emit(upto, None);
                 }
             }
@@ -425,13 +445,24 @@ impl Streamer {
     }
 
     fn emit(&mut self, upto: usize, finish: Option<FinishOut>) {
+        self.seen = upto;
+        self.rec.completion_tokens = upto as u32;
+        if self.render.api == Api::Chat {
+            let (events, sent) = self.render.chat_events(&self.plan, self.sent, upto, finish);
+            self.sent = sent;
+            self.queue.extend(events.iter().map(sse_event));
+            return;
+        }
         let latency = self.rec.sim_latency();
-        let v = self
-            .render
-            .content(&self.ids[..upto], self.sent, finish, self.first, latency);
+        let v = self.render.content(
+            &self.plan.ids[..upto],
+            self.sent,
+            finish,
+            self.first,
+            latency,
+        );
         self.first = false;
         self.sent = upto;
-        self.rec.completion_tokens = upto as u32;
         self.queue.push_back(sse_event(&v));
     }
 
@@ -441,7 +472,7 @@ impl Streamer {
         let latency = self.rec.sim_latency();
         let v = self
             .render
-            .content(&self.ids[..self.sent], self.sent, None, false, latency);
+            .content(&self.plan.ids[..self.sent], self.sent, None, false, latency);
         let text = v.to_string().into_bytes();
         let mut ev = b"data: ".to_vec();
         ev.extend_from_slice(&text[..text.len() / 2]);

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::Outcome;
 
@@ -22,6 +22,8 @@ pub(crate) struct LogLine<'a> {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub latency_ms: u64,
+    /// The request body as received (`--log-bodies`).
+    pub request: Option<&'a [u8]>,
 }
 
 /// The open log file.
@@ -52,7 +54,7 @@ impl LogSink {
     /// Appends one line. A failed write is reported through `tracing` and otherwise
     /// ignored: the log must never take the server down.
     pub(crate) fn write(&self, line: &LogLine<'_>) {
-        let v = json!({
+        let mut v = json!({
             "ts_ms": now_ms(),
             "endpoint": line.endpoint,
             "rid": line.rid,
@@ -62,6 +64,11 @@ impl LogSink {
             "completion_tokens": line.completion_tokens,
             "latency_ms": line.latency_ms,
         });
+        if let Some(body) = line.request {
+            // A body that is not JSON is still worth seeing: kept as text.
+            v["request"] = serde_json::from_slice(body)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(body).into_owned()));
+        }
         let mut buf = v.to_string().into_bytes();
         buf.push(b'\n');
         let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());

@@ -7,7 +7,39 @@
 //! - **Tokens.** One token per whitespace-separated word of a text prompt (or one per id
 //!   of an id prompt; chat messages are rendered `"{role}: {content}\n"` first). Output
 //!   token `t` (in `0..32000`) has the text `" w{t}"`, so text is always the concatenation
-//!   of the ids' texts.
+//!   of the ids' texts (markers and tool-call characters too, see below). Chat renders
+//!   `"tools: {names}\n"` first when tools are offered, an assistant's `reasoning_content`
+//!   (or `reasoning`) as `<think>\n{r}\n</think>\n\n` before its content, and its
+//!   `tool_calls` as ` <tool_call> {name}` after it; `tool` messages as any other role.
+//! - **Thinking** (`--think`). Every completion opens with a think block: id 32001 reads
+//!   `"<think>\n"`, then about 60 % of the planned words (`(3n + 2) / 5`), then id 32002
+//!   reading `"\n</think>\n\n"`, then the answer words (2 more tokens than without). No
+//!   block when the chat request sends `chat_template_kwargs.enable_thinking: false`, or a
+//!   text/id prompt ends with an empty think block (`<think>\n\n</think>\n\n`, ids 32001
+//!   32002: how Qwen3's template renders `enable_thinking=false`). A prompt ending with
+//!   `<think>` (32001) already opened the block: the output has no open marker. The mock
+//!   tokenizer reads the words `<think>`, `</think>`, `<tool_call>`, `</tool_call>` as ids
+//!   32001–32004.
+//! - **Reasoning parser** (`--reasoning-parser`, `--reasoning-field reasoning_content|
+//!   reasoning`). Chat answers only: the thinking words (no markers) go to
+//!   `message.<field>` (whole) or `delta.<field>` events (streamed, before the content
+//!   events), the answer to `content` (null when empty). A block cut by the cap is all
+//!   reasoning. Token ids and usage always count every generated id, markers included;
+//!   `/generate` and `/v1/completions` never split (nor does chat without the flag).
+//! - **Tool calls.** A chat request with a non-empty `tools` whose last message is the
+//!   user's answers (after any think block) with one call to `tools[h % len]` (`h` a hash
+//!   of the seeded prompt key; `tool_choice: "none"` makes no call, a named `tool_choice`
+//!   calls that tool), arguments `{"q":"w{t}"}`, `content` null (unless unsplit thinking
+//!   precedes it), `finish_reason` `tool_calls`, id `call_<24 hex>`. The tokens spell
+//!   `<tool_call>\n{"name": "…", "arguments": {"q":"w…"}}\n</tool_call>`: tags 32003 and
+//!   32004, one id `0x1000000 + c` per character `c` of the JSON. Streamed as vLLM does:
+//!   `delta.tool_calls[{index, id, type, function: {name}}]`, then
+//!   `delta.tool_calls[{index, function: {arguments}}]` pieces; ids hidden by the parser
+//!   (tags, JSON frame) ride on the next event. A call cut by the cap is plain content.
+//!   When the last message is a `tool` result (or anything but the user's) it answers text.
+//! - **Seeds.** A request seed (`seed`; SGLang's `sampling_params.sampling_seed`) is mixed
+//!   into the plan's key: same seed, same output; another seed, another output. Without
+//!   one the output is a pure function of the prompt.
 //! - **Lengths.** Lognormal with mean `mean_tokens` and `sigma`, at least `min_tokens`,
 //!   capped by the request's max tokens (`finish_reason` "length" then, else "stop"). Length
 //!   and ids are a pure function of `(seed, prompt)`, so a retried prompt regenerates the
@@ -43,7 +75,8 @@
 //! `{"ts_ms", "endpoint", "rid", "outcome", "stream", "prompt_tokens",
 //! "completion_tokens", "latency_ms"}` — `outcome` is one of [`Outcome::as_str`],
 //! `rid` the body's `rid` or the `X-Request-Id` header or null, `completion_tokens` the
-//! tokens delivered to the client.
+//! tokens delivered to the client. With `--log-bodies` each line also has `"request"`: the
+//! body as received (its JSON, or a string when it is not JSON).
 
 mod api;
 mod engine;
@@ -133,6 +166,41 @@ pub struct MockConfig {
     /// Append one JSON line per generation request outcome to this file.
     #[arg(long)]
     pub log: Option<PathBuf>,
+    /// Each `--log` line also carries the request body as received (`"request"`).
+    #[arg(long)]
+    pub log_bodies: bool,
+    /// Every completion opens with a think block (a reasoning model such as Qwen3).
+    #[arg(long)]
+    pub think: bool,
+    /// Chat answers split the think block off into the reasoning field (vLLM's and
+    /// SGLang's `--reasoning-parser`).
+    #[arg(long)]
+    pub reasoning_parser: bool,
+    /// The field the reasoning parser fills: `reasoning_content`, or vLLM's newer `reasoning`.
+    #[arg(long, value_enum, default_value_t = ReasoningField::ReasoningContent)]
+    pub reasoning_field: ReasoningField,
+}
+
+/// Where a reasoning parser puts the thinking of a chat answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ReasoningField {
+    /// `reasoning_content` (SGLang, and vLLM until it renamed it).
+    #[default]
+    #[value(name = "reasoning_content")]
+    ReasoningContent,
+    /// `reasoning` (vLLM's newer servers).
+    #[value(name = "reasoning")]
+    Reasoning,
+}
+
+impl ReasoningField {
+    /// The JSON field name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReasoningField::ReasoningContent => "reasoning_content",
+            ReasoningField::Reasoning => "reasoning",
+        }
+    }
 }
 
 impl Default for MockConfig {
@@ -160,6 +228,10 @@ impl Default for MockConfig {
             hang: 0.0,
             malformed: 0.0,
             log: None,
+            log_bodies: false,
+            think: false,
+            reasoning_parser: false,
+            reasoning_field: ReasoningField::ReasoningContent,
         }
     }
 }
@@ -453,6 +525,11 @@ impl MockState {
             Api::Completions => format!("cmpl-{}", self.fresh_id()),
             Api::Chat => format!("chatcmpl-{}", self.fresh_id()),
         };
+        let tool_call_id = if req.tools.is_empty() {
+            String::new()
+        } else {
+            format!("call_{}", &self.fresh_id()[..24])
+        };
         Render {
             api: req.api,
             id,
@@ -463,6 +540,9 @@ impl MockState {
             usage: !self.cfg.no_usage,
             usage_chunk: req.include_usage && !self.cfg.no_usage,
             incremental: self.cfg.incremental,
+            reasoning_field: (self.cfg.reasoning_parser && req.api == Api::Chat)
+                .then(|| self.cfg.reasoning_field.as_str()),
+            tool_call_id,
         }
     }
 }
@@ -593,6 +673,20 @@ mod tests {
         assert_eq!(cli.cfg, MockConfig::default());
         let cli = Cli::try_parse_from(["mock", "--incremental", "--fail-429", "0.5", "--log", "x"])
             .expect("parse flags");
+        let think = Cli::try_parse_from([
+            "mock",
+            "--think",
+            "--reasoning-parser",
+            "--reasoning-field",
+            "reasoning",
+            "--log-bodies",
+        ])
+        .expect("parse reasoning flags");
+        assert!(think.cfg.think && think.cfg.reasoning_parser && think.cfg.log_bodies);
+        assert_eq!(think.cfg.reasoning_field, ReasoningField::Reasoning);
+        let named = Cli::try_parse_from(["mock", "--reasoning-field", "reasoning_content"])
+            .expect("parse field");
+        assert_eq!(named.cfg.reasoning_field, ReasoningField::ReasoningContent);
         assert!(cli.cfg.incremental);
         assert_eq!(cli.cfg.fail_429, 0.5);
         assert_eq!(cli.cfg.log, Some(PathBuf::from("x")));

@@ -3,11 +3,18 @@
 //! I/O or shared state, so all of it is unit tested directly.
 //!
 //! Invariants:
-//! - Token id `t` (always `< VOCAB`) detokenizes to `" w{t}"`, so detokenizing is
-//!   concatenation and text and ids can never disagree.
+//! - Every output id has a text of its own and detokenizing is concatenation, so text and
+//!   ids can never disagree: word id `t < VOCAB` reads `" w{t}"`, the marker ids
+//!   [`THINK_OPEN`], [`THINK_CLOSE`], [`TOOL_OPEN`], [`TOOL_CLOSE`] read their tags, and
+//!   `CHAR_BASE + c` reads the one character `c` (the JSON of a tool call).
 //! - A plan depends only on `(seed, prompt key, limits)`: the same prompt gets the same
 //!   length and the same ids on every attempt, and a capped plan is a prefix of the
-//!   uncapped one (lengths are drawn before ids from the same stream).
+//!   uncapped one (lengths are drawn before ids from the same stream). A plain plan (no
+//!   think block, no tool call) draws exactly the ids it always did.
+//! - A think block takes about 60 % of the drawn length (`(3n + 2) / 5` words), the answer
+//!   the rest; a tool call replaces the answer words.
+
+use std::ops::Range;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -17,6 +24,35 @@ use rand_distr::{Distribution, LogNormal};
 pub(crate) const VOCAB: u32 = 32_000;
 /// The id reported as the matched stop token (Qwen's `<|im_end|>`); never part of the output.
 pub(crate) const EOS_ID: u32 = 151_645;
+
+/// Opens a think block (Qwen3's `<think>`), with the newline its template puts after it.
+pub(crate) const THINK_OPEN: u32 = 32_001;
+/// Closes a think block, with the blank line before the answer.
+pub(crate) const THINK_CLOSE: u32 = 32_002;
+/// Opens a tool call (Hermes/Qwen3 `<tool_call>`).
+pub(crate) const TOOL_OPEN: u32 = 32_003;
+/// Closes a tool call.
+pub(crate) const TOOL_CLOSE: u32 = 32_004;
+/// Id `CHAR_BASE + c` is the single character `c`: spells the JSON of a tool call, so its
+/// text stays the concatenation of its ids' texts. Above every Unicode scalar plus the
+/// vocabulary, and past [`EOS_ID`].
+pub(crate) const CHAR_BASE: u32 = 0x0100_0000;
+
+const THINK_OPEN_TEXT: &str = "<think>\n";
+const THINK_CLOSE_TEXT: &str = "\n</think>\n\n";
+const TOOL_OPEN_TEXT: &str = "<tool_call>\n";
+const TOOL_CLOSE_TEXT: &str = "\n</tool_call>";
+
+/// The text of one marker id, if `id` is one.
+fn marker_text(id: u32) -> Option<&'static str> {
+    match id {
+        THINK_OPEN => Some(THINK_OPEN_TEXT),
+        THINK_CLOSE => Some(THINK_CLOSE_TEXT),
+        TOOL_OPEN => Some(TOOL_OPEN_TEXT),
+        TOOL_CLOSE => Some(TOOL_CLOSE_TEXT),
+        _ => None,
+    }
+}
 
 /// FNV-1a 64: a hash that is stable across Rust releases (unlike `DefaultHasher`), so
 /// seeds and prompt keys give the same outputs everywhere.
@@ -63,6 +99,15 @@ pub(crate) fn tokenize(text: &str) -> Vec<u32> {
 }
 
 fn word_id(word: &str) -> u32 {
+    // The tags read back as their markers, so a rendered think block or tool call in a
+    // prompt is seen as one (e.g. an empty think block closing a prompt).
+    match word {
+        "<think>" => return THINK_OPEN,
+        "</think>" => return THINK_CLOSE,
+        "<tool_call>" => return TOOL_OPEN,
+        "</tool_call>" => return TOOL_CLOSE,
+        _ => {}
+    }
     if let Some(id) = word.strip_prefix('w').and_then(|d| d.parse::<u32>().ok()) {
         if id < VOCAB && !word[1..].starts_with('+') {
             return id;
@@ -72,15 +117,32 @@ fn word_id(word: &str) -> u32 {
     (fnv1a(word.as_bytes()) % u64::from(VOCAB)) as u32
 }
 
-/// Text of a run of token ids: the concatenation of `" w{t}"`.
+/// Text of a run of token ids: the concatenation of each id's text.
 pub(crate) fn detokenize(ids: &[u32]) -> String {
     let mut s = String::with_capacity(ids.len() * 8);
-    let mut buf = itoa::Buffer::new();
-    for id in ids {
-        s.push_str(" w");
-        s.push_str(buf.format(*id));
-    }
+    push_text(&mut s, ids);
     s
+}
+
+/// Appends the text of `ids` to `s`.
+pub(crate) fn push_text(s: &mut String, ids: &[u32]) {
+    let mut buf = itoa::Buffer::new();
+    for &id in ids {
+        if let Some(t) = marker_text(id) {
+            s.push_str(t);
+        } else if id >= CHAR_BASE {
+            // Only the mock's own tool-call ids get here; anything else reads as U+FFFD.
+            s.push(char::from_u32(id - CHAR_BASE).unwrap_or(char::REPLACEMENT_CHARACTER));
+        } else {
+            s.push_str(" w");
+            s.push_str(buf.format(id));
+        }
+    }
+}
+
+/// The ids spelling `text` one character each.
+fn char_ids(text: &str) -> impl Iterator<Item = u32> + '_ {
+    text.chars().map(|c| CHAR_BASE + u32::from(c))
 }
 
 /// Why a plan ends.
@@ -92,11 +154,106 @@ pub(crate) enum Finish {
     Length,
 }
 
+/// Whether (and how) an output starts with a think block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Think {
+    /// No think block.
+    Off,
+    /// Open marker, thinking words, close marker.
+    Block,
+    /// The prompt already opened the block (templates that end with `<think>\n`): thinking
+    /// words and the close marker only.
+    Opened,
+}
+
+/// What shape a request's output takes besides its length.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shape<'a> {
+    pub think: Think,
+    /// Names of the tools to pick the one call from; empty for a text answer.
+    pub tools: &'a [String],
+}
+
+#[cfg(test)]
+impl Shape<'_> {
+    /// A plain answer: words only.
+    pub(crate) const PLAIN: Shape<'static> = Shape {
+        think: Think::Off,
+        tools: &[],
+    };
+}
+
+/// The one tool call a plan makes, and where its pieces lie in the plan's ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ToolPlan {
+    pub name: String,
+    /// The arguments as a JSON object string (OpenAI's `function.arguments`).
+    pub arguments: String,
+    /// From the open marker to just past the close marker.
+    pub span: Range<usize>,
+    /// Just past the character that closes the name: the call is announced from here.
+    pub name_end: usize,
+    /// The characters of `arguments`.
+    pub args: Range<usize>,
+}
+
+/// What one output id is part of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Part {
+    /// A think-block marker.
+    ThinkMarker,
+    /// A word of the thinking.
+    Thinking,
+    /// A tool call's tags and JSON around its name and arguments.
+    ToolFrame,
+    /// The last character of a tool call's name (where a parser knows the name).
+    ToolName,
+    /// A character of a tool call's arguments.
+    ToolArgs,
+    /// A word of the answer.
+    Answer,
+}
+
 /// What a request will generate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Plan {
     pub ids: Vec<u32>,
     pub finish: Finish,
+    /// Thinking words (markers excluded); empty without a think block.
+    pub thinking: Range<usize>,
+    /// Just past the think block's close marker; 0 without a think block.
+    pub think_end: usize,
+    pub tool: Option<ToolPlan>,
+}
+
+impl Plan {
+    /// What output id `i` is part of.
+    pub(crate) fn part(&self, i: usize) -> Part {
+        if i < self.think_end {
+            return if self.thinking.contains(&i) {
+                Part::Thinking
+            } else {
+                Part::ThinkMarker
+            };
+        }
+        match &self.tool {
+            Some(t) if t.span.contains(&i) => {
+                if t.args.contains(&i) {
+                    Part::ToolArgs
+                } else if i + 1 == t.name_end {
+                    Part::ToolName
+                } else {
+                    Part::ToolFrame
+                }
+            }
+            _ => Part::Answer,
+        }
+    }
+
+    /// Whether the first `n` ids hold the whole tool call (a cut one is only text).
+    pub(crate) fn tool_complete(&self, n: usize) -> bool {
+        self.tool.as_ref().is_some_and(|t| n >= t.span.end)
+    }
 }
 
 /// The completion-length distribution: lognormal with a given mean (of the
@@ -156,19 +313,102 @@ impl LengthModel {
         dist.sample(rng).round() as u32
     }
 
-    /// The full plan of a prompt under `limits`.
-    pub(crate) fn plan(&self, key: u64, limits: Limits) -> Plan {
+    /// The full plan of a prompt under `limits`, shaped by `shape`.
+    pub(crate) fn plan(&self, key: u64, limits: Limits, shape: Shape<'_>) -> Plan {
         let mut rng = self.rng(key);
         let natural = Self::draw(&self.dist, &mut rng)
             .max(self.min_tokens)
             .max(limits.min_tokens);
-        let (len, finish) = if limits.ignore_eos || natural >= limits.max_tokens {
-            (limits.max_tokens, Finish::Length)
-        } else {
-            (natural, Finish::Stop)
+        let n = natural as usize;
+        let (open, close) = match shape.think {
+            Think::Off => (0, 0),
+            Think::Block => (1, 1),
+            Think::Opened => (0, 1),
         };
-        let ids = (0..len).map(|_| rng.random_range(0..VOCAB)).collect();
-        Plan { ids, finish }
+        let think_words = if shape.think == Think::Off {
+            0
+        } else {
+            (n * 3 + 2) / 5
+        };
+        let thinking = open..open + think_words;
+        let think_end = thinking.end + close;
+        let tool = (!shape.tools.is_empty()).then(|| tool_call(key, shape.tools, think_end));
+        let tool_ids: Vec<u32> = tool.as_ref().map_or_else(Vec::new, |t| {
+            std::iter::once(TOOL_OPEN)
+                .chain(char_ids(&call_json(&t.name, &t.arguments)))
+                .chain(std::iter::once(TOOL_CLOSE))
+                .collect()
+        });
+        let rest = if tool.is_some() {
+            tool_ids.len()
+        } else {
+            n - think_words
+        };
+        let natural_total = think_end + rest;
+        let max = limits.max_tokens as usize;
+        let (len, finish) = if limits.ignore_eos || natural_total >= max {
+            (max, Finish::Length)
+        } else {
+            (natural_total, Finish::Stop)
+        };
+        let ids = (0..len)
+            .map(|i| {
+                if i < open {
+                    THINK_OPEN
+                } else if i < thinking.end {
+                    rng.random_range(0..VOCAB)
+                } else if i < think_end {
+                    THINK_CLOSE
+                } else if let Some(&id) = tool_ids.get(i - think_end) {
+                    id
+                } else {
+                    rng.random_range(0..VOCAB)
+                }
+            })
+            .collect();
+        Plan {
+            ids,
+            finish,
+            thinking,
+            think_end,
+            tool,
+        }
+    }
+}
+
+/// The raw text of a tool call between its tags (Hermes/Qwen3 style).
+fn call_json(name: &str, arguments: &str) -> String {
+    // A `String` always serialises.
+    let name = serde_json::to_string(name).unwrap_or_default();
+    format!("{{\"name\": {name}, \"arguments\": {arguments}}}")
+}
+
+/// The tool call of a prompt: the tool `tools[h % len]` and arguments `{"q":"w{t}"}`, `h`
+/// and `t` from the prompt's key, its ids starting at `start`.
+fn tool_call(key: u64, tools: &[String], start: usize) -> ToolPlan {
+    let h = splitmix64(key ^ 0x7001_ca11_7001_ca11);
+    let name = tools[(h % tools.len() as u64) as usize].clone();
+    let arguments =
+        serde_json::json!({ "q": format!("w{}", (h >> 32) % u64::from(VOCAB)) }).to_string();
+    let json = call_json(&name, &arguments);
+    let head = call_json(&name, "");
+    // `{"name": "…", "arguments": ` then the arguments then `}`: count characters, as ids
+    // are characters.
+    let head_chars = head.chars().count() - 1;
+    let name_chars = serde_json::to_string(&name)
+        .unwrap_or_default()
+        .chars()
+        .count();
+    let body = start + 1;
+    let name_end = body + "{\"name\": ".len() + name_chars;
+    let args_start = body + head_chars;
+    let args = args_start..args_start + arguments.chars().count();
+    ToolPlan {
+        span: start..body + json.chars().count() + 1,
+        name,
+        arguments,
+        name_end,
+        args,
     }
 }
 
@@ -304,16 +544,16 @@ mod tests {
     fn plans_are_deterministic_and_capped_plans_are_prefixes() {
         let m = LengthModel::new(100.0, 1.0, 1, 42).expect("model");
         let key = text_key("hello world");
-        let a = m.plan(key, limits(u32::MAX));
-        assert_eq!(a, m.plan(key, limits(u32::MAX)));
+        let a = m.plan(key, limits(u32::MAX), Shape::PLAIN);
+        assert_eq!(a, m.plan(key, limits(u32::MAX), Shape::PLAIN));
         assert_eq!(a.finish, Finish::Stop);
         let cap = (a.ids.len() as u32 / 2).max(1);
-        let b = m.plan(key, limits(cap));
+        let b = m.plan(key, limits(cap), Shape::PLAIN);
         assert_eq!(b.finish, Finish::Length);
         assert_eq!(b.ids[..], a.ids[..cap as usize]);
         // Another seed gives another output.
         let other = LengthModel::new(100.0, 1.0, 1, 43).expect("model");
-        assert_ne!(other.plan(key, limits(u32::MAX)), a);
+        assert_ne!(other.plan(key, limits(u32::MAX), Shape::PLAIN), a);
     }
 
     /// A plan is never shorter than the minimum asked for, runs to the cap with `ignore_eos`,
@@ -321,21 +561,21 @@ mod tests {
     #[test]
     fn plan_respects_minimums_and_ignore_eos() {
         let m = LengthModel::new(5.0, 0.0, 8, 1).expect("model");
-        assert_eq!(m.plan(1, limits(100)).ids.len(), 8);
+        assert_eq!(m.plan(1, limits(100), Shape::PLAIN).ids.len(), 8);
         let l = Limits {
             max_tokens: 30,
             min_tokens: 20,
             ignore_eos: false,
         };
-        assert_eq!(m.plan(1, l).ids.len(), 20);
+        assert_eq!(m.plan(1, l, Shape::PLAIN).ids.len(), 20);
         let l = Limits {
             max_tokens: 30,
             min_tokens: 0,
             ignore_eos: true,
         };
-        let p = m.plan(1, l);
+        let p = m.plan(1, l, Shape::PLAIN);
         assert_eq!((p.ids.len(), p.finish), (30, Finish::Length));
-        assert_eq!(m.plan(1, limits(0)).ids.len(), 0);
+        assert_eq!(m.plan(1, limits(0), Shape::PLAIN).ids.len(), 0);
     }
 
     /// Ids detokenize to `" w{id}"` words that tokenize back to the same ids, and any text
@@ -351,6 +591,84 @@ mod tests {
         assert_eq!(t.len(), 4);
         assert!(t.iter().all(|&i| i < VOCAB));
         assert_eq!(t, tokenize("Hello, world w99999 w+5"));
+    }
+
+    /// A think block opens the output, takes about 60 % of the drawn words and closes
+    /// before the answer; its text is the tags and words in order and reads back as the
+    /// same ids. A prompt that opened the block gets no open marker.
+    #[test]
+    fn think_blocks_wrap_most_of_the_words_and_round_trip() {
+        let m = LengthModel::new(100.0, 0.0, 1, 3).expect("model");
+        let think = Shape {
+            think: Think::Block,
+            tools: &[],
+        };
+        let p = m.plan(9, limits(u32::MAX), think);
+        assert_eq!(p.ids.len(), 102);
+        assert_eq!((p.thinking.clone(), p.think_end), (1..61, 62));
+        assert_eq!((p.ids[0], p.ids[61]), (THINK_OPEN, THINK_CLOSE));
+        assert!(p.ids[1..61].iter().chain(&p.ids[62..]).all(|&t| t < VOCAB));
+        assert_eq!(
+            (p.part(0), p.part(1), p.part(61), p.part(62)),
+            (
+                Part::ThinkMarker,
+                Part::Thinking,
+                Part::ThinkMarker,
+                Part::Answer
+            )
+        );
+        let text = detokenize(&p.ids);
+        assert!(text.starts_with("<think>\n w"), "{text}");
+        assert!(text.contains("\n</think>\n\n w"), "{text}");
+        assert_eq!(tokenize(&text), p.ids);
+        let opened = m.plan(
+            9,
+            limits(u32::MAX),
+            Shape {
+                think: Think::Opened,
+                tools: &[],
+            },
+        );
+        assert_eq!(opened.ids[..], p.ids[1..]);
+        // A cap cuts the same output, markers and all.
+        let capped = m.plan(9, limits(30), think);
+        assert_eq!(capped.ids[..], p.ids[..30]);
+        assert_eq!(capped.finish, Finish::Length);
+    }
+
+    /// A tool call replaces the answer: its tags and one character id each spell
+    /// `{"name": …, "arguments": {"q":"w…"}}`, the tool picked by the prompt's hash; the
+    /// parts name where the name ends and the arguments lie.
+    #[test]
+    fn tool_calls_spell_their_json_in_character_ids() {
+        let m = LengthModel::new(10.0, 0.0, 1, 3).expect("model");
+        let tools = ["alpha".to_owned(), "beta".to_owned()];
+        let mut names = std::collections::BTreeSet::new();
+        for key in 0..16 {
+            let p = m.plan(
+                key,
+                limits(u32::MAX),
+                Shape {
+                    think: Think::Block,
+                    tools: &tools,
+                },
+            );
+            let t = p.tool.clone().expect("a tool call");
+            names.insert(t.name.clone());
+            assert_eq!(p.ids.len(), t.span.end);
+            assert!(p.tool_complete(p.ids.len()) && !p.tool_complete(p.ids.len() - 1));
+            let json = detokenize(&p.ids[t.span.start + 1..t.span.end - 1]);
+            let v: serde_json::Value = serde_json::from_str(&json).expect("call JSON");
+            assert_eq!(v["name"], t.name.as_str());
+            assert_eq!(v["arguments"].to_string(), t.arguments);
+            assert_eq!(detokenize(&p.ids[t.args.clone()]), t.arguments);
+            assert_eq!(detokenize(&p.ids[t.name_end - 1..t.name_end]), "\"");
+            assert_eq!(p.part(t.name_end - 1), Part::ToolName);
+            assert_eq!(p.part(t.args.start), Part::ToolArgs);
+            assert_eq!(p.part(t.span.start), Part::ToolFrame);
+            assert!(detokenize(&p.ids).ends_with("}}\n</tool_call>"));
+        }
+        assert_eq!(names.len(), 2, "both tools get picked over 16 prompts");
     }
 
     /// Each request gets an even share of the capacity, never more than the per-request

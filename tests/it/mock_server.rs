@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use spool::mock::{self, MockConfig, MockState, MockStats, Outcome};
+use spool::mock::{self, MockConfig, MockState, MockStats, Outcome, ReasoningField};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -911,4 +911,507 @@ async fn hanging_requests_end_with_the_client_or_shutdown() {
     };
     assert!(!complete);
     assert_eq!(state.stats().count(Outcome::Hang), 2);
+}
+
+/// The mock's whole token model: words `" w{t}"`, the think and tool-call markers
+/// 32001–32004, and `0x1000000 + c` for the character `c`.
+fn detok_all(ids: &[u64]) -> String {
+    ids.iter()
+        .map(|&t| match t {
+            32_001 => "<think>\n".to_owned(),
+            32_002 => "\n</think>\n\n".to_owned(),
+            32_003 => "<tool_call>\n".to_owned(),
+            32_004 => "\n</tool_call>".to_owned(),
+            t if t >= 0x0100_0000 => char::from_u32((t - 0x0100_0000) as u32)
+                .expect("char id")
+                .to_string(),
+            t => format!(" w{t}"),
+        })
+        .collect()
+}
+
+/// Streams that arrive over several events: 2,000 tokens/s per request at 1000× time.
+fn thinking_config() -> MockConfig {
+    MockConfig {
+        think: true,
+        per_request_tps: 2.0,
+        ..MockConfig::for_tests()
+    }
+}
+
+/// A chat request of one user message.
+fn chat_body(text: &str, extra: Value) -> Value {
+    let mut body = json!({
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 1000,
+        "return_token_ids": true,
+    });
+    if let (Some(b), Value::Object(e)) = (body.as_object_mut(), extra) {
+        b.extend(e);
+    }
+    body
+}
+
+/// The chunks of a chat stream after the role chunk, without the usage chunk.
+fn chat_chunks(ev: &[Value]) -> Vec<&Value> {
+    ev.iter()
+        .skip(1)
+        .filter(|e| !e["choices"].as_array().expect("choices").is_empty())
+        .collect()
+}
+
+/// The concatenated `delta.{field}` strings of a chat stream.
+fn delta_text(chunks: &[&Value], field: &str) -> String {
+    chunks
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"][field].as_str())
+        .collect()
+}
+
+/// The concatenated `token_ids` of a chat stream.
+fn delta_ids(chunks: &[&Value]) -> Vec<u64> {
+    chunks
+        .iter()
+        .flat_map(|e| ids_of(&e["choices"][0]["token_ids"]))
+        .collect()
+}
+
+/// `--think`: every completion opens with `<think>\n` (id 32001), the thinking words, then
+/// `\n</think>\n\n` (id 32002) and the answer, on every API; the text is the concatenation
+/// of the ids' texts and usage counts the markers; the ids fed back as a prompt read as
+/// the same tokens.
+#[tokio::test]
+async fn think_blocks_open_every_completion_and_agree_with_the_ids() {
+    let m = Mock::start(thinking_config()).await;
+    let r = post_json(
+        &m,
+        "/v1/completions",
+        json!({"prompt": "why is the sky blue", "max_tokens": 1000, "return_token_ids": true}),
+    )
+    .await;
+    let c = &r["choices"][0];
+    let ids = ids_of(&c["token_ids"]);
+    assert_eq!(ids[0], 32_001);
+    let close = ids.iter().position(|&t| t == 32_002).expect("close marker");
+    assert!(close > 1, "thinking words come between the markers");
+    assert!(ids.len() > close + 1, "answer words follow the block");
+    let text = c["text"].as_str().expect("text");
+    assert_eq!(text, detok_all(&ids));
+    assert!(text.starts_with("<think>\n w"), "{text}");
+    assert!(
+        text.contains(" w") && text.contains("\n</think>\n\n w"),
+        "{text}"
+    );
+    assert_eq!(r["usage"]["completion_tokens"], ids.len());
+    assert_eq!(c["finish_reason"], "stop");
+
+    let g = post_json(
+        &m,
+        "/generate",
+        json!({"text": "why is the sky blue", "sampling_params": {"max_new_tokens": 1000}}),
+    )
+    .await;
+    let gids = ids_of(&g["output_ids"]);
+    assert_eq!(gids, ids, "same prompt, same plan on both APIs");
+    assert_eq!(g["text"], text);
+
+    // The markers' text reads back as the markers: the completion fed back as ids and as
+    // text is the same prompt.
+    let as_text = post_json(
+        &m,
+        "/v1/completions",
+        json!({"prompt": text, "max_tokens": 1, "return_token_ids": true}),
+    )
+    .await;
+    assert_eq!(as_text["usage"]["prompt_tokens"], ids.len());
+    assert_eq!(ids_of(&as_text["choices"][0]["prompt_token_ids"]), ids);
+    m.stop().await;
+}
+
+/// `--reasoning-parser` splits the think block off chat answers: the whole answer's
+/// `reasoning_content` (or `reasoning` with `--reasoning-field reasoning`) holds the
+/// thinking words without markers and `content` the answer; a stream sends the thinking
+/// as delta events of that field before any content event. Token ids and usage cover
+/// everything, markers included, and the text of the ids is the markers around the two.
+/// `/v1/completions` is never split.
+#[tokio::test]
+async fn the_reasoning_parser_splits_thinking_off_chat_answers() {
+    for field in [ReasoningField::ReasoningContent, ReasoningField::Reasoning] {
+        let name = field.as_str();
+        let other = if name == "reasoning" {
+            "reasoning_content"
+        } else {
+            "reasoning"
+        };
+        let m = Mock::start(MockConfig {
+            reasoning_parser: true,
+            reasoning_field: field,
+            ..thinking_config()
+        })
+        .await;
+        let whole = post_json(
+            &m,
+            "/v1/chat/completions",
+            chat_body("think hard", json!({})),
+        )
+        .await;
+        let msg = &whole["choices"][0]["message"];
+        let ids = ids_of(&whole["choices"][0]["token_ids"]);
+        let reasoning = msg[name].as_str().expect("reasoning field");
+        let content = msg["content"].as_str().expect("content");
+        assert!(msg.get(other).is_none(), "{name}: only one field: {msg}");
+        assert!(!reasoning.contains("think>") && !content.contains("think>"));
+        assert!(!reasoning.is_empty() && !content.is_empty());
+        assert_eq!(
+            detok_all(&ids),
+            format!("<think>\n{reasoning}\n</think>\n\n{content}"),
+            "{name}: ids cover the markers, the thinking and the answer"
+        );
+        assert_eq!(whole["usage"]["completion_tokens"], ids.len());
+
+        let ev = sse_json(
+            &post_text(
+                &m,
+                "/v1/chat/completions",
+                chat_body("think hard", json!({"stream": true})),
+            )
+            .await,
+        );
+        let chunks = chat_chunks(&ev);
+        assert_eq!(delta_text(&chunks, name), reasoning, "{name}");
+        assert_eq!(delta_text(&chunks, "content"), content, "{name}");
+        assert_eq!(delta_text(&chunks, other), "");
+        let first_content = chunks
+            .iter()
+            .position(|e| {
+                e["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .is_some_and(|s| !s.is_empty())
+            })
+            .expect("a content event");
+        let last_reasoning = chunks
+            .iter()
+            .rposition(|e| e["choices"][0]["delta"].get(name).is_some())
+            .expect("a reasoning event");
+        assert!(last_reasoning < first_content, "thinking streams first");
+        assert_eq!(
+            delta_ids(&chunks),
+            ids,
+            "{name}: stream ids are the whole ids"
+        );
+        assert_eq!(
+            chunks.last().expect("last")["choices"][0]["finish_reason"],
+            "stop"
+        );
+
+        let raw = post_json(
+            &m,
+            "/v1/completions",
+            json!({"prompt": "think hard", "max_tokens": 1000}),
+        )
+        .await;
+        let raw_text = raw["choices"][0]["text"].as_str().expect("text");
+        assert!(
+            raw_text.starts_with("<think>\n"),
+            "completions keep the block: {raw_text}"
+        );
+        m.stop().await;
+    }
+
+    // Without the parser the block stays in the chat content.
+    let m = Mock::start(thinking_config()).await;
+    let whole = post_json(
+        &m,
+        "/v1/chat/completions",
+        chat_body("think hard", json!({})),
+    )
+    .await;
+    let msg = &whole["choices"][0]["message"];
+    assert!(msg.get("reasoning_content").is_none());
+    let ids = ids_of(&whole["choices"][0]["token_ids"]);
+    assert_eq!(msg["content"], detok_all(&ids));
+    assert!(msg["content"]
+        .as_str()
+        .expect("content")
+        .starts_with("<think>\n"));
+    m.stop().await;
+}
+
+/// Thinking is switched off per request by `chat_template_kwargs.enable_thinking = false`
+/// on chat, and by a prompt ending with an empty think block (as text or as the marker
+/// ids) on the others: then no marker is generated and the parser finds no reasoning.
+#[tokio::test]
+async fn enable_thinking_false_and_an_empty_think_block_switch_thinking_off() {
+    let m = Mock::start(MockConfig {
+        reasoning_parser: true,
+        ..thinking_config()
+    })
+    .await;
+    let no_markers = |ids: &[u64]| !ids.iter().any(|t| (32_001..=32_002).contains(t));
+    let on = post_json(&m, "/v1/chat/completions", chat_body("q", json!({}))).await;
+    assert!(on["choices"][0]["message"]["reasoning_content"].is_string());
+    let off = post_json(
+        &m,
+        "/v1/chat/completions",
+        chat_body(
+            "q",
+            json!({"chat_template_kwargs": {"enable_thinking": false}}),
+        ),
+    )
+    .await;
+    let msg = &off["choices"][0]["message"];
+    assert!(msg["reasoning_content"].is_null(), "{msg}");
+    let ids = ids_of(&off["choices"][0]["token_ids"]);
+    assert!(!ids.is_empty() && no_markers(&ids));
+    assert_eq!(msg["content"], detok(&ids));
+
+    let text = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    let c = post_json(
+        &m,
+        "/v1/completions",
+        json!({"prompt": text, "max_tokens": 1000, "return_token_ids": true}),
+    )
+    .await;
+    let ids = ids_of(&c["choices"][0]["token_ids"]);
+    assert!(!ids.is_empty() && no_markers(&ids), "{ids:?}");
+    let g = post_json(
+        &m,
+        "/generate",
+        json!({"input_ids": [7, 8, 32_001, 32_002], "sampling_params": {"max_new_tokens": 1000}}),
+    )
+    .await;
+    assert!(no_markers(&ids_of(&g["output_ids"])));
+    // A prompt that opened the block gets the thinking and the close marker only.
+    let g = post_json(
+        &m,
+        "/generate",
+        json!({"input_ids": [7, 8, 32_001], "sampling_params": {"max_new_tokens": 1000}}),
+    )
+    .await;
+    let ids = ids_of(&g["output_ids"]);
+    assert_ne!(ids[0], 32_001);
+    assert_eq!(ids.iter().filter(|&&t| t == 32_002).count(), 1);
+    m.stop().await;
+}
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}},
+        {"type": "function", "function": {"name": "fetch", "parameters": {"type": "object"}}}
+    ])
+}
+
+/// With `tools` and a user message last, a chat answer is one tool call: a whole answer
+/// has `content` null, `tool_calls[0]` with a `call_` id, an offered tool's name and JSON
+/// arguments, finish reason `tool_calls`, and token ids spelling the Hermes-style call; a
+/// stream announces the call (index, id, type, name) then sends the arguments in pieces
+/// that assemble to the same JSON. With a `tool` result last it answers text.
+#[tokio::test]
+async fn tool_calls_whole_and_streamed() {
+    let m = Mock::start(MockConfig {
+        reasoning_parser: true,
+        ..thinking_config()
+    })
+    .await;
+    let body = chat_body("find cats", json!({"tools": tools()}));
+    let whole = post_json(&m, "/v1/chat/completions", body.clone()).await;
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    let msg = &choice["message"];
+    assert!(msg["content"].is_null(), "{msg}");
+    assert!(
+        msg["reasoning_content"].is_string(),
+        "thinking precedes the call"
+    );
+    let calls = msg["tool_calls"].as_array().expect("tool_calls");
+    assert_eq!(calls.len(), 1);
+    let call = &calls[0];
+    assert!(call["id"].as_str().expect("id").starts_with("call_"));
+    assert_eq!(call["type"], "function");
+    let name = call["function"]["name"].as_str().expect("name");
+    assert!(["search", "fetch"].contains(&name), "{name}");
+    let args_text = call["function"]["arguments"].as_str().expect("arguments");
+    let args: Value = serde_json::from_str(args_text).expect("arguments are JSON");
+    assert!(args["q"].as_str().expect("q").starts_with('w'));
+    let ids = ids_of(&choice["token_ids"]);
+    let text = detok_all(&ids);
+    assert!(
+        text.ends_with(&format!(
+            "<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {args_text}}}\n</tool_call>"
+        )),
+        "{text}"
+    );
+    assert_eq!(whole["usage"]["completion_tokens"], ids.len());
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let ev = sse_json(&post_text(&m, "/v1/chat/completions", streamed).await);
+    let chunks = chat_chunks(&ev);
+    let pieces: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].get(0))
+        .collect();
+    assert!(pieces.len() >= 2, "a head and argument pieces: {pieces:?}");
+    let head = pieces[0];
+    assert_eq!(head["index"], 0);
+    assert_eq!(head["type"], "function");
+    assert!(head["id"].as_str().expect("id").starts_with("call_"));
+    assert_eq!(head["function"]["name"], name);
+    assert!(head["function"].get("arguments").is_none());
+    let assembled: String = pieces[1..]
+        .iter()
+        .map(|p| {
+            assert_eq!(p["index"], 0);
+            p["function"]["arguments"].as_str().expect("piece")
+        })
+        .collect();
+    assert_eq!(assembled, args_text);
+    serde_json::from_str::<Value>(&assembled).expect("assembled arguments are JSON");
+    assert_eq!(
+        delta_ids(&chunks),
+        ids,
+        "the stream's ids are every generated id"
+    );
+    assert_eq!(
+        chunks.last().expect("last")["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+
+    let mut after = body.clone();
+    after["messages"] = json!([
+        {"role": "user", "content": "find cats"},
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "three cats"}
+    ]);
+    let reply = post_json(&m, "/v1/chat/completions", after).await;
+    let choice = &reply["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop");
+    assert_eq!(choice["message"]["tool_calls"], json!([]));
+    assert!(choice["message"]["content"]
+        .as_str()
+        .is_some_and(|c| c.starts_with(" w")));
+    // The history's call and result are rendered into the prompt.
+    let prompt = reply["usage"]["prompt_tokens"]
+        .as_u64()
+        .expect("prompt tokens");
+    // "tools: search fetch\n" 3 + "user: find cats\n" 3 + "assistant: <tool_call> {name}\n"
+    // 3 + "tool: three cats\n" 3.
+    assert_eq!(prompt, 12);
+    m.stop().await;
+}
+
+/// A request seed changes the output on every API: the same seed gives the same
+/// completion, another seed another one; without a seed the output is the prompt's.
+#[tokio::test]
+async fn seeds_pick_the_output() {
+    let m = Mock::start(MockConfig::for_tests()).await;
+    for (path, seeded) in [
+        ("/v1/chat/completions", "seed"),
+        ("/v1/completions", "seed"),
+        ("/generate", "sampling_seed"),
+    ] {
+        let ids = |seed: Option<i64>| {
+            let mut body = match path {
+                "/generate" => json!({"text": "user: same prompt\n",
+                    "sampling_params": {"max_new_tokens": 1000}}),
+                "/v1/completions" => json!({"prompt": "user: same prompt\n",
+                    "max_tokens": 1000, "return_token_ids": true}),
+                _ => chat_body("same prompt", json!({})),
+            };
+            if let Some(s) = seed {
+                match path {
+                    "/generate" => body["sampling_params"][seeded] = json!(s),
+                    _ => body[seeded] = json!(s),
+                }
+            }
+            let m = &m;
+            async move {
+                let r = post_json(m, path, body).await;
+                match path {
+                    "/generate" => ids_of(&r["output_ids"]),
+                    _ => ids_of(&r["choices"][0]["token_ids"]),
+                }
+            }
+        };
+        let unseeded = ids(None).await;
+        assert_eq!(unseeded, ids(None).await, "{path}: no seed, same output");
+        let a = ids(Some(1)).await;
+        assert_eq!(a, ids(Some(1)).await, "{path}: same seed, same output");
+        let b = ids(Some(2)).await;
+        assert_ne!(a, b, "{path}: another seed, another output");
+        assert_ne!(a, unseeded, "{path}: a seed changes the output");
+        assert_ne!(ids(Some(-3)).await, a, "{path}: negative seeds are seeds");
+    }
+    m.stop().await;
+}
+
+/// `--log-bodies` adds each request's body, as received, to its log line: a chat turn's
+/// messages (with the assistant's `reasoning_content` of history) can be read back, and
+/// a body that is not JSON is kept as text. History reasoning counts as prompt tokens.
+#[tokio::test]
+async fn the_log_carries_request_bodies() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("mock.jsonl");
+    let m = Mock::start(MockConfig {
+        log: Some(path.clone()),
+        log_bodies: true,
+        ..MockConfig::for_tests()
+    })
+    .await;
+    let messages = json!([
+        {"role": "user", "content": "turn one"},
+        {"role": "assistant", "content": "w1 w2", "reasoning_content": "w3 w4 w5"},
+        {"role": "user", "content": "turn two"}
+    ]);
+    let body = json!({"messages": messages, "max_tokens": 5, "seed": 11});
+    let r = post_json(&m, "/v1/chat/completions", body.clone()).await;
+    // "user: turn one\n" 3 + "assistant: <think> w3 w4 w5 </think> w1 w2\n" 8 + 3.
+    assert_eq!(r["usage"]["prompt_tokens"], 14);
+    let bad = client()
+        .post(m.at("/v1/completions"))
+        .body("not json")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(bad.status(), 400);
+    m.wait("two ended requests", |s| s.ended() == 2).await;
+    let text = std::fs::read_to_string(&path).expect("log");
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    let chat = lines
+        .iter()
+        .find(|l| l["endpoint"] == "/v1/chat/completions")
+        .expect("chat line");
+    assert_eq!(chat["request"], body);
+    assert_eq!(
+        chat["request"]["messages"][1]["reasoning_content"],
+        "w3 w4 w5"
+    );
+    let raw = lines
+        .iter()
+        .find(|l| l["endpoint"] == "/v1/completions")
+        .expect("completions line");
+    assert_eq!(raw["request"], "not json");
+
+    // Without the flag no body is logged.
+    let quiet_path = dir.path().join("quiet.jsonl");
+    let q = Mock::start(MockConfig {
+        log: Some(quiet_path.clone()),
+        ..MockConfig::for_tests()
+    })
+    .await;
+    post_json(&q, "/v1/chat/completions", body).await;
+    q.wait("one ended request", |s| s.ended() == 1).await;
+    let line: Value = serde_json::from_str(
+        std::fs::read_to_string(&quiet_path)
+            .expect("log")
+            .trim_end(),
+    )
+    .expect("JSON line");
+    assert!(line.get("request").is_none(), "{line}");
+    q.stop().await;
+    m.stop().await;
 }
