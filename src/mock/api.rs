@@ -1046,6 +1046,94 @@ mod tests {
         assert_eq!(full["usage"]["completion_tokens"], 1);
     }
 
+    /// The new chat fields are checked and read: bad `tools`, `tool_choice`,
+    /// `chat_template_kwargs` and seeds are 400s naming the field; tools are called only
+    /// after a user message and not under `tool_choice = "none"`; a seed changes the key.
+    #[test]
+    fn parse_reads_tools_kwargs_and_seeds() {
+        let chat = |extra: &str| {
+            let body = format!(r#"{{"messages":[{{"role":"user","content":"a"}}]{extra}}}"#);
+            parse(Api::Chat, body.as_bytes(), None, 100)
+        };
+        let fn_tools =
+            r#","tools":[{"type":"function","function":{"name":"f"}},{"function":{"name":"g"}}]"#;
+        assert_eq!(chat(fn_tools).expect("tools").tools, ["f", "g"]);
+        let named =
+            format!(r#"{fn_tools},"tool_choice":{{"type":"function","function":{{"name":"g"}}}}"#);
+        assert_eq!(chat(&named).expect("named").tools, ["g"]);
+        let none = format!(r#"{fn_tools},"tool_choice":"none""#);
+        assert!(chat(&none).expect("none").tools.is_empty());
+        for (extra, names) in [
+            (r#","tools":"f""#, "tools"),
+            (r#","tools":[{"function":{}}]"#, "tools[0].function.name"),
+            (r#","chat_template_kwargs":[1]"#, "chat_template_kwargs"),
+            (r#","seed":"x""#, "seed"),
+        ] {
+            let err = chat(extra).expect_err(extra).message;
+            assert!(err.starts_with(names), "{extra}: {err}");
+        }
+        let off = chat(r#","chat_template_kwargs":{"enable_thinking":false}"#).expect("kwargs");
+        assert!(!off.thinking_allowed);
+        assert!(chat("").expect("plain").thinking_allowed);
+        let after_tool = parse(
+            Api::Chat,
+            br#"{"messages":[{"role":"user","content":"a"},{"role":"tool","content":"r"}],"tools":[{"function":{"name":"f"}}]}"#,
+            None,
+            100,
+        )
+        .expect("tool result last");
+        assert!(after_tool.tools.is_empty());
+        let unseeded = chat("").expect("plain").key;
+        assert_ne!(chat(r#","seed":1"#).expect("seed").key, unseeded);
+        assert_eq!(
+            chat(r#","seed":1"#).expect("seed").key,
+            chat(r#","seed":1"#).expect("seed").key
+        );
+        let g = parse(
+            Api::Generate,
+            br#"{"text":"a","sampling_params":{"sampling_seed":5}}"#,
+            None,
+            100,
+        )
+        .expect("sglang seed");
+        assert_ne!(
+            g.key,
+            parse(Api::Generate, br#"{"text":"a"}"#, None, 100)
+                .expect("g")
+                .key
+        );
+    }
+
+    /// With a reasoning parser, a think block cut by the cap is all reasoning (content
+    /// null), and a whole one splits into reasoning and content, ids covering both.
+    #[test]
+    fn a_parser_splits_whole_chat_bodies_and_keeps_a_cut_block_as_reasoning() {
+        let mut r = render(Api::Chat, false);
+        r.reasoning_field = Some("reasoning");
+        let plan = Plan {
+            ids: vec![THINK_OPEN, 5, 6, THINK_CLOSE, 7],
+            finish: Finish::Stop,
+            thinking: 1..3,
+            think_end: 4,
+            tool: None,
+        };
+        let whole: Value = serde_json::from_slice(&r.full(&plan, 5, FinishOut::Stop, 0.0)).unwrap();
+        let msg = &whole["choices"][0]["message"];
+        assert_eq!(
+            (msg["reasoning"].as_str(), msg["content"].as_str()),
+            (Some(" w5 w6"), Some(" w7"))
+        );
+        assert!(msg.get("reasoning_content").is_none());
+        assert_eq!(
+            whole["choices"][0]["token_ids"],
+            json!([THINK_OPEN, 5, 6, THINK_CLOSE, 7])
+        );
+        let cut: Value = serde_json::from_slice(&r.full(&plan, 2, FinishOut::Length, 0.0)).unwrap();
+        let msg = &cut["choices"][0]["message"];
+        assert_eq!(msg["reasoning"], " w5");
+        assert!(msg["content"].is_null());
+    }
+
     /// Each API's request body is read into one request (caps, ids, rid, usage option);
     /// malformed JSON, a missing prompt and a negative cap are refused with a 400.
     #[test]
