@@ -232,13 +232,18 @@ pub fn assert_exactly_once(rows: &[ShardRow], ids: &[String]) {
     assert_eq!(rows.len(), ids.len(), "rows that are not in the input");
 }
 
-/// Decodes mock token ids to the mock's text (token t is " w{t}"; 32001 and 32002 are the
-/// think block's markers).
+/// Decodes mock token ids to the mock's text (token t is " w{t}"; 32001–32004 are the think
+/// and tool-call markers; a tool call's JSON is one id per character from 0x1000000).
 pub fn mock_text(ids: &[u32]) -> String {
     ids.iter()
         .map(|&t| match t {
             32001 => "<think>\n".to_string(),
             32002 => "\n</think>\n\n".to_string(),
+            32003 => "<tool_call>\n".to_string(),
+            32004 => "\n</tool_call>".to_string(),
+            t if t >= 0x100_0000 => {
+                char::from_u32(t - 0x100_0000).map_or(String::new(), String::from)
+            }
             t => format!(" w{t}"),
         })
         .collect()
