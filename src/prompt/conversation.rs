@@ -39,7 +39,7 @@ fn call_name(call: &Value) -> Option<&str> {
 }
 
 fn calls_of(v: Option<&Value>) -> &[Value] {
-    v.and_then(Value::as_array).map_or(&[], Vec::as_slice)
+    v.and_then(Value::as_array).map_or(&[][..], Vec::as_slice)
 }
 
 impl Conversation {
