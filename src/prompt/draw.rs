@@ -151,7 +151,7 @@ impl Drawer {
             }
             twox_hash::XxHash64::oneshot(DRAW_SEED, &bytes) % total
         };
-        fn choose<'a, T>(options: &'a [(T, u64)], mut r: u64) -> &'a T {
+        fn choose<T>(options: &[(T, u64)], mut r: u64) -> &T {
             for (v, w) in options {
                 if r < *w {
                     return v;
