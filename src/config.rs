@@ -189,12 +189,104 @@ pub struct Sampling {
 #[serde(deny_unknown_fields)]
 pub struct SamplingOverride {
     pub max_tokens: Option<u32>,
-    pub temperature: Option<f64>,
-    pub top_p: Option<f64>,
+    /// A number, a list (drawn uniformly per generation) or a weighted table.
+    pub temperature: Option<Choice>,
+    /// A number, a list (drawn uniformly per generation) or a weighted table.
+    pub top_p: Option<Choice>,
     pub top_k: Option<i64>,
     pub min_p: Option<f64>,
     pub seed: Option<u64>,
     pub stop: Option<Vec<String>>,
+}
+
+/// A sampling value of a dataset: one number, or several drawn from per generation
+/// (`[0.6, 1.0]` uniformly, `{ "0.6" = 3, "1.0" = 1 }` by weight).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "serde_json::Value", into = "serde_json::Value")]
+pub enum Choice {
+    One(f64),
+    List(Vec<f64>),
+    Weighted(Vec<(f64, u64)>),
+}
+
+impl Choice {
+    /// The value used where one number is needed (the first listed; a table's first
+    /// value in file order); the per-generation draw is [`crate::prompt::draw::Drawer`]'s.
+    pub fn first(&self) -> f64 {
+        match self {
+            Choice::One(v) => *v,
+            Choice::List(l) => l.first().copied().unwrap_or(f64::NAN),
+            Choice::Weighted(w) => w.first().map_or(f64::NAN, |(v, _)| *v),
+        }
+    }
+
+    /// The values and their weights (1 each for a list).
+    pub fn options(&self) -> Result<Vec<(f64, u64)>, String> {
+        match self {
+            Choice::One(v) => Ok(vec![(*v, 1)]),
+            Choice::List(l) => Ok(l.iter().map(|v| (*v, 1)).collect()),
+            Choice::Weighted(w) => Ok(w.clone()),
+        }
+    }
+}
+
+impl TryFrom<serde_json::Value> for Choice {
+    type Error = String;
+
+    fn try_from(v: serde_json::Value) -> Result<Choice, String> {
+        use serde_json::Value;
+        let number = |v: &Value| {
+            v.as_f64()
+                .filter(|f| f.is_finite())
+                .ok_or_else(|| format!("{v} is not a number"))
+        };
+        match &v {
+            Value::Number(_) => number(&v).map(Choice::One),
+            Value::Array(l) if l.is_empty() => Err("an empty list has nothing to draw".into()),
+            Value::Array(l) => l
+                .iter()
+                .map(number)
+                .collect::<Result<_, _>>()
+                .map(Choice::List),
+            Value::Object(t) if t.is_empty() => Err("an empty table has nothing to draw".into()),
+            Value::Object(t) => t
+                .iter()
+                .map(|(k, w)| {
+                    let value = k
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|f| f.is_finite())
+                        .ok_or_else(|| format!("table key `{k}` is not a number"))?;
+                    match w.as_u64() {
+                        Some(n) if n > 0 => Ok((value, n)),
+                        _ => Err(format!(
+                            "the weight of `{k}` must be a positive integer, not {w}"
+                        )),
+                    }
+                })
+                .collect::<Result<_, _>>()
+                .map(Choice::Weighted),
+            other => Err(format!(
+                "expected a number, a list of numbers or a table of weights, not {other}"
+            )),
+        }
+    }
+}
+
+impl From<Choice> for serde_json::Value {
+    fn from(c: Choice) -> serde_json::Value {
+        use serde_json::Value;
+        match c {
+            Choice::One(v) => Value::from(v),
+            Choice::List(l) => Value::from(l),
+            Choice::Weighted(w) => Value::Object(
+                w.into_iter()
+                    .map(|(v, n)| (v.to_string(), Value::from(n)))
+                    .collect(),
+            ),
+        }
+    }
 }
 
 /// When a shard is closed.
@@ -234,6 +326,9 @@ pub struct DatasetConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
+
+/// The most generations per prompt (`samples`): a bound on one item's kept generations.
+pub const MAX_SAMPLES: u32 = 1024;
 
 /// What happens to the model's thinking.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -425,8 +520,11 @@ impl Sampling {
     pub fn with(&self, o: &SamplingOverride) -> Sampling {
         Sampling {
             max_tokens: o.max_tokens.unwrap_or(self.max_tokens),
-            temperature: o.temperature.unwrap_or(self.temperature),
-            top_p: o.top_p.unwrap_or(self.top_p),
+            temperature: o
+                .temperature
+                .as_ref()
+                .map_or(self.temperature, Choice::first),
+            top_p: o.top_p.as_ref().map_or(self.top_p, Choice::first),
             top_k: o.top_k.or(self.top_k),
             min_p: o.min_p.or(self.min_p),
             seed: o.seed.or(self.seed),
@@ -569,6 +667,22 @@ impl Config {
                     self.invalid(&format!("dataset[{i}].sampling.max_tokens"), "must be > 0")
                 );
             }
+            if let Some(n) = d.samples.filter(|n| !(1..=MAX_SAMPLES).contains(n)) {
+                return Err(self.invalid(
+                    &format!("dataset[{i}].samples"),
+                    format!("dataset `{}`: must be 1..={MAX_SAMPLES}, not {n}", d.name),
+                ));
+            }
+            if let Err(why) = crate::prompt::draw::Drawer::of_dataset(self, d) {
+                let key = why.split(':').next().unwrap_or_default();
+                return Err(self.invalid(
+                    &format!("dataset[{i}].{key}"),
+                    format!("dataset `{}`: {why}", d.name),
+                ));
+            }
+        }
+        if let Some(n) = self.samples.filter(|n| !(1..=MAX_SAMPLES).contains(n)) {
+            return Err(self.invalid("samples", format!("must be 1..={MAX_SAMPLES}, not {n}")));
         }
         if self.sampling.max_tokens == 0 {
             return Err(self.invalid("sampling.max_tokens", "must be > 0"));
@@ -722,6 +836,57 @@ mod tests {
             .to_string();
         assert!(e.contains("concurency"), "{e}");
         assert!(e.contains("spool.toml"), "{e}");
+    }
+
+    /// A typo in the generation keys (a misspelt key, an unknown value) is refused with
+    /// its line; bad values are refused naming the dataset and the key; good ones load,
+    /// the top level giving defaults.
+    #[test]
+    fn generation_keys_are_checked() {
+        let base =
+            "[server]\nurls = ['http://127.0.0.1:1']\n[[dataset]]\nname='a'\npath='a.jsonl'\n";
+        for (extra, says) in [
+            ("turn = 'all'\n", "line 6"),
+            ("turns = 'every'\n", "line 6"),
+            ("reasoning = 'hide'\n", "line 6"),
+            ("history_reasoning = 'kept'\n", "line 6"),
+        ] {
+            let e = load_str(&format!("{base}{extra}")).unwrap_err().to_string();
+            assert!(e.contains(says), "{extra}: {e}");
+        }
+        for (extra, key) in [
+            ("samples = 0\n", "dataset[0].samples"),
+            ("samples = 1025\n", "dataset[0].samples"),
+            (
+                "chat_template_kwargs = { effort = { low = 0 } }\n",
+                "dataset[0].chat_template_kwargs.effort",
+            ),
+            (
+                "reasoning = 'disable'\nchat_template_kwargs = { enable_thinking = true }\n",
+                "enable_thinking",
+            ),
+        ] {
+            let e = load_str(&format!("{base}{extra}")).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("dataset `a`"), "{extra}: {e}");
+        }
+        let e = load_str(&format!(
+            "{base}[dataset.sampling]\ntemperature = {{ \"0.6\" = -1 }}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("line 7") && e.contains("positive integer"),
+            "{e}"
+        );
+        let cfg = load_str(&format!(
+            "samples = 4\nchat_template_kwargs = {{ effort = {{ low = 4, high = 2 }} }}\n{base}\
+             turns = 'all'\n[dataset.sampling]\ntemperature = [0.6, 1.0]\n"
+        ))
+        .unwrap();
+        let g = cfg.generation_of(&cfg.datasets[0]);
+        assert_eq!((g.samples, g.turns), (4, Turns::All));
+        assert!(g.chat_template_kwargs.contains_key("effort"));
+        assert_eq!(cfg.sampling_of(&cfg.datasets[0]).temperature, 0.6);
     }
 
     /// Dataset names that would escape or collide as folder names are refused, naming the key.

@@ -243,9 +243,10 @@ impl From<BlockError> for Error {
 impl From<IntakeError> for Error {
     fn from(e: IntakeError) -> Error {
         let kind = match &e {
-            IntakeError::Dataset(_) | IntakeError::Changed { .. } | IntakeError::Shrunk { .. } => {
-                Kind::Usage
-            }
+            IntakeError::Dataset(_)
+            | IntakeError::Changed { .. }
+            | IntakeError::Shrunk { .. }
+            | IntakeError::Generation { .. } => Kind::Usage,
             // The sink is the queue (or the rejects file): a queue error keeps its own kind.
             IntakeError::Sink(e) => e
                 .downcast_ref::<QueueError>()

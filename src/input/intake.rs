@@ -18,11 +18,14 @@
 //! whatever the thread count; no prompt is handed on twice. The sink is where the items
 //! go (the queue, for a run), so this stage does not know the queue's types.
 
-use crate::config::DatasetConfig;
+use crate::config::{DatasetConfig, GenerationSpec, HistoryReasoning, Sampling, Turns};
 use crate::input::dataset::{DatasetError, DatasetReader, PrefixMark};
 use crate::input::dedup::{IdSet, SpillError};
 use crate::input::row::{Entry, Input, Parser, Raw, RawEntry, Rejection, Row};
+use crate::prompt::conversation::Conversation;
+use crate::prompt::draw::Drawer;
 use crate::prompt::{BuiltPrompt, PromptBuilder};
+use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,6 +67,9 @@ pub enum IntakeError {
     NotOpened(String),
     #[error("a prompt worker thread panicked")]
     Panicked,
+    /// The dataset's generation keys cannot be used (the config check refuses them first).
+    #[error("dataset `{dataset}`: {detail}")]
+    Generation { dataset: String, detail: String },
 }
 
 /// What one intake pass did.
@@ -96,6 +102,67 @@ pub struct IntakeOptions {
     pub max_tokens: u32,
     /// Worker threads for parsing, rendering and tokenizing; 0 = one per core.
     pub threads: usize,
+    /// The dataset's generation keys ([`crate::config::Config::generation_of`]): with
+    /// `turns = "all"` an item keeps its whole conversation and its prompt is turn 0's
+    /// request; prompts are rendered with its fixed template variables.
+    pub generation: GenerationSpec,
+}
+
+/// How the workers render a row's prompt: the same for every row of a dataset.
+struct Render {
+    /// See [`IntakeOptions::server_templates`].
+    server_templates: bool,
+    turns: Turns,
+    /// The dataset's template variables that every generation gets (`enable_thinking =
+    /// false` for `reasoning = "disable"`); a row's `tools` are added to them.
+    kwargs: Map<String, Value>,
+}
+
+impl Render {
+    /// The prompt of one row: its messages (turn 0's request with `turns = "all"`)
+    /// rendered with the dataset's fixed variables and the row's tools.
+    fn build(&self, builder: &PromptBuilder, row: &Row) -> Result<BuiltPrompt, String> {
+        let m = match &row.input {
+            Input::Prompt(p) => {
+                if row.tools.is_some() {
+                    return Err("`tools` needs `messages` or `conversations` (a `prompt` is                                 sent as is, with no template to put them in)"
+                        .into());
+                }
+                return builder.build_text(p).map_err(|e| e.to_string());
+            }
+            Input::Messages(m) => m,
+        };
+        let first;
+        let messages = match self.turns {
+            Turns::Last => m,
+            Turns::All => {
+                let c = Conversation::new(m.as_array().cloned().unwrap_or_default());
+                if c.turns() == 0 {
+                    return Err("the conversation has no assistant turn to generate (no                                 assistant message, and it does not end with a user or tool                                 message)"
+                        .into());
+                }
+                first = Value::Array(c.request(0, &[], HistoryReasoning::Drop)?);
+                &first
+            }
+        };
+        if self.server_templates && !builder.has_template() {
+            return Ok(BuiltPrompt {
+                text: messages.to_string(),
+                token_ids: None,
+            });
+        }
+        let extra = match &row.tools {
+            None => std::borrow::Cow::Borrowed(&self.kwargs),
+            Some(tools) => {
+                let mut k = self.kwargs.clone();
+                k.insert("tools".into(), tools.clone());
+                std::borrow::Cow::Owned(k)
+            }
+        };
+        builder
+            .build_chat_with(messages, &extra)
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// Rejections per batch at most: a long run of bad rows (the second half of a file
@@ -205,7 +272,7 @@ fn prepare<T>(
     parser: &Parser,
     builder: &PromptBuilder,
     encode: fn(&Row, BuiltPrompt) -> T,
-    server_templates: bool,
+    render: &Render,
     scanned: u64,
     chunk: Vec<RawEntry>,
 ) -> Vec<Prepared<T>> {
@@ -220,19 +287,7 @@ fn prepare<T>(
                         // A panic in the template engine or the tokenizer rejects this row
                         // only: a lost chunk would stall the in-order collector.
                         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            match &row.input {
-                                Input::Prompt(p) => builder.build_text(p),
-                                Input::Messages(m)
-                                    if server_templates && !builder.has_template() =>
-                                {
-                                    Ok(BuiltPrompt {
-                                        text: m.to_string(),
-                                        token_ids: None,
-                                    })
-                                }
-                                Input::Messages(m) => builder.build_chat(m),
-                            }
-                            .map_err(|e| e.to_string())
+                            render.build(builder, &row)
                         }))
                         .unwrap_or_else(|panic| {
                             let what = panic
@@ -315,14 +370,14 @@ fn work_chunks<T>(
     parser: &Parser,
     builder: &PromptBuilder,
     encode: fn(&Row, BuiltPrompt) -> T,
-    server_templates: bool,
+    render: &Render,
     scanned: u64,
 ) {
     loop {
         // The lock is held only to take the next chunk.
         let job = jobs.lock().unwrap_or_else(|p| p.into_inner()).recv();
         let Ok((seq, chunk, mark)) = job else { return };
-        let done = prepare(parser, builder, encode, server_templates, scanned, chunk);
+        let done = prepare(parser, builder, encode, render, scanned, chunk);
         if out.send((seq, done, mark)).is_err() {
             return;
         }
@@ -340,7 +395,24 @@ pub fn intake<S: IntakeSink>(
         .progress()
         .ok_or_else(|| IntakeError::NotOpened(d.name.clone()))?;
     let mut reader = DatasetReader::open(&d.path, &d.name)?;
-    let parser = reader.parser();
+    let turns = opts.generation.turns;
+    let parser = reader.parser().whole_conversations(turns == Turns::All);
+    let kwargs = Drawer::new(
+        &Sampling::default(),
+        &opts.generation.chat_template_kwargs,
+        opts.generation.reasoning,
+    )
+    .map_err(|detail| IntakeError::Generation {
+        dataset: d.name.clone(),
+        detail,
+    })?
+    .fixed_kwargs();
+    let render = Render {
+        server_templates: opts.server_templates,
+        turns,
+        kwargs,
+    };
+    let render = &render;
     // Restart fast path: an unchanged prefix (same bytes, by fingerprint) holds only rows
     // already taken in, so it is hashed, not parsed and checked row by row.
     let mut skipped = None;
@@ -395,17 +467,8 @@ pub fn intake<S: IntakeSink>(
         let mut workers = Vec::with_capacity(threads);
         for _ in 0..threads {
             let (jobs, out, parser) = (jobs.clone(), done_tx.clone(), parser.clone());
-            let server_templates = opts.server_templates;
             workers.push(s.spawn(move || {
-                work_chunks(
-                    &jobs,
-                    out,
-                    &parser,
-                    builder,
-                    S::encode,
-                    server_templates,
-                    scanned,
-                )
+                work_chunks(&jobs, out, &parser, builder, S::encode, render, scanned)
             }));
         }
         drop((jobs, done_tx));

@@ -1,7 +1,8 @@
 //! Parquet prompt files, read one row group at a time with only the known columns decoded.
 //!
 //! Invariant: a Parquet row becomes the JSON object a JSONL line would hold (nulls left
-//! out, `messages` / `conversations` JSON text decoded), so both formats parse alike.
+//! out, `messages` / `conversations` / `tools` JSON text decoded), so both formats parse
+//! alike.
 
 use super::dataset::DatasetError;
 use super::row::{Raw, RawEntry};
@@ -23,7 +24,7 @@ use std::path::{Path, PathBuf};
 const PARQUET_BATCH_ROWS: usize = 1024;
 
 /// The Parquet columns read; any other column is ignored (never decoded).
-const PARQUET_COLUMNS: [&str; 4] = ["prompt", "messages", "conversations", "id"];
+const PARQUET_COLUMNS: [&str; 5] = ["prompt", "messages", "conversations", "id", "tools"];
 
 /// A Parquet file read one row group at a time, [`PARQUET_BATCH_ROWS`] rows per batch,
 /// with only the known columns projected.
@@ -193,7 +194,9 @@ fn row_object(names: &[String], batch: &RecordBatch, i: usize) -> Raw {
             Err(e) => return Raw::Bad(format!("column `{name}`: {e}")),
         };
         let v = match v {
-            Value::String(s) if name == "messages" || name == "conversations" => {
+            Value::String(s)
+                if name == "messages" || name == "conversations" || name == "tools" =>
+            {
                 match serde_json::from_str::<Value>(&s) {
                     Ok(v) => v,
                     Err(e) => {

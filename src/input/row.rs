@@ -2,7 +2,9 @@
 //! rejected.
 //!
 //! A row carries exactly one of `prompt`, `messages` or `conversations` (ShareGPT,
-//! converted to messages, a trailing assistant turn dropped) and optionally an `id`.
+//! converted to messages, a trailing assistant turn dropped unless the parser keeps whole
+//! conversations for `turns = "all"`), optionally an `id` and optionally `tools` (an array
+//! of OpenAI function schemas, part of the row's content).
 //! [`Parser::parse`] turns a [`RawEntry`] cut by the reader into an [`Entry`]: JSON parsing,
 //! shape checks, ids and hashes, so intake can parse on many threads.
 //!
@@ -30,6 +32,8 @@ pub struct Row {
     pub row: u64,
     pub id: String,
     pub input: Input,
+    /// OpenAI function schemas offered to the model (an array of objects).
+    pub tools: Option<Value>,
     /// Content fingerprint: detects a row that changed between runs.
     pub hash: [u8; 16],
 }
@@ -82,6 +86,8 @@ impl RawEntry {
 pub struct Parser {
     file: String,
     pub(super) dataset: String,
+    /// Keep a ShareGPT conversation's trailing assistant turn (`turns = "all"`).
+    whole: bool,
 }
 
 impl Parser {
@@ -90,7 +96,15 @@ impl Parser {
         Self {
             file: path.display().to_string(),
             dataset: dataset.to_string(),
+            whole: false,
         }
+    }
+
+    /// This parser keeping whole conversations (a ShareGPT row's trailing assistant turn
+    /// too), as `turns = "all"` regenerates every assistant turn.
+    pub fn whole_conversations(mut self, whole: bool) -> Self {
+        self.whole = whole;
+        self
     }
 
     /// Parses one raw row: a good row, or its rejection.
@@ -98,9 +112,9 @@ impl Parser {
         let row = e.row;
         let res = match e.raw {
             Raw::Bad(reason) => Err(reason),
-            Raw::Object(obj) => parse_object(&self.dataset, row, obj),
+            Raw::Object(obj) => parse_object_as(&self.dataset, row, obj, self.whole),
             Raw::Line(bytes) => match std::str::from_utf8(&bytes) {
-                Ok(text) => parse_row(&self.dataset, row, text.trim()),
+                Ok(text) => parse_text(&self.dataset, row, text.trim(), self.whole),
                 Err(e) => Err(format!("invalid UTF-8 at byte {}", e.valid_up_to())),
             },
         };
@@ -123,15 +137,46 @@ impl Parser {
 
 /// Parses one JSON line into a row, or the reason it is rejected.
 pub fn parse_row(dataset: &str, row: u64, text: &str) -> Result<Row, String> {
+    parse_text(dataset, row, text, false)
+}
+
+fn parse_text(dataset: &str, row: u64, text: &str, whole: bool) -> Result<Row, String> {
     let v: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
     let Value::Object(obj) = v else {
         return Err("a row must be a JSON object".into());
     };
-    parse_object(dataset, row, obj)
+    parse_object_as(dataset, row, obj, whole)
 }
 
 /// Parses one row given as a JSON object (a JSONL line, or a Parquet row).
 pub fn parse_object(dataset: &str, row: u64, obj: Map<String, Value>) -> Result<Row, String> {
+    parse_object_as(dataset, row, obj, false)
+}
+
+/// `tools`, when the row has them: an array of objects (OpenAI function schemas).
+fn check_tools(v: Option<&Value>) -> Result<Option<Value>, String> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(tools)) => match tools.iter().position(|t| !t.is_object()) {
+            Some(i) => Err(format!(
+                "tools[{i}] must be an object (an OpenAI function schema), not {}",
+                type_name(&tools[i])
+            )),
+            None => Ok(Some(Value::Array(tools.clone()))),
+        },
+        Some(other) => Err(format!(
+            "`tools` must be an array of OpenAI function schemas, not {}",
+            type_name(other)
+        )),
+    }
+}
+
+fn parse_object_as(
+    dataset: &str,
+    row: u64,
+    obj: Map<String, Value>,
+    whole: bool,
+) -> Result<Row, String> {
     let present: Vec<&str> = ["prompt", "messages", "conversations"]
         .into_iter()
         .filter(|k| obj.get(*k).is_some_and(|v| !v.is_null()))
@@ -148,7 +193,7 @@ pub fn parse_object(dataset: &str, row: u64, obj: Map<String, Value>) -> Result<
             }
         },
         ["messages"] => Input::Messages(check_messages(&obj["messages"])?),
-        ["conversations"] => Input::Messages(convert_sharegpt(&obj["conversations"])?),
+        ["conversations"] => Input::Messages(convert_sharegpt(&obj["conversations"], whole)?),
         [] => return Err("none of `prompt`, `messages`, `conversations`".into()),
         several => {
             return Err(format!(
@@ -173,7 +218,14 @@ pub fn parse_object(dataset: &str, row: u64, obj: Map<String, Value>) -> Result<
             ))
         }
     };
-    let canonical = serde_json::to_string(&content).map_err(|e| e.to_string())?;
+    let tools = check_tools(obj.get("tools"))?;
+    let mut canonical = serde_json::to_string(&content).map_err(|e| e.to_string())?;
+    // Tools are content (the same messages with other tools is another prompt); a row
+    // without them keeps the fingerprint and id it always had.
+    if let Some(t) = &tools {
+        canonical.push('\0');
+        canonical.push_str(&t.to_string());
+    }
     let digest = Sha256::new()
         .chain_update(dataset.as_bytes())
         .chain_update([0u8])
@@ -194,6 +246,7 @@ pub fn parse_object(dataset: &str, row: u64, obj: Map<String, Value>) -> Result<
         row,
         id,
         input,
+        tools,
         hash,
     })
 }
@@ -240,7 +293,7 @@ fn check_messages(v: &Value) -> Result<Value, String> {
     Ok(v.clone())
 }
 
-fn convert_sharegpt(v: &Value) -> Result<Value, String> {
+fn convert_sharegpt(v: &Value, whole: bool) -> Result<Value, String> {
     let Value::Array(turns) = v else {
         return Err(format!(
             "`conversations` must be an array, not {}",
@@ -272,12 +325,14 @@ fn convert_sharegpt(v: &Value) -> Result<Value, String> {
         m.insert("content".into(), Value::String(value.into()));
         out.push(Value::Object(m));
     }
-    // The trailing assistant turn is what we generate.
-    if out
-        .last()
-        .and_then(|m| m.get("role"))
-        .and_then(|r| r.as_str())
-        == Some("assistant")
+    // The trailing assistant turn is what we generate (with `whole`, it is regenerated
+    // like every other assistant turn, so it stays).
+    if !whole
+        && out
+            .last()
+            .and_then(|m| m.get("role"))
+            .and_then(|r| r.as_str())
+            == Some("assistant")
     {
         out.pop();
     }

@@ -49,8 +49,25 @@ impl PromptBuilder {
     /// without special tokens (the template writes BOS itself, as transformers does).
     /// Without a template this is [`TemplateError::NoTemplate`].
     pub fn build_chat(&self, messages: &JsonValue) -> Result<BuiltPrompt, TemplateError> {
+        self.build_chat_with(messages, &Map::new())
+    }
+
+    /// A `messages` row rendered with the builder's template variables overridden by
+    /// `extra` (`tools`, `enable_thinking`, drawn variables), as transformers'
+    /// `apply_chat_template(messages, tools=…, **kwargs)`; otherwise as [`Self::build_chat`].
+    pub fn build_chat_with(
+        &self,
+        messages: &JsonValue,
+        extra: &Map<String, JsonValue>,
+    ) -> Result<BuiltPrompt, TemplateError> {
         let template = self.template.as_ref().ok_or(TemplateError::NoTemplate)?;
-        let text = template.render(messages, true, &self.template_kwargs)?;
+        let text = if extra.is_empty() {
+            template.render(messages, true, &self.template_kwargs)?
+        } else {
+            let mut kwargs = self.template_kwargs.clone();
+            kwargs.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+            template.render(messages, true, &kwargs)?
+        };
         let token_ids = match &self.tokenizer {
             Some(tokenizer) => Some(tokenizer.encode(&text, false)?),
             None => None,

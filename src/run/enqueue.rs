@@ -58,19 +58,7 @@ impl IntakeSink for QueueSink<'_> {
     type Item = EncodedItem;
 
     fn encode(row: &Row, prompt: BuiltPrompt) -> EncodedItem {
-        let messages = match &row.input {
-            Input::Messages(m) => Some(m.to_string()),
-            Input::Prompt(_) => None,
-        };
-        let item = Item {
-            id: row.id.clone(),
-            hash: row.hash,
-            prompt: prompt.text,
-            messages,
-            prompt_ids: prompt.token_ids,
-            extra: None,
-        };
-        EncodedItem::new(row.row, &item)
+        EncodedItem::new(row.row, &item_of(row, prompt))
     }
 
     fn progress(&self) -> Option<Progress> {
@@ -133,6 +121,26 @@ impl IntakeSink for QueueSink<'_> {
 
     fn rejects_path(&self) -> &Path {
         &self.rejects.path
+    }
+}
+
+/// The queue item of a row: its messages (the whole conversation when the parser kept
+/// it), its prompt as built, and its `tools` in `extra` as `{"tools": [...]}`.
+fn item_of(row: &Row, prompt: BuiltPrompt) -> Item {
+    let messages = match &row.input {
+        Input::Messages(m) => Some(m.to_string()),
+        Input::Prompt(_) => None,
+    };
+    Item {
+        id: row.id.clone(),
+        hash: row.hash,
+        prompt: prompt.text,
+        messages,
+        prompt_ids: prompt.token_ids,
+        extra: row
+            .tools
+            .as_ref()
+            .map(|t| serde_json::json!({ "tools": t }).to_string()),
     }
 }
 
@@ -395,5 +403,32 @@ mod tests {
             run(&q, &file, &out),
             Err(IntakeError::Changed { line: 301, .. })
         ));
+    }
+
+    /// A row's `tools` become the item's `extra` as `{"tools": [...]}`; a row without
+    /// them has none; messages are kept as given.
+    #[test]
+    fn tools_go_into_the_item_extra() {
+        let row = crate::input::row::parse_row(
+            "d",
+            0,
+            r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]}"#,
+        )
+        .unwrap();
+        let built = BuiltPrompt {
+            text: "p".into(),
+            token_ids: None,
+        };
+        let item = item_of(&row, built.clone());
+        assert_eq!(
+            item.extra.as_deref(),
+            Some(r#"{"tools":[{"type":"function","function":{"name":"f"}}]}"#)
+        );
+        assert_eq!(
+            item.messages.as_deref(),
+            Some(r#"[{"role":"user","content":"x"}]"#)
+        );
+        let plain = crate::input::row::parse_row("d", 0, r#"{"prompt": "x"}"#).unwrap();
+        assert_eq!(item_of(&plain, built).extra, None);
     }
 }

@@ -376,6 +376,7 @@ impl Job {
                 context_length,
                 max_tokens: cfg.sampling_of(d).max_tokens,
                 threads: 0,
+                generation: cfg.generation_of(d),
             };
             let o = opts.clone();
             let rep = tokio::task::spawn_blocking(move || intake(&q, ds, &d2, &b, &out, &o))

@@ -280,6 +280,33 @@ fn unknown_config_keys_exit_2_naming_key_and_file() {
     }
 }
 
+/// The drafter-data keys through the binary: a misspelt key, an unknown value, a sample
+/// count out of range and a weighted table with a zero weight each exit 2 naming the key
+/// and the file, and nothing is written.
+#[test]
+fn bad_generation_keys_exit_2_naming_the_key() {
+    for (to, key) in [
+        ("name = \"a\"\nturn = \"all\"", "turn"),
+        ("name = \"a\"\nturns = \"every\"", "every"),
+        ("name = \"a\"\nsamples = 0", "dataset[0].samples"),
+        (
+            "name = \"a\"\nchat_template_kwargs = { reasoning_effort = { low = 0 } }",
+            "chat_template_kwargs.reasoning_effort",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("p.jsonl"), "{\"prompt\": \"x\"}\n").unwrap();
+        let cfg = one_dataset(dir.path(), "http://127.0.0.1:9");
+        edit_config(&cfg, "name = \"a\"", to);
+        let before = tree(dir.path());
+        let o = spool(&cfg, &["run"], &[]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains(key) && e.contains("spool.toml"), "{e}");
+        assert_eq!(tree(dir.path()), before, "something was written");
+    }
+}
+
 /// Dataset names that would leave `output_dir` (`/`, `..`, `.`): exit 2 naming the key,
 /// and nothing written anywhere.
 #[test]

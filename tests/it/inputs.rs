@@ -744,3 +744,132 @@ fn context_limit_boundary_is_one_token_of_room() {
         assert_eq!(rep.prompt_tokens, u64::from(n) * added);
     }
 }
+
+/// With `turns = "all"` and `reasoning = "disable"`: a ShareGPT conversation keeps every
+/// message (its trailing assistant turn too) and its prompt is turn 0's request rendered
+/// with `enable_thinking = false` (never an original reply); a row's `tools` are rendered
+/// into the prompt; a conversation with no turn to generate and bad
+/// `tools` are rejected naming their lines.
+#[test]
+fn whole_conversations_tools_and_static_kwargs_at_intake() {
+    use spool::config::{GenerationSpec, Reasoning, Turns};
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("t.jsonl");
+    let tools = json!([{"type": "function", "function": {"name": "get_time",
+        "parameters": {"type": "object", "properties": {}}}}]);
+    let lines = [
+        json!({"id": "conv", "conversations": [
+            {"from": "system", "value": "S"},
+            {"from": "human", "value": "U0"}, {"from": "gpt", "value": "ORIGINAL0"},
+            {"from": "human", "value": "U1"}, {"from": "gpt", "value": "ORIGINAL1"}]}),
+        json!({"id": "tooled", "messages": [{"role": "user", "content": "time?"}],
+            "tools": tools}),
+        json!({"id": "none", "messages": [{"role": "system", "content": "only a system"}]}),
+        json!({"id": "badtools", "messages": [{"role": "user", "content": "x"}],
+            "tools": "get_time"}),
+        json!({"id": "badtool", "messages": [{"role": "user", "content": "x"}],
+            "tools": [1]}),
+    ];
+    std::fs::write(
+        &file,
+        lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    )
+    .unwrap();
+    let q = Queue::open(&dir.path().join("data")).unwrap();
+    let ds = q.open_dataset("d").unwrap().index;
+    let opts = IntakeOptions {
+        threads: 2,
+        max_tokens: 100,
+        generation: GenerationSpec {
+            reasoning: Reasoning::Disable,
+            turns: Turns::All,
+            samples: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let b = qwen_builder();
+    let out = dir.path().join("out");
+    let rep = intake(&q, ds, &dataset_cfg(&file, None), &b, &out, &opts).unwrap();
+    assert_eq!((rep.added, rep.rejected), (2, 3));
+
+    let conv = q.item(ds, 0).unwrap().unwrap();
+    let messages: Value = serde_json::from_str(conv.messages.as_deref().unwrap()).unwrap();
+    assert_eq!(messages.as_array().unwrap().len(), 5, "{messages}");
+    assert_eq!(messages[4]["content"], "ORIGINAL1");
+    let no_thinking = serde_json::Map::from_iter([("enable_thinking".into(), json!(false))]);
+    let want = b
+        .build_chat_with(
+            &json!([{"role": "system", "content": "S"}, {"role": "user", "content": "U0"}]),
+            &no_thinking,
+        )
+        .unwrap();
+    assert_eq!(conv.prompt, want.text);
+    assert_eq!(conv.prompt_ids, want.token_ids);
+    assert!(conv
+        .prompt
+        .ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+    assert!(!conv.prompt.contains("ORIGINAL"));
+    assert_eq!(conv.extra, None);
+
+    // The item's `extra` ({"tools": [...]}) is checked where it is built
+    // (`enqueue::tests::tools_go_into_the_item_extra`).
+    let tooled = q.item(ds, 1).unwrap().unwrap();
+    assert!(tooled.prompt.contains("# Tools"), "{}", tooled.prompt);
+    assert!(
+        tooled.prompt.contains("\"name\": \"get_time\""),
+        "{}",
+        tooled.prompt
+    );
+
+    let rejected = std::fs::read_to_string(out.join("d/_rejected.jsonl")).unwrap();
+    let rejected: Vec<Value> = rejected
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let by_line: Vec<(u64, String)> = rejected
+        .iter()
+        .map(|r| {
+            (
+                r["line"].as_u64().unwrap(),
+                r["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(by_line.len(), 3, "{by_line:?}");
+    assert_eq!(by_line[0].0, 3);
+    assert!(by_line[0].1.contains("no assistant turn"), "{by_line:?}");
+    assert_eq!(by_line[1].0, 4);
+    assert!(
+        by_line[1].1.contains("`tools` must be an array"),
+        "{by_line:?}"
+    );
+    assert_eq!(by_line[2].0, 5);
+    assert!(
+        by_line[2].1.contains("tools[0] must be an object"),
+        "{by_line:?}"
+    );
+}
+
+/// With the default `turns = "last"`, a ShareGPT conversation's trailing assistant turn is
+/// still dropped and a row without tools keeps the id it always had (tools are content
+/// only when present).
+#[test]
+fn last_turn_intake_is_unchanged_by_tools_support() {
+    let row =
+        r#"{"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]}"#;
+    let plain = spool::input::row::parse_row("d", 0, row).unwrap();
+    assert_eq!(
+        plain.input,
+        Input::Messages(json!([{"role": "user", "content": "a"}]))
+    );
+    let msgs = r#"{"messages": [{"role": "user", "content": "a"}]}"#;
+    let a = spool::input::row::parse_row("d", 0, msgs).unwrap();
+    assert_eq!(a.id, plain.id, "the dropped turn leaves the same content");
+    let with_tools =
+        r#"{"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]}"#;
+    let t = spool::input::row::parse_row("d", 0, with_tools).unwrap();
+    assert_ne!(t.id, a.id);
+    assert_ne!(t.hash, a.hash);
+    assert_eq!(t.tools, Some(json!([{"type": "function"}])));
+}

@@ -204,3 +204,53 @@ fn template_golden_qwen3() {
 fn template_golden_phi3() {
     assert_family("phi3", 32, 14);
 }
+
+/// `build_chat_with` renders as transformers' `apply_chat_template(messages, tools=…,
+/// **kwargs)`: every Qwen3 golden made with kwargs and a generation prompt
+/// (`enable_thinking=false`, `tools`) comes out byte for byte with its ids, through a
+/// builder whose own variables say otherwise (`enable_thinking=true`), so `extra` wins;
+/// the empty think block and the tools section are there.
+#[test]
+fn build_chat_with_matches_the_qwen3_kwargs_goldens() {
+    let dir = family_dir("qwen3");
+    let template = ChatTemplate::from_file(&dir.join("tokenizer_config.json")).unwrap();
+    let tokenizer = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
+    let builder =
+        PromptBuilder::new(Some(template), Some(tokenizer)).with_template_kwargs(Map::from_iter([
+            ("enable_thinking".to_owned(), Value::Bool(true)),
+        ]));
+    let goldens = std::fs::read_to_string(dir.join("goldens.jsonl")).unwrap();
+    let (mut no_thinking, mut tools) = (0, 0);
+    for line in goldens.lines().filter(|l| !l.trim().is_empty()) {
+        let case: Value = serde_json::from_str(line).unwrap();
+        let Some(kwargs) = case.get("kwargs").and_then(Value::as_object) else {
+            continue;
+        };
+        if case["add_generation_prompt"] != Value::Bool(true)
+            || kwargs.contains_key("enable_thinking") && kwargs["enable_thinking"] != false
+        {
+            continue;
+        }
+        let mut extra = kwargs.clone();
+        extra.entry("enable_thinking").or_insert(Value::Bool(true));
+        let built = builder.build_chat_with(&case["messages"], &extra).unwrap();
+        let want = case["rendered"].as_str().unwrap();
+        assert_eq!(built.text, want, "{}", case["id"]);
+        assert_eq!(
+            built.token_ids.unwrap(),
+            ids(&case["input_ids"]),
+            "{}",
+            case["id"]
+        );
+        if kwargs.get("enable_thinking") == Some(&Value::Bool(false)) {
+            assert!(want.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+            no_thinking += 1;
+        }
+        if kwargs.contains_key("tools") {
+            assert!(want.contains("# Tools\n\nYou may call one or more functions"));
+            assert!(want.contains("<tools>\n{\"type\": \"function\""), "{want}");
+            tools += 1;
+        }
+    }
+    assert_eq!((no_thinking, tools), (1, 3));
+}
