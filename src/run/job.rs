@@ -156,13 +156,9 @@ async fn run_job(
             .datasets
             .iter()
             .map(|d| {
-                let g = job.cfg.generation_of(d);
-                Drawer::new(
-                    &job.cfg.sampling_of(d),
-                    &g.chat_template_kwargs,
-                    g.reasoning,
-                )
-                .map_err(|e| Error::new(Kind::Usage, anyhow::anyhow!("dataset {:?}: {e}", d.name)))
+                Drawer::of_dataset(&job.cfg, d).map_err(|e| {
+                    Error::new(Kind::Usage, anyhow::anyhow!("dataset {:?}: {e}", d.name))
+                })
             })
             .collect::<Result<_, _>>()?,
         markers: builder.template().and_then(ThinkMarkers::of_template),

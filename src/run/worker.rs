@@ -852,17 +852,6 @@ fn to_row(
     )
 }
 
-// Placeholder until the builder renders with per-request variables.
-impl PromptBuilder {
-    pub(crate) fn build_chat_with(
-        &self,
-        messages: &serde_json::Value,
-        _extra: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<crate::prompt::BuiltPrompt, crate::prompt::TemplateError> {
-        self.build_chat(messages)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::backoff;
