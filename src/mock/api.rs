@@ -269,10 +269,14 @@ fn seeded_key(key: u64, seed: Option<u64>) -> u64 {
     }
 }
 
+/// Qwen3's real ids of `<think>\n\n</think>\n\n`, so an id prompt rendered by the real
+/// tokenizer with thinking off is understood as one.
+const QWEN3_EMPTY_THINK: [u32; 4] = [151_667, 271, 151_668, 271];
+
 /// A prompt closing with an empty think block: how Qwen3's template renders
-/// `enable_thinking = false`.
+/// `enable_thinking = false` (in the mock's ids, or in Qwen3's own).
 fn ends_with_empty_think(ids: &[u32]) -> bool {
-    ids.ends_with(&[THINK_OPEN, THINK_CLOSE])
+    ids.ends_with(&[THINK_OPEN, THINK_CLOSE]) || ids.ends_with(&QWEN3_EMPTY_THINK)
 }
 
 /// `chat_template_kwargs.enable_thinking == false`.

@@ -16,7 +16,8 @@
 //!   reading `"\n</think>\n\n"`, then the answer words (2 more tokens than without). No
 //!   block when the chat request sends `chat_template_kwargs.enable_thinking: false`, or a
 //!   text/id prompt ends with an empty think block (`<think>\n\n</think>\n\n`, ids 32001
-//!   32002: how Qwen3's template renders `enable_thinking=false`). A prompt ending with
+//!   32002, or Qwen3's own ids 151667 271 151668 271: how Qwen3's template renders
+//!   `enable_thinking=false`). A prompt ending with
 //!   `<think>` (32001) already opened the block: the output has no open marker. The mock
 //!   tokenizer reads the words `<think>`, `</think>`, `<tool_call>`, `</tool_call>` as ids
 //!   32001–32004.
