@@ -30,6 +30,8 @@ echo "== spool verify"
 "$BIN" verify -c "$OUT/spool.toml"
 echo "== first rows of $OUT/spool-out/chat/part-000000.parquet"
 "$BIN" show "$OUT/spool-out/chat/part-000000.parquet" -n 2 --width 100
+echo "== a regenerated conversation: turns 0-2 of dialogues' first prompt, thinking split off"
+"$BIN" show "$OUT/spool-out/dialogues/part-000000.parquet" -n 3 --width 100
 echo "== run it again: nothing left to do, nothing requested twice"
 "$BIN" run -q -c "$OUT/spool.toml"
 "$BIN" status -c "$OUT/spool.toml"

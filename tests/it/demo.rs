@@ -38,7 +38,11 @@ fn make_demo_runs_end_to_end() {
     // The status table: chat and code done, math stopped by its budget.
     let table: Vec<&str> = stdout
         .lines()
-        .filter(|l| l.starts_with("chat ") || l.starts_with("code ") || l.starts_with("math "))
+        .filter(|l| {
+            ["chat ", "code ", "math ", "dialogues "]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
         .collect();
     assert!(
         table
@@ -50,6 +54,20 @@ fn make_demo_runs_end_to_end() {
         table
             .iter()
             .any(|l| l.starts_with("math") && l.ends_with("budget_met")),
+        "{stdout}"
+    );
+    // The multi-turn reasoning dataset: every conversation regenerated (2 samples × 3
+    // turns each), thinking split into its own column.
+    assert!(
+        table
+            .iter()
+            .any(|l| l.starts_with("dialogues") && l.contains("20/20") && l.ends_with("done")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\"dataset\":\"dialogues\"")
+            && stdout.contains("\"turn\":2")
+            && stdout.contains("\"reasoning\":\""),
         "{stdout}"
     );
     assert!(stdout.contains("verify: clean"), "{stdout}");

@@ -12,6 +12,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// (row, sample, turn) of a generation.
+type Generation = (u64, u32, u32);
+
 /// Adds `keys` (TOML lines) to dataset `name` of the config at `cfg`.
 fn with_keys(cfg: &Path, name: &str, keys: &str) {
     let text = std::fs::read_to_string(cfg).unwrap();
@@ -693,7 +696,7 @@ async fn sigkill_during_multi_turn_runs_with_samples_keeps_every_generation_once
     let out = dir.path().join("out");
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     // (log lines at the kill, generations committed at the kill)
-    let mut checkpoints: Vec<(usize, HashSet<(u64, u32, u32)>)> = Vec::new();
+    let mut checkpoints: Vec<(usize, HashSet<Generation>)> = Vec::new();
     for _ in 0..10 {
         let mut p = Proc::spawn(&cfg, &["run", "-q"], &[]);
         tokio::time::sleep(Duration::from_millis(rand::Rng::random_range(
