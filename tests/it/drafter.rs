@@ -770,3 +770,105 @@ async fn sigkill_during_multi_turn_runs_with_samples_keeps_every_generation_once
     }
     mock.stop().await;
 }
+
+/// Weighted `chat_template_kwargs` draws: each generation's draw is in its row's
+/// `sampling`, reaches the chat request as `chat_template_kwargs` and the client-side
+/// template as a variable (an `enable_thinking` drawn false renders Qwen3's empty think
+/// block), every value is drawn, and a fresh run over the same rows draws exactly the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn template_variables_are_drawn_per_generation_and_reach_the_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mock, log) = logging_mock(dir.path(), "mock.log", fast_mock()).await;
+    write_chats(&dir.path().join("c.jsonl"), "c", 30);
+    let draws = "samples = 2\nchat_template_kwargs = { reasoning_effort = { low = 4, medium = 4, high = 2 } }";
+    let mut runs = Vec::new();
+    for run in ["one", "two"] {
+        let sub = dir.path().join(run);
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::copy(dir.path().join("c.jsonl"), sub.join("c.jsonl")).unwrap();
+        let cfg = write_config(
+            &sub,
+            &mock.url,
+            "chat",
+            run == "two",
+            &[Ds {
+                name: "c",
+                file: "c.jsonl",
+                budget: None,
+            }],
+            "",
+        );
+        with_keys(&cfg, "c", draws);
+        run_to_end(&cfg).await;
+        let drawn: BTreeMap<(String, u32), String> = shard_rows(&sub.join("out"), "c")
+            .into_iter()
+            .map(|r| {
+                let s: Value = serde_json::from_str(r.sampling.as_deref().expect("drawn")).unwrap();
+                let effort = s["chat_template_kwargs"]["reasoning_effort"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                ((r.id, r.sample), effort)
+            })
+            .collect();
+        assert_eq!(drawn.len(), 60);
+        runs.push(drawn);
+    }
+    assert_eq!(runs[0], runs[1], "another run draws the same");
+    let values: HashSet<&str> = runs[0].values().map(|v| v.as_str()).collect();
+    assert_eq!(values, HashSet::from(["low", "medium", "high"]));
+    let lines = mock_log(&log);
+    let ok: Vec<&LogLine> = lines.iter().filter(|l| l.outcome == "ok").collect();
+    assert_eq!(ok.len(), 120);
+    for l in ok {
+        let (s, _) = l.generation.unwrap();
+        let sent = &l.request.as_ref().unwrap()["chat_template_kwargs"]["reasoning_effort"];
+        assert_eq!(
+            sent,
+            &json!(runs[0][&(format!("c{}", l.row), s)]),
+            "row {} sample {s}",
+            l.row
+        );
+    }
+    // Client-side: the draw is a template variable.
+    let sub = dir.path().join("qwen");
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::copy(dir.path().join("c.jsonl"), sub.join("c.jsonl")).unwrap();
+    let cfg = write_config(
+        &sub,
+        &mock.url,
+        "sglang",
+        false,
+        &[Ds {
+            name: "c",
+            file: "c.jsonl",
+            budget: None,
+        }],
+        &qwen3_table(),
+    );
+    with_keys(
+        &cfg,
+        "c",
+        "chat_template_kwargs = { enable_thinking = { \"true\" = 1, \"false\" = 1 } }",
+    );
+    run_to_end(&cfg).await;
+    let rows = shard_rows(&sub.join("out"), "c");
+    assert_eq!(rows.len(), 30);
+    let mut seen = HashSet::new();
+    for r in &rows {
+        let s: Value = serde_json::from_str(r.sampling.as_deref().unwrap()).unwrap();
+        let on = s["chat_template_kwargs"]["enable_thinking"]
+            .as_bool()
+            .expect("a boolean draw");
+        seen.insert(on);
+        assert_eq!(
+            r.prompt.ends_with("<think>\n\n</think>\n\n"),
+            !on,
+            "{}: {:?}",
+            r.id,
+            r.prompt
+        );
+    }
+    assert_eq!(seen.len(), 2, "both values drawn");
+    mock.stop().await;
+}
