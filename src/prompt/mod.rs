@@ -20,6 +20,7 @@ pub mod pretokenize;
 mod python;
 pub mod reasoning;
 pub mod tokenizer;
+pub mod tool_text;
 
 pub use builder::{BuiltPrompt, PromptBuilder};
 pub use chat_template::ChatTemplate;

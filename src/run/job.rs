@@ -29,6 +29,7 @@ use crate::output::schema::{
 use crate::output::shard::ShardLimits;
 use crate::prompt::draw::Drawer;
 use crate::prompt::reasoning::ThinkMarkers;
+use crate::prompt::tool_text::ToolCallSyntax;
 use crate::prompt::{ChatTemplate, PromptBuilder, Tokenizer};
 use crate::run::archiver::{output_failure, Archiver, Archiving, ToArchive};
 use crate::run::committer::{self, CommitReceiver, Committer};
@@ -162,6 +163,7 @@ async fn run_job(
             })
             .collect::<Result<_, _>>()?,
         markers: builder.template().and_then(ThinkMarkers::of_template),
+        tool_syntax: builder.template().and_then(ToolCallSyntax::of_template),
         cfg: job.cfg.clone(),
         queue: queue.clone(),
         sched: sched.clone(),

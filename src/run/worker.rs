@@ -21,6 +21,7 @@ use crate::observe::metrics::DatasetMetrics;
 use crate::prompt::conversation::{Conversation, Reply};
 use crate::prompt::draw::{Draw, Drawer};
 use crate::prompt::reasoning::ThinkMarkers;
+use crate::prompt::tool_text::ToolCallSyntax;
 use crate::prompt::PromptBuilder;
 use crate::run::scheduler::{Lease, Scheduler};
 use crate::run::servers::Servers;
@@ -64,6 +65,8 @@ pub(crate) struct Ctx {
     pub(crate) drawers: Vec<Drawer>,
     /// The template's thinking markers, to split raw completions.
     pub(crate) markers: Option<ThinkMarkers>,
+    /// The template's tool-call syntax, to take calls out of raw completions.
+    pub(crate) tool_syntax: Option<ToolCallSyntax>,
     /// Cancelled on shutdown (signal or fatal error): no new attempt starts; a worker
     /// waiting between attempts gives its lease back.
     pub(crate) stop: CancellationToken,
@@ -821,6 +824,17 @@ fn to_row(
         (None, Some(m)) if ctx.gens[lease.lane].reasoning == Reasoning::Save => m.split(&g.text),
         (None, _) => (None, g.text),
     };
+    // Calls a server's parser did not take out are taken out of raw text when tools were
+    // offered and the template teaches a syntax for them.
+    let (completion, tool_calls) = match (g.tool_calls, &ctx.tool_syntax) {
+        (Some(t), _) => (completion, Some(t)),
+        (None, Some(syntax))
+            if req.tools.is_some() && ctx.gens[lease.lane].reasoning != Reasoning::Raw =>
+        {
+            syntax.split(&completion)
+        }
+        (None, _) => (completion, None),
+    };
     let sampling = Some(req.draw.record).filter(|r| r != "{}");
     (
         ShardRow {
@@ -843,7 +857,7 @@ fn to_row(
             sample: lease.sample,
             turn,
             reasoning,
-            tool_calls: g.tool_calls.map(|t| t.to_string()),
+            tool_calls: tool_calls.map(|t| t.to_string()),
             tools: req.tools_text,
             sampling,
             partial: None,
