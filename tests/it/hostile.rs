@@ -1148,8 +1148,9 @@ hostile! {
 }
 
 /// An answer with reasoning and a tool call completes every item; the completion is the
-/// visible text only (no reasoning, no call arguments leaked into it) and the ids are
-/// every id generated, the reasoning's first.
+/// visible text only (no reasoning, no call arguments leaked into it), the ids are every
+/// id generated, the reasoning's first, and the reasoning and the call have columns of
+/// their own.
 fn assert_visible_text_and_every_id_kept(o: &Outcome, what: &str) {
     assert_eq!(
         o.code,
@@ -1165,6 +1166,20 @@ fn assert_visible_text_and_every_id_kept(o: &Outcome, what: &str) {
             r.completion_token_ids.as_deref(),
             Some(&ids[..]),
             "{what}: ids of {}",
+            r.id
+        );
+        assert_eq!(
+            r.reasoning.as_deref(),
+            Some("Think hard"),
+            "{what}: reasoning of {}",
+            r.id
+        );
+        let calls: serde_json::Value =
+            serde_json::from_str(r.tool_calls.as_deref().expect("the call is kept")).unwrap();
+        assert_eq!(
+            calls,
+            serde_json::json!([{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]),
+            "{what}: tool calls of {}",
             r.id
         );
     }
