@@ -872,3 +872,96 @@ async fn template_variables_are_drawn_per_generation_and_reach_the_request() {
     assert_eq!(seen.len(), 2, "both values drawn");
     mock.stop().await;
 }
+
+/// `history_reasoning`: by default a conversation's earlier replies go back without their
+/// thinking; with `keep` each carries its generated reasoning as `reasoning_content`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_reasoning_is_sent_back_only_when_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mock, log) = logging_mock(
+        dir.path(),
+        "mock.log",
+        spool::mock::MockConfig {
+            think: true,
+            reasoning_parser: true,
+            ..fast_mock()
+        },
+    )
+    .await;
+    write_conversations(&dir.path().join("c.jsonl"), "c", 4);
+    for name in ["drop", "keep"] {
+        std::fs::copy(
+            dir.path().join("c.jsonl"),
+            dir.path().join(format!("{name}.jsonl")),
+        )
+        .unwrap();
+    }
+    let cfg = write_config(
+        dir.path(),
+        &mock.url,
+        "chat",
+        true,
+        &[
+            Ds {
+                name: "drop",
+                file: "drop.jsonl",
+                budget: None,
+            },
+            Ds {
+                name: "keep",
+                file: "keep.jsonl",
+                budget: None,
+            },
+        ],
+        "",
+    );
+    with_keys(&cfg, "drop", "turns = \"all\"");
+    with_keys(
+        &cfg,
+        "keep",
+        "turns = \"all\"\nhistory_reasoning = \"keep\"",
+    );
+    run_to_end(&cfg).await;
+    let lines = mock_log(&log);
+    for (name, keep) in [("drop", false), ("keep", true)] {
+        let rows = shard_rows(&dir.path().join("out"), name);
+        let gens = by_generation(&rows);
+        assert_eq!(gens.len(), 12, "{name}");
+        let mut checked = 0;
+        for l in lines.iter().filter(|l| l.ds == name && l.outcome == "ok") {
+            let (_, turn) = l.generation.unwrap();
+            let id = format!("c{}", l.row);
+            let sent: Vec<&Value> = l.request.as_ref().unwrap()["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["role"] == "assistant")
+                .collect();
+            assert_eq!(sent.len() as u32, turn);
+            for (k, m) in sent.iter().enumerate() {
+                let thought = gens[&(id.clone(), 0, k as u32)]
+                    .reasoning
+                    .clone()
+                    .expect("thinking kept");
+                if keep {
+                    assert_eq!(
+                        m["reasoning_content"],
+                        json!(thought),
+                        "{name} {id} turn {turn}"
+                    );
+                } else {
+                    assert!(
+                        m.get("reasoning_content").is_none(),
+                        "{name} {id} turn {turn}: {m}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+        assert_eq!(
+            checked, 12,
+            "{name}: 4 conversations × (0 + 1 + 2) earlier replies"
+        );
+    }
+    mock.stop().await;
+}
