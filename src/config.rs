@@ -77,6 +77,8 @@ pub struct Config {
     #[serde(default, rename = "dataset")]
     pub datasets: Vec<DatasetConfig>,
     /// Defaults for every dataset's generation keys (each `[[dataset]]` may override).
+    /// Spelled out here and there rather than `#[serde(flatten)]`ed: flattening loses the
+    /// line of an unknown key in the error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<Reasoning>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

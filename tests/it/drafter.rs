@@ -15,6 +15,22 @@ use std::time::Duration;
 /// (row, sample, turn) of a generation.
 type Generation = (u64, u32, u32);
 
+/// A config of one dataset with the generation `keys` (TOML lines) added to it.
+fn one_dataset(
+    dir: &Path,
+    url: &str,
+    api: &str,
+    stream: bool,
+    ds: Ds<'_>,
+    extra: &str,
+    keys: &str,
+) -> PathBuf {
+    let name = ds.name;
+    let cfg = write_config(dir, url, api, stream, &[ds], extra);
+    with_keys(&cfg, name, keys);
+    cfg
+}
+
 /// Adds `keys` (TOML lines) to dataset `name` of the config at `cfg`.
 fn with_keys(cfg: &Path, name: &str, keys: &str) {
     let text = std::fs::read_to_string(cfg).unwrap();
@@ -105,19 +121,19 @@ async fn every_assistant_turn_is_regenerated_after_the_generated_history() {
     let dir = tempfile::tempdir().unwrap();
     let (mock, log) = logging_mock(dir.path(), "mock.log", fast_mock()).await;
     write_conversations(&dir.path().join("c.jsonl"), "c", 12);
-    let cfg = write_config(
+    let cfg = one_dataset(
         dir.path(),
         &mock.url,
         "chat",
         true,
-        &[Ds {
+        Ds {
             name: "conv",
             file: "c.jsonl",
             budget: None,
-        }],
+        },
         "",
+        "turns = \"all\"",
     );
-    with_keys(&cfg, "conv", "turns = \"all\"");
     run_to_end(&cfg).await;
     let rows = shard_rows(&dir.path().join("out"), "conv");
     let gens = by_generation(&rows);
@@ -160,19 +176,19 @@ async fn turns_rendered_client_side_carry_the_generated_replies() {
     let dir = tempfile::tempdir().unwrap();
     let mock = Mock::start(fast_mock()).await;
     write_conversations(&dir.path().join("c.jsonl"), "c", 4);
-    let cfg = write_config(
+    let cfg = one_dataset(
         dir.path(),
         &mock.url,
         "sglang",
         false,
-        &[Ds {
+        Ds {
             name: "conv",
             file: "c.jsonl",
             budget: None,
-        }],
+        },
         &qwen3_table(),
+        "turns = \"all\"",
     );
-    with_keys(&cfg, "conv", "turns = \"all\"");
     run_to_end(&cfg).await;
     let rows = shard_rows(&dir.path().join("out"), "conv");
     let gens = by_generation(&rows);
@@ -404,19 +420,19 @@ async fn disable_reaches_the_template_and_the_request() {
     )
     .await;
     write_chats(&dir.path().join("a.jsonl"), "a", 6);
-    let cfg = write_config(
+    let cfg = one_dataset(
         dir.path(),
         &mock.url,
         "sglang",
         false,
-        &[Ds {
+        Ds {
             name: "a",
             file: "a.jsonl",
             budget: None,
-        }],
+        },
         &qwen3_table(),
+        "reasoning = \"disable\"",
     );
-    with_keys(&cfg, "a", "reasoning = \"disable\"");
     run_to_end(&cfg).await;
     let rows = shard_rows(&dir.path().join("out"), "a");
     assert_eq!(rows.len(), 6);
@@ -549,19 +565,19 @@ async fn tool_calls_are_captured_and_cached_results_spliced() {
         format!("{}\n{}\n", row("ok", "search"), row("bad", "other")),
     )
     .unwrap();
-    let cfg = write_config(
+    let cfg = one_dataset(
         dir.path(),
         &mock.url,
         "chat",
         false,
-        &[Ds {
+        Ds {
             name: "t",
             file: "t.jsonl",
             budget: None,
-        }],
+        },
         "",
+        "turns = \"all\"",
     );
-    with_keys(&cfg, "t", "turns = \"all\"");
     run_to_end(&cfg).await;
     let rows = shard_rows(&dir.path().join("out"), "t");
     let gens = by_generation(&rows);
@@ -607,19 +623,19 @@ async fn the_budget_stops_conversations_between_turns_and_keeps_their_turns() {
     let mock = Mock::start(fast_mock()).await;
     write_conversations(&dir.path().join("c.jsonl"), "c", 200);
     let budget = 3000;
-    let cfg = write_config(
+    let cfg = one_dataset(
         dir.path(),
         &mock.url,
         "chat",
         true,
-        &[Ds {
+        Ds {
             name: "conv",
             file: "c.jsonl",
             budget: Some(budget),
-        }],
+        },
         "",
+        "turns = \"all\"",
     );
-    with_keys(&cfg, "conv", "turns = \"all\"");
     run_to_end(&cfg).await;
     let rows = shard_rows(&dir.path().join("out"), "conv");
     let gens = by_generation(&rows);
@@ -786,19 +802,19 @@ async fn template_variables_are_drawn_per_generation_and_reach_the_request() {
         let sub = dir.path().join(run);
         std::fs::create_dir_all(&sub).unwrap();
         std::fs::copy(dir.path().join("c.jsonl"), sub.join("c.jsonl")).unwrap();
-        let cfg = write_config(
+        let cfg = one_dataset(
             &sub,
             &mock.url,
             "chat",
             run == "two",
-            &[Ds {
+            Ds {
                 name: "c",
                 file: "c.jsonl",
                 budget: None,
-            }],
+            },
             "",
+            draws,
         );
-        with_keys(&cfg, "c", draws);
         run_to_end(&cfg).await;
         let drawn: BTreeMap<(String, u32), String> = shard_rows(&sub.join("out"), "c")
             .into_iter()
