@@ -15,10 +15,14 @@
 //! for one to come back (the monitor probes them) and reports it to
 //! [`Servers::every_server_down`], which logs it. After the shutdown signal no new attempt
 //! is started: a worker between attempts gives its lease back at once.
+//!
+//! A generation's request is built by [`prepare`] (the sample's draw, the template with
+//! the row's tools, unless the intake's rendering holds) and its row by [`to_row`]
+//! (thinking split at the template's markers, tool calls taken out of raw text); items of
+//! several generations run their turns in [`crate::run::turns`].
 
-use crate::config::{Api, Config, GenerationSpec, Reasoning, Turns};
+use crate::config::{Api, Config, GenerationSpec, Reasoning};
 use crate::observe::metrics::DatasetMetrics;
-use crate::prompt::conversation::{Conversation, Reply};
 use crate::prompt::draw::{Draw, Drawer};
 use crate::prompt::reasoning::ThinkMarkers;
 use crate::prompt::tool_text::ToolCallSyntax;
@@ -218,7 +222,7 @@ impl std::fmt::Display for AttemptError {
 
 /// The text of a panic's payload (what `panic!` was given), for the log and the item's
 /// failure reason.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -233,7 +237,7 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// count of work in flight always comes back down and the run ends.
 pub(crate) async fn work(ctx: &Ctx, lease: Lease) {
     if lease.multi {
-        return converse(ctx, lease).await;
+        return crate::run::turns::converse(ctx, lease).await;
     }
     let mut attempts = 0u32;
     let end = AssertUnwindSafe(generate_item(ctx, &lease, &mut attempts))
@@ -278,7 +282,7 @@ pub(crate) async fn work(ctx: &Ctx, lease: Lease) {
 }
 
 /// The item of a lease, or `None` (logged) when the queue does not have it.
-fn leased_item(ctx: &Ctx, lease: &Lease) -> Option<Item> {
+pub(crate) fn leased_item(ctx: &Ctx, lease: &Lease) -> Option<Item> {
     match ctx.queue.item(lease.ds, lease.row) {
         Ok(Some(i)) => Some(i),
         other => {
@@ -336,199 +340,12 @@ fn failed(lease: &Lease, reason: String, attempts: u32) -> End {
 }
 
 /// Assistant messages in a conversation: the place of the turn generated after it.
-fn assistant_turns(messages: Option<&serde_json::Value>) -> u32 {
+pub(crate) fn assistant_turns(messages: Option<&serde_json::Value>) -> u32 {
     messages.and_then(|m| m.as_array()).map_or(0, |m| {
         m.iter()
             .filter(|x| x.get("role").and_then(|r| r.as_str()) == Some("assistant"))
             .count() as u32
     })
-}
-
-/// How a sample's worker hands its lease over: exactly one of these, applied by
-/// [`converse`].
-enum Flow {
-    /// The sample ended without a generation to commit (`Some(why)`: before its last turn).
-    Ended(Option<String>),
-    /// Given back unfinished: it resumes at its next turn.
-    GiveBack,
-    /// The committer has the lease (it ended it with the sample's last generation, or
-    /// refused a generation).
-    Handed,
-}
-
-/// One sample of an item with several generations: its turns in order, each committed
-/// (and acknowledged) before the next is requested, so a turn's history is exactly the
-/// replies the queue keeps. A panic ends the sample as failed, once.
-async fn converse(ctx: &Ctx, lease: Lease) {
-    let mut handed = false;
-    let flow = AssertUnwindSafe(sample_turns(ctx, &lease, &mut handed))
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|payload| {
-            let reason = format!("failed: spool panicked: {}", panic_message(&*payload));
-            tracing::error!(dataset = %ctx.names[lease.lane], row = lease.row, sample = lease.sample, reason = %reason, "sample failed");
-            if handed {
-                Flow::Handed
-            } else {
-                Flow::Ended(Some(reason))
-            }
-        });
-    lease.waiting.store(false, Ordering::Relaxed);
-    match flow {
-        Flow::Ended(partial) => ctx.commits.sample_ended(lease, partial),
-        Flow::GiveBack => ctx.sched.release(&lease),
-        Flow::Handed => {}
-    }
-}
-
-/// A generated reply as later turns' histories hold it.
-fn reply_of(row: &ShardRow) -> Reply {
-    Reply {
-        content: row.completion.clone(),
-        reasoning: row.reasoning.clone(),
-        tool_calls: row
-            .tool_calls
-            .as_deref()
-            .and_then(|t| serde_json::from_str(t).ok()),
-    }
-}
-
-async fn sample_turns(ctx: &Ctx, lease: &Lease, handed: &mut bool) -> Flow {
-    let name = &ctx.names[lease.lane];
-    let Some(item) = leased_item(ctx, lease) else {
-        return Flow::GiveBack;
-    };
-    let kept: Vec<ShardRow> = match ctx.queue.generations(lease.ds, lease.row) {
-        Ok(g) => {
-            let any = !g.is_empty();
-            let mine: Vec<ShardRow> = g.into_iter().filter(|r| r.sample == lease.sample).collect();
-            if any {
-                ctx.sched.note_start(lease, true, 0);
-            }
-            mine
-        }
-        Err(e) => {
-            tracing::error!(dataset = %name, row = lease.row, error = %e, "cannot read the item's kept generations");
-            return Flow::GiveBack;
-        }
-    };
-    let spec = &ctx.gens[lease.lane];
-    let source: Option<serde_json::Value> = item
-        .messages
-        .as_deref()
-        .and_then(|m| serde_json::from_str(m).ok());
-    let conversation = match (spec.turns, &source) {
-        (Turns::All, Some(serde_json::Value::Array(m))) => Some(Conversation::new(m.clone())),
-        _ => None,
-    };
-    let total = conversation.as_ref().map_or(1, |c| c.turns());
-    let mut replies: Vec<Reply> = kept.iter().map(reply_of).collect();
-    let first = replies.len() as u32;
-    let mut server = lease.server;
-    ctx.sched.note_start(lease, false, total);
-    for k in first..total {
-        if k > first {
-            match turn_gate(ctx, lease).await {
-                Some(true) => {}
-                Some(false) => return Flow::Ended(Some("budget".into())),
-                None => return Flow::GiveBack,
-            }
-        }
-        if ctx.stop.is_cancelled() {
-            return Flow::GiveBack;
-        }
-        let (messages, turn) = match &conversation {
-            Some(c) => match c.request(k, &replies, spec.history_reasoning) {
-                Ok(m) => (Some(serde_json::Value::Array(m)), k),
-                Err(why) => return Flow::Ended(Some(why)),
-            },
-            None => (source.clone(), assistant_turns(source.as_ref())),
-        };
-        let mut req = match prepare(ctx, lease, &item, messages, k == 0) {
-            Ok(r) => r,
-            Err(reason) => return Flow::Ended(Some(format!("failed: {reason}"))),
-        };
-        req.server = server;
-        req.turn = Some(turn);
-        let mut attempts = 0;
-        let a = match generate(ctx, lease, &req, &mut attempts).await {
-            Ok(a) => a,
-            Err(Ended::GiveBack) => return Flow::GiveBack,
-            Err(Ended::Failed(reason)) => return Flow::Ended(Some(format!("failed: {reason}"))),
-        };
-        if server.is_none() {
-            ctx.sched.note_server(lease, a.server);
-        }
-        server = Some(a.server);
-        let ttft_s = a.generation.ttft_ms.map(|t| f64::from(t) / 1000.0);
-        let duration_s = a.duration_s;
-        let (row, count_source) =
-            to_row(ctx, lease, item.clone(), req, a.generation, attempts, turn);
-        let reply = reply_of(&row);
-        let ends_sample = if k + 1 >= total {
-            Some(None)
-        } else {
-            let mut next = replies.clone();
-            next.push(reply.clone());
-            match conversation
-                .as_ref()
-                .map(|c| c.request(k + 1, &next, spec.history_reasoning))
-            {
-                Some(Err(why)) => Some(Some(why)),
-                _ => None,
-            }
-        };
-        let last = ends_sample.is_some();
-        let (ack, acked) = tokio::sync::oneshot::channel();
-        *handed = last;
-        ctx.commits.finished(Finished {
-            lease: lease.clone(),
-            outcome: Outcome::Generated {
-                ds: lease.ds,
-                result: Box::new(row),
-            },
-            count_source,
-            duration_s,
-            ttft_s,
-            ends_sample,
-            ack: Some(ack),
-        });
-        if last {
-            return Flow::Handed;
-        }
-        match acked.await {
-            Ok(true) => replies.push(reply),
-            // Refused (the committer ended the lease) or the committer is gone (the run
-            // is stopping on its error; the item stays pending).
-            Ok(false) => return Flow::Handed,
-            Err(_) => return Flow::GiveBack,
-        }
-    }
-    // Every turn of this sample is already kept (a resumed item).
-    Flow::Ended(None)
-}
-
-/// Waits until a conversation may take its next turn: true go, false the budget is met;
-/// `None` when the run stops meanwhile (the lease is given back).
-async fn turn_gate(ctx: &Ctx, lease: &Lease) -> Option<bool> {
-    loop {
-        let notified = ctx.sched.changed.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        match ctx.sched.may_continue(lease) {
-            Some(go) => {
-                lease.waiting.store(false, Ordering::Relaxed);
-                return Some(go);
-            }
-            None => lease.waiting.store(true, Ordering::Relaxed),
-        }
-        tokio::select! {
-            _ = &mut notified => {}
-            // Streamed tokens move the estimates without a notification.
-            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
-            _ = ctx.stop.cancelled() => return None,
-        }
-    }
 }
 
 /// One generation's request, ready to send.
@@ -542,16 +359,16 @@ pub(crate) struct Prepared {
     tools: Option<serde_json::Value>,
     tools_text: Option<String>,
     /// The server to keep (a conversation's earlier turns went there).
-    server: Option<usize>,
+    pub(crate) server: Option<usize>,
     /// The turn it generates (named in the request id of an open item's generation).
-    turn: Option<u32>,
+    pub(crate) turn: Option<u32>,
 }
 
 /// Builds a generation's request: the draw for its sample, the template rendered with the
 /// drawn variables and the row's tools unless the intake's rendering holds (`first`: the
 /// item's stored prompt is this request's, when nothing is drawn per row). `Err` says why
 /// the prompt cannot be rendered.
-fn prepare(
+pub(crate) fn prepare(
     ctx: &Ctx,
     lease: &Lease,
     item: &Item,
@@ -602,7 +419,7 @@ fn prepare(
 }
 
 /// Why a generation did not come back.
-enum Ended {
+pub(crate) enum Ended {
     /// Given back unfinished (shutdown, budget cancel).
     GiveBack,
     /// Failed for good, and why.
@@ -610,15 +427,15 @@ enum Ended {
 }
 
 /// A generation that came back, and where from.
-struct Answer {
-    generation: Generation,
-    server: usize,
-    duration_s: f64,
+pub(crate) struct Answer {
+    pub(crate) generation: Generation,
+    pub(crate) server: usize,
+    pub(crate) duration_s: f64,
 }
 
 /// The attempts of one generation, with retries; `attempts` counts those burned (read by
 /// [`work`] when this panics).
-async fn generate(
+pub(crate) async fn generate(
     ctx: &Ctx,
     lease: &Lease,
     prep: &Prepared,
@@ -776,7 +593,7 @@ async fn sleep_or_stop(ctx: &Ctx, lease: &Lease, d: Duration) -> bool {
 /// The shard row of a generation. Takes the item and the generation by value: their
 /// strings and ids move into the row instead of being copied (one row per completion is
 /// the hot path of a fast server).
-fn to_row(
+pub(crate) fn to_row(
     ctx: &Ctx,
     lease: &Lease,
     item: Item,
