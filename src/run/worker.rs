@@ -605,11 +605,21 @@ pub(crate) fn to_row(
     ctx.faults.row.panic_if_due();
     let tok = ctx.builder.tokenizer();
     let server_ids = g.token_ids.is_some();
-    // The ids cover everything generated, thinking included: encode the whole text.
-    let completion_ids = match (g.token_ids, tok) {
-        (Some(ids), _) => Some(ids),
-        (None, Some(t)) => t.encode(&g.text, false).ok(),
-        (None, None) => None,
+    // The ids cover everything generated, thinking included: the raw text is encoded
+    // whole. Thinking a server's parser split off cannot be put back byte for byte, so
+    // then no ids are made up (only counted: the thinking's and the answer's).
+    let completion_ids = match (g.token_ids, tok, &g.reasoning) {
+        (Some(ids), _, _) => Some(ids),
+        (None, Some(t), None) => t.encode(&g.text, false).ok(),
+        (None, _, _) => None,
+    };
+    let split_count = match (&g.reasoning, tok) {
+        (Some(r), Some(t)) if !server_ids => t
+            .encode(r, false)
+            .ok()
+            .zip(t.encode(&g.text, false).ok())
+            .map(|(a, b)| (a.len() + b.len()) as u32),
+        _ => None,
     };
     let (completion_tokens, source) = match (g.completion_tokens, server_ids, tok) {
         (Some(n), _, _) => (n, CountSource::Server),
@@ -621,6 +631,7 @@ pub(crate) fn to_row(
             completion_ids
                 .as_ref()
                 .map(|i| i.len() as u32)
+                .or(split_count)
                 .unwrap_or(g.chunks),
             CountSource::Tokenizer,
         ),

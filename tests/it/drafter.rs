@@ -981,3 +981,46 @@ async fn history_reasoning_is_sent_back_only_when_kept() {
     }
     mock.stop().await;
 }
+
+/// A chat server that splits thinking off but sends neither ids nor usage: no ids are made
+/// up for the row (the split text cannot be put back byte for byte), and the count is the
+/// tokenizer's count of the thinking and the answer, so the budget still sees both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_thinking_without_server_ids_is_counted_not_invented() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = Mock::start(spool::mock::MockConfig {
+        think: true,
+        reasoning_parser: true,
+        no_token_ids: true,
+        no_usage: true,
+        ..fast_mock()
+    })
+    .await;
+    write_chats(&dir.path().join("c.jsonl"), "c", 6);
+    let cfg = write_config(
+        dir.path(),
+        &mock.url,
+        "chat",
+        true,
+        &[Ds {
+            name: "c",
+            file: "c.jsonl",
+            budget: None,
+        }],
+        &qwen3_table(),
+    );
+    run_to_end(&cfg).await;
+    let tok =
+        spool::prompt::Tokenizer::from_file(&fixtures().join("tokenizers/qwen3/tokenizer.json"))
+            .unwrap();
+    let rows = shard_rows(&dir.path().join("out"), "c");
+    assert_eq!(rows.len(), 6);
+    for r in &rows {
+        let reasoning = r.reasoning.as_deref().expect("thinking kept");
+        assert_eq!(r.completion_token_ids, None, "{}", r.id);
+        let want = tok.encode(reasoning, false).unwrap().len()
+            + tok.encode(&r.completion, false).unwrap().len();
+        assert_eq!(r.completion_tokens as usize, want, "{}", r.id);
+    }
+    mock.stop().await;
+}
