@@ -30,7 +30,7 @@ echo "== spool verify"
 "$BIN" verify -c "$OUT/spool.toml"
 echo "== first rows of $OUT/spool-out/chat/part-000000.parquet"
 "$BIN" show "$OUT/spool-out/chat/part-000000.parquet" -n 2 --width 100
-echo "== a regenerated conversation: turns 0-2 of dialogues' first prompt, thinking split off"
+echo "== a regenerated conversation: sample 0, turns 0-2 of the first conversation closed (thinking in the reasoning column)"
 "$BIN" show "$OUT/spool-out/dialogues/part-000000.parquet" -n 3 --width 100
 echo "== run it again: nothing left to do, nothing requested twice"
 "$BIN" run -q -c "$OUT/spool.toml"
