@@ -18,6 +18,14 @@ pub struct Reply {
     pub tool_calls: Option<Value>,
 }
 
+/// The assistant replies in `messages`: the place in its conversation of the turn
+/// generated after them (0 for a single-turn prompt).
+pub fn replies_before(messages: Option<&Value>) -> u32 {
+    messages.and_then(Value::as_array).map_or(0, |m| {
+        m.iter().filter(|x| role(x) == "assistant").count() as u32
+    })
+}
+
 /// A source conversation with every message kept (assistant turns included), as a
 /// `turns = "all"` item stores it.
 #[derive(Debug, Clone)]
@@ -208,6 +216,19 @@ mod tests {
 
     fn call(id: &str, name: &str) -> Value {
         json!({"id": id, "type": "function", "function": {"name": name, "arguments": "{}"}})
+    }
+
+    /// A single-turn prompt's reply is turn 0; after two assistant replies it is turn 2.
+    #[test]
+    fn the_turn_after_messages_counts_their_replies() {
+        let m = json!([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}, {"role": "user", "content": "e"}]);
+        assert_eq!(replies_before(Some(&m)), 2);
+        assert_eq!(
+            replies_before(Some(&json!([{"role": "user", "content": "a"}]))),
+            0
+        );
+        assert_eq!(replies_before(None), 0);
     }
 
     fn three_turns() -> Conversation {

@@ -8,10 +8,10 @@
 //! ends or gives it back.
 
 use crate::config::Turns;
-use crate::prompt::conversation::{Conversation, Reply};
+use crate::prompt::conversation::{replies_before, Conversation, Reply};
 use crate::run::scheduler::Lease;
 use crate::run::worker::{
-    assistant_turns, generate, leased_item, panic_message, prepare, to_row, Ctx, Ended, Finished,
+    generate, leased_item, panic_message, prepare, to_row, Ctx, Ended, Finished,
 };
 use crate::store::queue::Outcome;
 use crate::store::row::ShardRow;
@@ -71,18 +71,15 @@ fn reply_of(row: &ShardRow) -> Reply {
 
 async fn sample_turns(ctx: &Ctx, lease: &Lease, handed: &mut bool) -> Flow {
     let name = &ctx.names[lease.lane];
-    let Some(item) = leased_item(ctx, lease) else {
+    let Some(mut item) = leased_item(ctx, lease) else {
         return Flow::GiveBack;
     };
-    let kept: Vec<ShardRow> = match ctx.queue.generations(lease.ds, lease.row) {
-        Ok(g) => {
-            let any = !g.is_empty();
-            let mine: Vec<ShardRow> = g.into_iter().filter(|r| r.sample == lease.sample).collect();
-            if any {
-                ctx.sched.note_start(lease, true, 0);
-            }
-            mine
-        }
+    let (item_kept, kept): (bool, Vec<ShardRow>) = match ctx.queue.generations(lease.ds, lease.row)
+    {
+        Ok(g) => (
+            !g.is_empty(),
+            g.into_iter().filter(|r| r.sample == lease.sample).collect(),
+        ),
         Err(e) => {
             tracing::error!(dataset = %name, row = lease.row, error = %e, "cannot read the item's kept generations");
             return Flow::GiveBack;
@@ -101,7 +98,7 @@ async fn sample_turns(ctx: &Ctx, lease: &Lease, handed: &mut bool) -> Flow {
     let mut replies: Vec<Reply> = kept.iter().map(reply_of).collect();
     let first = replies.len() as u32;
     let mut server = lease.server;
-    ctx.sched.note_start(lease, false, total);
+    ctx.sched.note_start(lease, item_kept, total);
     for k in first..total {
         if k > first {
             match turn_gate(ctx, lease).await {
@@ -118,9 +115,9 @@ async fn sample_turns(ctx: &Ctx, lease: &Lease, handed: &mut bool) -> Flow {
                 Ok(m) => (Some(serde_json::Value::Array(m)), k),
                 Err(why) => return Flow::Ended(Some(why)),
             },
-            None => (source.clone(), assistant_turns(source.as_ref())),
+            None => (source.clone(), replies_before(source.as_ref())),
         };
-        let mut req = match prepare(ctx, lease, &item, messages, k == 0) {
+        let mut req = match prepare(ctx, lease, &mut item, true, messages, k == 0) {
             Ok(r) => r,
             Err(reason) => return Flow::Ended(Some(format!("failed: {reason}"))),
         };
@@ -138,8 +135,15 @@ async fn sample_turns(ctx: &Ctx, lease: &Lease, handed: &mut bool) -> Flow {
         server = Some(a.server);
         let ttft_s = a.generation.ttft_ms.map(|t| f64::from(t) / 1000.0);
         let duration_s = a.duration_s;
-        let (row, count_source) =
-            to_row(ctx, lease, item.clone(), req, a.generation, attempts, turn);
+        let (row, count_source) = to_row(
+            ctx,
+            lease,
+            item.id.clone(),
+            req,
+            a.generation,
+            attempts,
+            turn,
+        );
         let reply = reply_of(&row);
         let ends_sample = if k + 1 >= total {
             Some(None)

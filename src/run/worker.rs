@@ -23,6 +23,7 @@
 
 use crate::config::{Api, Config, GenerationSpec, Reasoning};
 use crate::observe::metrics::DatasetMetrics;
+use crate::prompt::conversation::replies_before;
 use crate::prompt::draw::{Draw, Drawer};
 use crate::prompt::reasoning::ThinkMarkers;
 use crate::prompt::tool_text::ToolCallSyntax;
@@ -294,15 +295,15 @@ pub(crate) fn leased_item(ctx: &Ctx, lease: &Lease) -> Option<Item> {
 
 /// A single-generation item: one request, one row.
 async fn generate_item(ctx: &Ctx, lease: &Lease, attempts: &mut u32) -> End {
-    let Some(item) = leased_item(ctx, lease) else {
+    let Some(mut item) = leased_item(ctx, lease) else {
         return End::GiveBack;
     };
     let messages: Option<serde_json::Value> = item
         .messages
         .as_deref()
         .and_then(|m| serde_json::from_str(m).ok());
-    let turn = assistant_turns(messages.as_ref());
-    let req = match prepare(ctx, lease, &item, messages, true) {
+    let turn = replies_before(messages.as_ref());
+    let req = match prepare(ctx, lease, &mut item, false, messages, true) {
         Ok(r) => r,
         Err(reason) => return failed(lease, reason, (*attempts).max(1)),
     };
@@ -310,7 +311,8 @@ async fn generate_item(ctx: &Ctx, lease: &Lease, attempts: &mut u32) -> End {
         Ok(a) => {
             let ttft_s = a.generation.ttft_ms.map(|t| f64::from(t) / 1000.0);
             let duration_s = a.duration_s;
-            let (row, count_source) = to_row(ctx, lease, item, req, a.generation, *attempts, turn);
+            let (row, count_source) =
+                to_row(ctx, lease, item.id, req, a.generation, *attempts, turn);
             End::Commit {
                 outcome: Outcome::Done {
                     ds: lease.ds,
@@ -339,15 +341,6 @@ fn failed(lease: &Lease, reason: String, attempts: u32) -> End {
     }
 }
 
-/// Assistant messages in a conversation: the place of the turn generated after it.
-pub(crate) fn assistant_turns(messages: Option<&serde_json::Value>) -> u32 {
-    messages.and_then(|m| m.as_array()).map_or(0, |m| {
-        m.iter()
-            .filter(|x| x.get("role").and_then(|r| r.as_str()) == Some("assistant"))
-            .count() as u32
-    })
-}
-
 /// One generation's request, ready to send.
 pub(crate) struct Prepared {
     prompt: String,
@@ -371,7 +364,8 @@ pub(crate) struct Prepared {
 pub(crate) fn prepare(
     ctx: &Ctx,
     lease: &Lease,
-    item: &Item,
+    item: &mut Item,
+    reuse: bool,
     messages: Option<serde_json::Value>,
     first: bool,
 ) -> Result<Prepared, String> {
@@ -398,11 +392,14 @@ pub(crate) fn prepare(
             (built.text, built.token_ids)
         }
         Some(m) if !stored && chat => (m.to_string(), None),
-        _ => (item.prompt.clone(), item.prompt_ids.clone()),
+        // The stored prompt moves into the request unless the item serves more turns.
+        _ if reuse => (item.prompt.clone(), item.prompt_ids.clone()),
+        _ => (std::mem::take(&mut item.prompt), item.prompt_ids.take()),
     };
     let messages_text = match (&messages, first) {
         (_, true) if lease.multi => messages.as_ref().map(|m| m.to_string()),
-        (_, true) => item.messages.clone(),
+        (_, true) if reuse => item.messages.clone(),
+        (_, true) => item.messages.take(),
         (m, false) => m.as_ref().map(|m| m.to_string()),
     };
     Ok(Prepared {
@@ -596,7 +593,7 @@ async fn sleep_or_stop(ctx: &Ctx, lease: &Lease, d: Duration) -> bool {
 pub(crate) fn to_row(
     ctx: &Ctx,
     lease: &Lease,
-    item: Item,
+    id: String,
     req: Prepared,
     g: Generation,
     attempts: u32,
@@ -666,7 +663,7 @@ pub(crate) fn to_row(
     let sampling = Some(req.draw.record).filter(|r| r != "{}");
     (
         ShardRow {
-            id: item.id,
+            id,
             dataset: ctx.names[lease.lane].clone(),
             row: lease.row,
             prompt: req.prompt,
