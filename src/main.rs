@@ -82,17 +82,32 @@ enum Command {
         #[arg(long, default_value_t = 160)]
         width: usize,
     },
-    /// Write the shards in a drafter-training form: ShareGPT JSONL or token-id Parquet.
+    /// Write the sealed shards in a form a training framework reads as it is.
     Export {
-        /// `sharegpt`: JSONL {id, dataset, conversations}; `tokens`: Parquet {id, dataset, input_ids, loss_mask}.
+        /// The output form (README, "Export", has an example row of each).
         #[arg(long, value_enum)]
         format: spool::output::export::Format,
-        /// Output file (written under a temporary name, renamed when complete).
+        /// Output file, or folder for `hf` (written under a temporary name, renamed when complete).
         #[arg(long)]
         out: PathBuf,
         /// Only this dataset (default: every dataset of the config).
         #[arg(long)]
         dataset: Option<String>,
+        /// `specforge-chat`: one row per assistant turn, as SpecForge's expanded rows.
+        #[arg(long)]
+        per_turn: bool,
+        /// `draft-vocab`: the draft vocabulary's size N.
+        #[arg(long, value_name = "N")]
+        draft_vocab: Option<usize>,
+        /// Leave out rows with these finish reasons (comma-separated, e.g. `length,abort`; default: keep all).
+        #[arg(long, value_delimiter = ',', value_name = "REASONS")]
+        exclude_finish: Vec<String>,
+        /// Keep completions with no text, thinking or tool call (default: dropped).
+        #[arg(long)]
+        keep_empty: bool,
+        /// Answers that still hold think markers after the thinking was split: flag, drop or keep.
+        #[arg(long, value_enum, default_value = "flag")]
+        think_markers: spool::output::export::ThinkGate,
     },
     /// A simulated inference server for demos, tests and benchmarks.
     MockServer(spool::mock::MockConfig),
@@ -286,6 +301,11 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             format,
             out,
             dataset,
+            per_turn,
+            draft_vocab,
+            exclude_finish,
+            keep_empty,
+            think_markers,
         } => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
             // A dataset the config does not name is the user's to fix; what export itself
@@ -299,20 +319,43 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                     }));
                 }
             }
-            let r = spool::output::export::export(&cfg, *format, out, dataset.as_deref())
-                .map_err(Error::runtime)?;
-            println!(
-                "export: {} row(s) from {} shard(s) to {}",
-                r.rows,
-                r.shards,
-                out.display()
-            );
-            if r.without_ids > 0 {
-                eprintln!(
-                    "spool: {} row(s) without token ids left out (the run had no [tokenizer] for them)",
-                    r.without_ids
-                );
+            // The queue's counts for the item-level accounting: from the running process,
+            // else from the queue; an export goes on without them.
+            let status = if cfg.data_dir.is_dir() {
+                runtime()?
+                    .block_on(status_report(&cfg, &knobs.faults))
+                    .map_err(|e| eprintln!("spool: export without the queue's counts: {e}"))
+                    .ok()
+            } else {
+                None
+            };
+            let opts = spool::output::export::ExportOptions {
+                format: *format,
+                out: out.clone(),
+                dataset: dataset.clone(),
+                per_turn: *per_turn,
+                draft_vocab: *draft_vocab,
+                gates: spool::output::export::Gates {
+                    exclude_finish: exclude_finish.clone(),
+                    keep_empty: *keep_empty,
+                    think: *think_markers,
+                    ..Default::default()
+                },
+                status,
+            };
+            let r = spool::output::export::export(&cfg, &opts).map_err(Error::runtime)?;
+            let acc = &r.accounting;
+            for line in acc.lines() {
+                println!("{line}");
             }
+            println!(
+                "export {}: {} row(s) from {} shard(s) to {} (summary: {})",
+                format.name(),
+                acc.kept(),
+                r.shards,
+                out.display(),
+                spool::output::export::summary_path(out).display()
+            );
             Ok(exit::OK)
         }
         Command::MockServer(mcfg) => {

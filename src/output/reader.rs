@@ -189,7 +189,8 @@ fn opt_string(a: &StringArray, i: usize) -> Option<String> {
     a.is_valid(i).then(|| a.value(i).to_owned())
 }
 
-fn batch_to_rows(
+/// Appends the rows of one decoded batch (every column projected) to `out`.
+pub fn batch_to_rows(
     path: &Path,
     batch: &RecordBatch,
     out: &mut Vec<ShardRow>,

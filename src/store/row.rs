@@ -11,7 +11,7 @@
 /// writes it as a row of a shard ([`encode_row`](crate::store::results::encode_row): its
 /// field order is a compatibility boundary, as are the serde field names, which format-2
 /// queues stored as JSON and the migration reads).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ShardRow {
     /// Item id: the input row's `id`, or one derived from its content when it has none.
     pub id: String,

@@ -6,11 +6,35 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, UInt8Type};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::{json, Value};
-use spool::output::export::{export, Format};
+use spool::output::export::{ExportOptions, ExportReport, Format};
 use spool::store::row::ShardRow;
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
+
+/// Exports `cfg` in `format` to `out` with the default gates, like the CLI without flags.
+fn export(
+    cfg: &spool::config::Config,
+    format: Format,
+    out: &Path,
+    dataset: Option<&str>,
+) -> anyhow::Result<ExportReport> {
+    spool::output::export::export(
+        cfg,
+        &ExportOptions {
+            format,
+            out: out.to_path_buf(),
+            dataset: dataset.map(Into::into),
+            per_turn: false,
+            draft_vocab: None,
+            gates: Default::default(),
+            status: None,
+        },
+    )
+}
+
+/// Qwen3's end-of-turn id, which the export appends to a completion that stopped without it.
+const IM_END: u32 = 151645;
 
 fn qwen_table() -> String {
     let dir = fixtures().join("tokenizers/qwen3");
@@ -137,7 +161,7 @@ async fn export_tokens_and_sharegpt_from_a_real_run() {
     // tokens: one row per completed item, in dataset, shard and row order.
     let tok_path = dir.path().join("export/tokens.parquet");
     let r = export(&cfg, Format::Tokens, &tok_path, None).unwrap();
-    assert_eq!((r.rows, r.without_ids), (70, 0));
+    assert_eq!(r.accounting.kept(), 70);
     let rows = read_tokens(&tok_path);
     assert_eq!(rows.len(), shards.len());
     for ((id, ds, input_ids, mask), s) in rows.iter().zip(&shards) {
@@ -145,7 +169,14 @@ async fn export_tokens_and_sharegpt_from_a_real_run() {
         let p = s.prompt_token_ids.as_ref().unwrap();
         let c = s.completion_token_ids.as_ref().unwrap();
         assert!(!p.is_empty() && !c.is_empty());
-        let want: Vec<i32> = p.iter().chain(c).map(|&t| t as i32).collect();
+        // A completion that stopped ends with the end-of-turn id, appended when the server
+        // left it out.
+        let mut c = c.clone();
+        let appended = s.finish_reason == "stop" && c.last() != Some(&IM_END);
+        if appended {
+            c.push(IM_END);
+        }
+        let want: Vec<i32> = p.iter().chain(&c).map(|&t| t as i32).collect();
         assert_eq!(
             input_ids, &want,
             "{id}: input_ids = prompt ids ++ completion ids"
@@ -161,20 +192,21 @@ async fn export_tokens_and_sharegpt_from_a_real_run() {
         );
         assert_eq!(
             mask.iter().filter(|&&m| m == 1).count(),
-            s.completion_tokens as usize
+            s.completion_tokens as usize + usize::from(appended)
         );
     }
     // No temporary file left next to the output.
-    let names: Vec<String> = std::fs::read_dir(dir.path().join("export"))
+    let mut names: Vec<String> = std::fs::read_dir(dir.path().join("export"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(names, ["tokens.parquet"]);
+    names.sort();
+    assert_eq!(names, ["tokens.parquet", "tokens.parquet.summary.json"]);
 
     // sharegpt: the input turns from the original files, then the completion.
     let sg_path = dir.path().join("export/chat.jsonl");
     let r = export(&cfg, Format::Sharegpt, &sg_path, Some("chat")).unwrap();
-    assert_eq!(r.rows, 60);
+    assert_eq!(r.accounting.kept(), 60);
     let inputs = input_turns(&dir.path().join("chat.jsonl"));
     let by_id: HashMap<&str, &ShardRow> = shards.iter().map(|s| (s.id.as_str(), s)).collect();
     let text = std::fs::read_to_string(&sg_path).unwrap();
@@ -314,5 +346,11 @@ async fn tokens_export_needs_token_ids() {
     );
     assert!(!out.exists(), "nothing written");
     let sg = dir.path().join("p.jsonl.out");
-    assert_eq!(export(&cfg, Format::Sharegpt, &sg, None).unwrap().rows, 5);
+    assert_eq!(
+        export(&cfg, Format::Sharegpt, &sg, None)
+            .unwrap()
+            .accounting
+            .kept(),
+        5
+    );
 }

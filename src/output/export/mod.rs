@@ -1,0 +1,321 @@
+//! `spool export`: the sealed shards in the forms drafter-training tools read as they are.
+//!
+//! One pass streams the rows of the chosen datasets (config order, shards in index order,
+//! rows in shard order, one decoded batch at a time) through three steps:
+//! 1. [`rows`]: each shard row becomes an [`ExportRow`]; a completion that ended its turn
+//!    gets the model's end-of-turn id appended when the server left it out.
+//! 2. [`gates`]: the quality gates keep, flag or drop it, and every row and item is counted
+//!    in the [`Accounting`].
+//! 3. a [`Sink`] per format writes the kept rows.
+//!
+//! Invariants:
+//! - Memory does not grow with the number of rows: a sink holds at most one item's rows
+//!   (an item's rows are contiguous in its shard) or a fixed-size table.
+//! - The output appears under `--out` only complete: it is written under a hidden
+//!   temporary name beside it (a file, or a folder for `hf`), synced, then renamed.
+//! - Only sealed `part-*.parquet` files are read, so an export may run while `run` works.
+//! - `kept + dropped = rows read`, and at the item level the queue's own counts are
+//!   checked against what the shards hold (see [`gates::Accounting::check`]).
+
+pub mod batch;
+pub mod gates;
+pub mod hf;
+pub mod rows;
+pub mod sharegpt;
+pub mod specforge;
+pub mod speculators;
+pub mod tokens;
+pub mod vocab;
+
+pub use gates::{Accounting, Gates, ThinkGate};
+pub use rows::{EndOfTurn, ExportRow};
+
+use crate::config::Config;
+use crate::observe::status::StatusReport;
+use crate::prompt::tokenizer::Tokenizer;
+use anyhow::{bail, Context, Result};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// The output form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// JSONL `{id, dataset, sample, turn, conversations}` (ShareGPT turns).
+    Sharegpt,
+    /// Parquet `{id, dataset, sample, turn, input_ids, loss_mask, finish_reason}`.
+    Tokens,
+    /// The `tokens` rows as JSONL.
+    TokensJsonl,
+    /// JSONL `{id, input_ids, loss_mask}` for SpecForge's pre-tokenized path.
+    Specforge,
+    /// JSONL `{id, conversations, tools}` for SpecForge to render with its template.
+    SpecforgeChat,
+    /// JSONL, one row per generation in vllm-project/speculators' shape.
+    Speculators,
+    /// Counts of every completion token id (safetensors).
+    TokenFreq,
+    /// The `d2t`/`t2d` mapping of an N-token draft vocabulary (safetensors).
+    DraftVocab,
+    /// OpenAI batch output JSONL (`{id, custom_id, response, error}`).
+    OpenaiBatch,
+    /// A folder HuggingFace `datasets` loads as a `DatasetDict`, with a dataset card.
+    Hf,
+}
+
+impl Format {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Sharegpt => "sharegpt",
+            Format::Tokens => "tokens",
+            Format::TokensJsonl => "tokens-jsonl",
+            Format::Specforge => "specforge",
+            Format::SpecforgeChat => "specforge-chat",
+            Format::Speculators => "speculators",
+            Format::TokenFreq => "token-freq",
+            Format::DraftVocab => "draft-vocab",
+            Format::OpenaiBatch => "openai-batch",
+            Format::Hf => "hf",
+        }
+    }
+
+    /// Whether the form is made of token ids, so rows without ids cannot be in it.
+    pub fn needs_ids(self) -> bool {
+        matches!(
+            self,
+            Format::Tokens
+                | Format::TokensJsonl
+                | Format::Specforge
+                | Format::Speculators
+                | Format::TokenFreq
+                | Format::DraftVocab
+        )
+    }
+}
+
+/// What the user asked of one export.
+#[derive(Debug, Clone)]
+pub struct ExportOptions {
+    pub format: Format,
+    pub out: PathBuf,
+    /// Only this dataset (default: every dataset of the config).
+    pub dataset: Option<String>,
+    /// `specforge-chat`: one row per assistant turn (SpecForge's expanded rows).
+    pub per_turn: bool,
+    /// `draft-vocab`: the draft vocabulary's size.
+    pub draft_vocab: Option<usize>,
+    pub gates: Gates,
+    /// The queue's counts (from the running process or the queue), for the item-level
+    /// accounting; None when neither answers.
+    pub status: Option<StatusReport>,
+}
+
+/// What every sink may need besides the rows.
+#[derive(Debug, Clone)]
+pub struct ExportContext {
+    /// The config's tokenizer, when it has one.
+    pub tokenizer: Option<Tokenizer>,
+    /// The id appended to completions that ended their turn, when known.
+    pub end_of_turn: Option<EndOfTurn>,
+    /// The datasets exported, in order.
+    pub datasets: Vec<String>,
+}
+
+/// Writes the kept rows of one export in its format.
+pub trait Sink {
+    /// Called before the first row of each dataset (also for a dataset without rows).
+    fn begin_dataset(&mut self, _name: &str) -> Result<()> {
+        Ok(())
+    }
+    /// One kept row, in dataset, shard and row order; an item's rows come together.
+    fn push(&mut self, row: &ExportRow) -> Result<()>;
+    /// Writes what is left and syncs it; the accounting is complete by now.
+    fn finish(self: Box<Self>, accounting: &Accounting) -> Result<()>;
+}
+
+/// What an export wrote.
+#[derive(Debug, Clone, Default)]
+pub struct ExportReport {
+    pub shards: u64,
+    pub accounting: Accounting,
+}
+
+/// A buffered JSONL file: one `serde_json` value per line, synced on `finish`.
+pub struct Jsonl {
+    w: BufWriter<File>,
+}
+
+impl Jsonl {
+    pub fn create(path: &Path) -> Result<Self> {
+        let file =
+            File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        Ok(Self {
+            w: BufWriter::with_capacity(1 << 20, file),
+        })
+    }
+
+    pub fn line(&mut self, v: &impl serde::Serialize) -> Result<()> {
+        serde_json::to_writer(&mut self.w, v)?;
+        self.w.write_all(b"\n")?;
+        Ok(())
+    }
+
+    pub fn finish(self) -> Result<()> {
+        let file = self.w.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        Ok(())
+    }
+}
+
+/// Where the output goes while it is written.
+pub fn temp_path(out: &Path) -> PathBuf {
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "export".into());
+    out.with_file_name(format!(".{name}.tmp"))
+}
+
+/// Where the JSON summary of an export goes: beside the output.
+pub fn summary_path(out: &Path) -> PathBuf {
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "export".into());
+    out.with_file_name(format!("{name}.summary.json"))
+}
+
+fn open_sink(opts: &ExportOptions, ctx: &ExportContext, tmp: &Path) -> Result<Box<dyn Sink>> {
+    Ok(match opts.format {
+        Format::Sharegpt => Box::new(sharegpt::ShareGptSink::create(tmp)?),
+        Format::Tokens => Box::new(tokens::TokensSink::parquet(tmp)?),
+        Format::TokensJsonl => Box::new(tokens::TokensSink::jsonl(tmp)?),
+        Format::Specforge => specforge::ids_sink(tmp)?,
+        Format::SpecforgeChat => specforge::chat_sink(tmp, opts.per_turn)?,
+        Format::Speculators => speculators::sink(tmp, ctx)?,
+        Format::TokenFreq => vocab::token_freq_sink(tmp, ctx)?,
+        Format::DraftVocab => {
+            let Some(n) = opts.draft_vocab else {
+                bail!("--format draft-vocab needs --draft-vocab N (the draft vocabulary's size)");
+            };
+            vocab::draft_vocab_sink(tmp, ctx, n)?
+        }
+        Format::OpenaiBatch => batch::output_sink(tmp, ctx)?,
+        Format::Hf => hf::sink(tmp, ctx)?,
+    })
+}
+
+/// Writes the sealed shards of `cfg`'s datasets to `opts.out` in `opts.format`.
+pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
+    let names: Vec<String> = cfg
+        .datasets
+        .iter()
+        .map(|d| d.name.clone())
+        .filter(|n| opts.dataset.as_deref().is_none_or(|d| d == n))
+        .collect();
+    if let Some(d) = &opts.dataset {
+        if names.is_empty() {
+            bail!(crate::config::ConfigError::Invalid {
+                path: cfg.source.clone(),
+                key: "--dataset".into(),
+                detail: format!("no dataset `{d}` in the config"),
+            });
+        }
+    }
+    let ctx = rows::context(cfg, names.clone())?;
+    let out = &opts.out;
+    if let Some(dir) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let tmp = temp_path(out);
+    remove_path(&tmp)?;
+    let res = (|| {
+        let mut sink = open_sink(opts, &ctx, &tmp)?;
+        let mut acc = Accounting::new(opts.format, &opts.gates);
+        let mut shards = 0;
+        for name in &names {
+            sink.begin_dataset(name)?;
+            acc.begin_dataset(name);
+            for shard in rows::shards_of(&cfg.output_dir, name)? {
+                shards += 1;
+                rows::for_each_row(&shard, ctx.end_of_turn.as_ref(), |row| {
+                    match acc.judge(&opts.gates, opts.format, row) {
+                        Some(row) => sink.push(&row),
+                        None => Ok(()),
+                    }
+                })?;
+            }
+            acc.end_dataset(opts.status.as_ref());
+        }
+        acc.finish()?;
+        let without_ids: u64 = acc
+            .datasets
+            .iter()
+            .filter_map(|d| d.dropped.get("no_token_ids"))
+            .sum();
+        if opts.format.needs_ids() && acc.kept() == 0 && without_ids > 0 {
+            bail!(
+                "none of the {without_ids} completed rows has token ids (the run had no [tokenizer]): a `{}` export needs them",
+                opts.format.name()
+            );
+        }
+        sink.finish(&acc)?;
+        Ok(ExportReport {
+            shards,
+            accounting: acc,
+        })
+    })();
+    let report = match res {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = remove_path(&tmp);
+            return Err(e);
+        }
+    };
+    if opts.format == Format::Hf && out.is_dir() {
+        // A folder cannot be renamed over a non-empty one: the old export goes first.
+        std::fs::remove_dir_all(out)
+            .with_context(|| format!("cannot replace {}", out.display()))?;
+    }
+    std::fs::rename(&tmp, out)
+        .with_context(|| format!("cannot rename {} to {}", tmp.display(), out.display()))?;
+    let summary = summary_path(out);
+    std::fs::write(&summary, report.accounting.summary_json(out)?)
+        .with_context(|| format!("cannot write {}", summary.display()))?;
+    Ok(report)
+}
+
+/// Removes a leftover temporary file or folder.
+fn remove_path(p: &Path) -> Result<()> {
+    let r = if p.is_dir() {
+        std::fs::remove_dir_all(p)
+    } else {
+        std::fs::remove_file(p)
+    };
+    match r {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("cannot remove {}", p.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The export is written under a hidden temporary name beside `--out`, and its summary
+    /// beside it.
+    #[test]
+    fn temp_file_is_hidden_next_to_the_output() {
+        assert_eq!(
+            temp_path(Path::new("/x/y.parquet")),
+            Path::new("/x/.y.parquet.tmp")
+        );
+        assert_eq!(
+            summary_path(Path::new("/x/y.jsonl")),
+            Path::new("/x/y.jsonl.summary.json")
+        );
+    }
+}

@@ -1,0 +1,248 @@
+//! Shard rows as an export sees them: decoded a batch at a time, with the end of the turn
+//! made explicit in the ids.
+//!
+//! Invariant: a completion that ended its turn (`finish_reason` `stop` or `tool_calls`)
+//! ends with the model's end-of-turn id in [`ExportRow::completion_ids`]; the id is
+//! appended only when the server left it out, and the row says so. A completion cut by
+//! `max_tokens` (`length`) never gets one.
+
+use super::ExportContext;
+use crate::config::Config;
+use crate::output::reader::{batch_to_rows, ShardReader};
+use crate::output::schema::META_COUNT_SOURCE;
+use crate::output::shard::{folder_entries, parse_shard_index};
+use crate::prompt::tokenizer::Tokenizer;
+use crate::store::row::ShardRow;
+use anyhow::{anyhow, Context, Result};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The token that closes an assistant turn, and where spool learned it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndOfTurn {
+    pub id: u32,
+    pub token: String,
+    /// `tokenizer_config.json`'s `eos_token`, or `--end-of-turn`.
+    pub source: String,
+}
+
+/// One shard row on its way out.
+#[derive(Debug, Clone)]
+pub struct ExportRow {
+    pub row: ShardRow,
+    /// The shard's `spool.count_source`: where `completion_tokens` came from.
+    pub count_source: Arc<str>,
+    /// The end-of-turn id was appended to `row.completion_token_ids` here.
+    pub end_of_turn_appended: bool,
+    /// Think markers are left in the answer although the thinking was split off.
+    pub leftover_think: bool,
+}
+
+impl ExportRow {
+    /// Whether the generation ended its turn itself (not cut, not aborted).
+    pub fn ended_turn(&self) -> bool {
+        ends_turn(&self.row.finish_reason)
+    }
+
+    /// Whether the generation was cut by `max_tokens`.
+    pub fn truncated(&self) -> bool {
+        self.row.finish_reason == "length"
+    }
+
+    /// `prompt ids ++ completion ids` and the loss mask (0 prompt, 1 completion), when the
+    /// row has both.
+    pub fn ids_and_mask(&self) -> Option<(Vec<u32>, Vec<u8>)> {
+        let p = self.row.prompt_token_ids.as_ref()?;
+        let c = self.row.completion_token_ids.as_ref()?;
+        let mut ids = Vec::with_capacity(p.len() + c.len());
+        ids.extend_from_slice(p);
+        ids.extend_from_slice(c);
+        let mut mask = vec![0u8; p.len()];
+        mask.resize(p.len() + c.len(), 1);
+        Some((ids, mask))
+    }
+}
+
+/// Whether a finish reason means the model closed its turn.
+pub fn ends_turn(finish_reason: &str) -> bool {
+    matches!(finish_reason, "stop" | "tool_calls")
+}
+
+/// The end-of-turn token of the tokenizer at `tokenizer_json`: `eos_token` of the
+/// `tokenizer_config.json` beside it, looked up in the tokenizer. None when there is no
+/// such file or key.
+pub fn end_of_turn_of(tokenizer_json: &Path, tokenizer: &Tokenizer) -> Result<Option<EndOfTurn>> {
+    let cfg = tokenizer_json.with_file_name("tokenizer_config.json");
+    let text = match std::fs::read_to_string(&cfg) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", cfg.display())),
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", cfg.display()))?;
+    let token = match &v["eos_token"] {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Object(o) => match o.get("content") {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            _ => return Ok(None),
+        },
+        _ => return Ok(None),
+    };
+    let id = tokenizer.token_to_id(&token).ok_or_else(|| {
+        anyhow!(
+            "{}: key `eos_token`: `{token}` is not a token of {}",
+            cfg.display(),
+            tokenizer_json.display()
+        )
+    })?;
+    Ok(Some(EndOfTurn {
+        id,
+        token,
+        source: format!("{} (eos_token)", cfg.display()),
+    }))
+}
+
+/// The config's tokenizer and its end-of-turn token, for the datasets `names`.
+pub fn context(cfg: &Config, names: Vec<String>) -> Result<ExportContext> {
+    let (tokenizer, end_of_turn) = match &cfg.tokenizer {
+        Some(t) => {
+            let tok = Tokenizer::from_file(&t.path)
+                .with_context(|| format!("{}: key `tokenizer.path`", cfg.source.display()))?;
+            let eot = end_of_turn_of(&t.path, &tok)?;
+            (Some(tok), eot)
+        }
+        None => (None, None),
+    };
+    Ok(ExportContext {
+        tokenizer,
+        end_of_turn,
+        datasets: names,
+    })
+}
+
+/// Sealed shards of a dataset, in index order.
+pub fn shards_of(output_dir: &Path, dataset: &str) -> Result<Vec<PathBuf>> {
+    let dir = output_dir.join(dataset);
+    if !dir.exists() {
+        return Ok(Vec::new());
+    }
+    let entries = folder_entries(&dir).with_context(|| format!("cannot list {}", dir.display()))?;
+    let mut v = Vec::new();
+    for e in entries {
+        if let Some(i) = parse_shard_index(&e.file_name().to_string_lossy()) {
+            v.push((i, e.path()));
+        }
+    }
+    v.sort();
+    Ok(v.into_iter().map(|(_, p)| p).collect())
+}
+
+/// Calls `f` with every row of the shard at `path`, in order, a decoded batch at a time.
+/// Past the footer, errors name the file.
+pub fn for_each_row(
+    path: &Path,
+    end_of_turn: Option<&EndOfTurn>,
+    mut f: impl FnMut(ExportRow) -> Result<()>,
+) -> Result<()> {
+    let reader = ShardReader::open_checked(path)?;
+    let count_source: Arc<str> = reader
+        .metadata()
+        .into_iter()
+        .find(|(k, _)| k == META_COUNT_SOURCE)
+        .map(|(_, v)| v)
+        .unwrap_or_default()
+        .into();
+    let batches = reader
+        .batches(None)
+        .map_err(|e| anyhow!(e.detail()))
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let mut rows = Vec::new();
+    for batch in batches {
+        let batch = batch
+            .map_err(|e| anyhow!(e.detail()))
+            .with_context(|| format!("cannot decode {}", path.display()))?;
+        rows.clear();
+        batch_to_rows(path, &batch, &mut rows)
+            .map_err(|e| anyhow!(e.detail()))
+            .with_context(|| format!("cannot decode {}", path.display()))?;
+        for row in rows.drain(..) {
+            f(prepare(row, count_source.clone(), end_of_turn))?;
+        }
+    }
+    Ok(())
+}
+
+/// A shard row with its end of turn made explicit.
+pub fn prepare(
+    mut row: ShardRow,
+    count_source: Arc<str>,
+    end_of_turn: Option<&EndOfTurn>,
+) -> ExportRow {
+    let mut appended = false;
+    if let (Some(eot), Some(ids)) = (end_of_turn, row.completion_token_ids.as_mut()) {
+        if ends_turn(&row.finish_reason) && ids.last() != Some(&eot.id) {
+            ids.push(eot.id);
+            appended = true;
+        }
+    }
+    ExportRow {
+        row,
+        count_source,
+        end_of_turn_appended: appended,
+        leftover_think: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(finish: &str, ids: Option<Vec<u32>>) -> ShardRow {
+        ShardRow {
+            id: "a".into(),
+            dataset: "d".into(),
+            prompt_token_ids: Some(vec![1, 2]),
+            completion_token_ids: ids,
+            finish_reason: finish.into(),
+            ..ShardRow::default()
+        }
+    }
+
+    /// The end-of-turn id is appended to a completion that stopped without it, never
+    /// doubled when the server sent it, and never added to one cut by `max_tokens`.
+    #[test]
+    fn end_of_turn_is_appended_only_when_the_turn_ended_without_it() {
+        let eot = EndOfTurn {
+            id: 9,
+            token: "<|im_end|>".into(),
+            source: "test".into(),
+        };
+        let r = prepare(row("stop", Some(vec![5, 6])), "server".into(), Some(&eot));
+        assert_eq!(r.row.completion_token_ids, Some(vec![5, 6, 9]));
+        assert!(r.end_of_turn_appended);
+        let r = prepare(row("stop", Some(vec![5, 9])), "server".into(), Some(&eot));
+        assert_eq!(r.row.completion_token_ids, Some(vec![5, 9]));
+        assert!(!r.end_of_turn_appended);
+        let r = prepare(row("length", Some(vec![5, 6])), "server".into(), Some(&eot));
+        assert_eq!(r.row.completion_token_ids, Some(vec![5, 6]));
+        assert!(r.truncated());
+        let r = prepare(
+            row("tool_calls", Some(vec![5])),
+            "server".into(),
+            Some(&eot),
+        );
+        assert_eq!(r.row.completion_token_ids, Some(vec![5, 9]));
+        let (ids, mask) = r.ids_and_mask().unwrap();
+        assert_eq!((ids, mask), (vec![1, 2, 5, 9], vec![0, 0, 1, 1]));
+    }
+
+    /// Qwen3's tokenizer config names `<|im_end|>` (151645) as the end of a turn.
+    #[test]
+    fn qwen3s_end_of_turn_comes_from_its_tokenizer_config() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tokenizers/qwen3/tokenizer.json");
+        let tok = Tokenizer::from_file(&p).unwrap();
+        let eot = end_of_turn_of(&p, &tok).unwrap().unwrap();
+        assert_eq!((eot.id, eot.token.as_str()), (151645, "<|im_end|>"));
+    }
+}
