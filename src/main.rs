@@ -345,6 +345,7 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             };
             let r = spool::output::export::export(&cfg, &opts).map_err(Error::runtime)?;
             let acc = &r.accounting;
+            println!("{}", opts.gates.describe());
             for line in acc.lines() {
                 println!("{line}");
             }

@@ -56,6 +56,23 @@ impl Default for Gates {
 }
 
 impl Gates {
+    /// The gates in one line, so an export's output says what it kept by default.
+    pub fn describe(&self) -> String {
+        let finish = if self.exclude_finish.is_empty() {
+            "keep every finish reason (cut rows marked; `--exclude-finish length` drops them)"
+                .to_string()
+        } else {
+            format!("drop finish reasons {}", self.exclude_finish.join(", "))
+        };
+        let empty = if self.keep_empty { "keep" } else { "drop" };
+        let think = match self.think {
+            ThinkGate::Flag => "flag",
+            ThinkGate::Drop => "drop",
+            ThinkGate::Keep => "keep",
+        };
+        format!("gates: {finish}; {empty} empty completions; {think} leftover think markers")
+    }
+
     /// Why `row` is left out, or None to keep it. Sets `row.leftover_think`.
     pub fn verdict(&self, format: Format, row: &mut ExportRow) -> Option<String> {
         let r = &row.row;
