@@ -62,6 +62,10 @@ enum Command {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// A remote run's metrics endpoint (`http://HOST:PORT`): its live `/status`, without
+        /// a config or the queue.
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
     },
     /// Check the shards against the queue: every completed item in exactly one shard.
     Verify,
@@ -217,9 +221,14 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             }
             Ok(summary.exit_code())
         }
-        Command::Status { json } => {
-            let cfg = Config::load(&cli.config, &overrides(&cli))?;
-            let report = runtime()?.block_on(status_report(&cfg, &knobs.faults))?;
+        Command::Status { json, url } => {
+            let report = match url {
+                Some(url) => runtime()?.block_on(remote_status(url))?,
+                None => {
+                    let cfg = Config::load(&cli.config, &overrides(&cli))?;
+                    runtime()?.block_on(status_report(&cfg, &knobs.faults))?
+                }
+            };
             if *json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -393,6 +402,32 @@ fn shorten(v: &mut serde_json::Value, width: usize) {
         serde_json::Value::Object(o) => o.values_mut().for_each(|x| shorten(x, width)),
         _ => {}
     }
+}
+
+/// A remote run's `/status`; an endpoint that does not answer, or answers something else,
+/// is an error naming the URL.
+async fn remote_status(url: &str) -> Result<StatusReport, Error> {
+    let base = url.trim_end_matches('/');
+    let base = base.strip_suffix("/status").unwrap_or(base);
+    let endpoint = format!("{base}/status");
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()?;
+    let r = client
+        .get(&endpoint)
+        .send()
+        .await
+        .map_err(|e| Error::msg(format!("{endpoint}: no answer: {e}")))?;
+    if !r.status().is_success() {
+        return Err(Error::msg(format!("{endpoint}: answered {}", r.status())));
+    }
+    let body = r
+        .bytes()
+        .await
+        .map_err(|e| Error::msg(format!("{endpoint}: {e}")))?;
+    serde_json::from_slice(&body)
+        .map_err(|e| Error::msg(format!("{endpoint}: not a spool status report: {e}")))
 }
 
 /// The running process's `/status` when it answers, else the queue alone.

@@ -533,7 +533,40 @@ async fn mid_run_scrape_passes_promtool_with_every_spec_series() {
         "{table}"
     );
 
+    // `spool status --url` shows the same live table from anywhere, without the config.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let remote = Command::new(spool_bin())
+        .args(["status", "--url", &base])
+        .current_dir(elsewhere.path())
+        .output()
+        .unwrap();
+    let rtable = String::from_utf8_lossy(&remote.stdout).to_string();
+    assert!(
+        remote.status.success(),
+        "{}",
+        String::from_utf8_lossy(&remote.stderr)
+    );
+    assert!(
+        rtable.starts_with("live from the running process"),
+        "{rtable}"
+    );
+    assert!(
+        rtable
+            .lines()
+            .any(|l| l.starts_with("alpha ") && l.ends_with("running")),
+        "{rtable}"
+    );
+
     assert_eq!(run.interrupt(Duration::from_secs(30)), Some(130));
+    // The stopped run's endpoint no longer answers: an error naming it, exit 1.
+    let gone = Command::new(spool_bin())
+        .args(["status", "--url", &base])
+        .current_dir(elsewhere.path())
+        .output()
+        .unwrap();
+    assert_eq!(gone.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&gone.stderr);
+    assert!(err.contains(&format!("{base}/status")), "{err}");
     // Stopped: from the queue alone, without rates.
     let after = Command::new(spool_bin())
         .args(["status", "--metrics-addr", "127.0.0.1:0", "-c"])
