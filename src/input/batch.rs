@@ -209,9 +209,11 @@ pub fn parse_batch(obj: &Map<String, Value>, samples: u32) -> Result<BatchRow, S
     let chat = match url {
         CHAT_URL => true,
         COMPLETIONS_URL => false,
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "batch row: `url` `{other}` is not supported (use `{CHAT_URL}` or `{COMPLETIONS_URL}`)"
-        )),
+        ))
+        }
     };
     let body = match obj.get("body") {
         Some(Value::Object(b)) => b,

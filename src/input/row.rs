@@ -38,7 +38,7 @@ pub struct Row {
     /// OpenAI function schemas offered to the model (an array of objects).
     pub tools: Option<Value>,
     /// A batch row's own sampling (part of its content), None for other rows.
-    pub sampling: Option<RowSampling>,
+    pub sampling: Option<Box<RowSampling>>,
     /// Content fingerprint: detects a row that changed between runs.
     pub hash: [u8; 16],
 }
@@ -201,7 +201,7 @@ fn parse_object_full(
     let b = batch::parse_batch(&obj, samples).map_err(|r| (r, id.clone()))?;
     let mut plain = b.input;
     plain.insert("id".into(), Value::String(b.custom_id));
-    let sampling = Some(b.sampling).filter(|s| !s.is_empty());
+    let sampling = Some(Box::new(b.sampling)).filter(|s| !s.is_empty());
     parse_object_as(dataset, row, plain, whole, sampling).map_err(|r| (r, id))
 }
 
@@ -228,7 +228,7 @@ fn parse_object_as(
     row: u64,
     obj: Map<String, Value>,
     whole: bool,
-    sampling: Option<RowSampling>,
+    sampling: Option<Box<RowSampling>>,
 ) -> Result<Row, String> {
     let present: Vec<&str> = ["prompt", "messages", "conversations"]
         .into_iter()
@@ -447,6 +447,49 @@ mod tests {
         assert_eq!(a.id, b.id);
         assert_eq!(a.hash, b.hash);
         assert_ne!(a.id, c.id);
+    }
+
+    /// A batch row is a row under its `custom_id` with its body's sampling, which is part
+    /// of its content; a bad one is rejected naming the key, with its custom_id; a plain
+    /// row's id and hash do not change.
+    #[test]
+    fn batch_rows_parse_with_their_custom_id() {
+        let p = Parser::new(Path::new("in.jsonl"), "d").samples(2);
+        let line = |s: &str| RawEntry {
+            row: 4,
+            raw: Raw::Line(s.as_bytes().to_vec()),
+        };
+        let chat = |extra: &str| {
+            format!(
+                r#"{{"custom_id": "c7", "method": "POST", "url": "/v1/chat/completions", "body": {{"messages": [{{"role": "user", "content": "hi"}}]{extra}}}}}"#
+            )
+        };
+        let Entry::Row(a) = p.parse(line(&chat(r#", "max_tokens": 5, "n": 2"#))) else {
+            panic!("a good batch row")
+        };
+        assert_eq!(a.id, "c7");
+        assert!(matches!(a.input, Input::Messages(_)));
+        assert_eq!(a.sampling.as_ref().unwrap().max_tokens, Some(5));
+        let Entry::Row(b) = p.parse(line(&chat(r#", "max_tokens": 6"#))) else {
+            panic!("a good batch row")
+        };
+        assert_ne!(a.hash, b.hash, "another max_tokens is another request");
+        let Entry::Row(c) = p.parse(line(&chat(""))) else {
+            panic!("a good batch row")
+        };
+        assert!(c.sampling.is_none());
+        let plain = parse_row(
+            "d",
+            4,
+            r#"{"id": "c7", "messages": [{"role": "user", "content": "hi"}]}"#,
+        )
+        .unwrap();
+        assert_eq!((plain.id.as_str(), plain.hash), ("c7", c.hash));
+        let Entry::Rejected(r) = p.parse(line(&chat(r#", "n": 3"#))) else {
+            panic!("n must be the dataset's samples")
+        };
+        assert_eq!((r.line, r.id.as_deref()), (5, Some("c7")));
+        assert!(r.reason.contains("`body.n`"), "{}", r.reason);
     }
 
     /// Each kind of bad row is rejected with a reason that names the problem.

@@ -31,7 +31,7 @@ pub const CODE_REJECTED: &str = "rejected_row";
 
 /// The queue, when it can be read.
 enum QueueAccess {
-    Open(Queue),
+    Open(Box<Queue>),
     /// No queue folder: nothing has failed.
     Absent,
     /// A run holds it.
@@ -60,7 +60,7 @@ pub struct BatchSink {
 pub fn output_sink(tmp: &Path, ctx: &ExportContext) -> Result<Box<dyn Sink>> {
     let queue = if ctx.data_dir.is_dir() {
         match Queue::open(&ctx.data_dir) {
-            Ok(q) => QueueAccess::Open(q),
+            Ok(q) => QueueAccess::Open(Box::new(q)),
             Err(QueueError::Locked { path }) => {
                 tracing::warn!(queue = %path.display(),
                     "a `spool run` holds the queue: failed items are not in this openai-batch export (rejected rows are); export again once it has stopped");
