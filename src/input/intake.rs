@@ -396,7 +396,10 @@ pub fn intake<S: IntakeSink>(
         .ok_or_else(|| IntakeError::NotOpened(d.name.clone()))?;
     let mut reader = DatasetReader::open(&d.path, &d.name)?;
     let turns = opts.generation.turns;
-    let parser = reader.parser().whole_conversations(turns == Turns::All);
+    let parser = reader
+        .parser()
+        .whole_conversations(turns == Turns::All)
+        .samples(opts.generation.samples);
     let kwargs = Drawer::new(
         &Sampling::default(),
         &opts.generation.chat_template_kwargs,
@@ -647,6 +650,7 @@ impl<S: IntakeSink> Collector<'_, S> {
                     line,
                     row,
                     reason,
+                    id: Some(id.clone()),
                 };
                 if let Some(first) = dup {
                     let rej = rejection(format!(

@@ -4,11 +4,12 @@
 //! Invariant: a row the user gave is either taken in, or rejected with a message naming its
 //! file and line; nothing is dropped silently.
 //!
-//! [`dataset`] streams a file as raw rows ([`parquet`] for Parquet files); [`row`] parses a
+//! [`batch`] reads rows in the OpenAI batch shape. [`dataset`] streams a file as raw rows ([`parquet`] for Parquet files); [`row`] parses a
 //! raw row or says why it is rejected; [`dedup`] is the set of ids taken in; [`intake`]
 //! runs them in parallel and hands the result to an [`intake::IntakeSink`]. The stage does
 //! not know the queue: the sink is implemented where the queue is (`crate::run::enqueue`).
 
+pub mod batch;
 pub mod dataset;
 pub mod dedup;
 pub mod intake;

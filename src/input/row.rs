@@ -4,7 +4,9 @@
 //! A row carries exactly one of `prompt`, `messages` or `conversations` (ShareGPT,
 //! converted to messages, a trailing assistant turn dropped unless the parser keeps whole
 //! conversations for `turns = "all"`), optionally an `id` and optionally `tools` (an array
-//! of OpenAI function schemas, part of the row's content).
+//! of OpenAI function schemas, part of the row's content). A line in the OpenAI batch shape
+//! (`custom_id`, `method`, `url`, `body`: [`super::batch`]) is the same row, its
+//! `custom_id` the id, with the body's sampling as the row's own ([`Row::sampling`]).
 //! [`Parser::parse`] turns a [`RawEntry`] cut by the reader into an [`Entry`]: JSON parsing,
 //! shape checks, ids and hashes, so intake can parse on many threads.
 //!
@@ -12,6 +14,7 @@
 //! groups), so it is stable when lines (rows) are appended; the same content gives the
 //! same [`Row::hash`] and the same derived id in every run, whatever the file format.
 
+use super::batch::{self, RowSampling};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use std::path::Path;
@@ -34,6 +37,8 @@ pub struct Row {
     pub input: Input,
     /// OpenAI function schemas offered to the model (an array of objects).
     pub tools: Option<Value>,
+    /// A batch row's own sampling (part of its content), None for other rows.
+    pub sampling: Option<Box<RowSampling>>,
     /// Content fingerprint: detects a row that changed between runs.
     pub hash: [u8; 16],
 }
@@ -46,6 +51,10 @@ pub struct Rejection {
     pub line: u64,
     pub row: u64,
     pub reason: String,
+    /// The row's id when it is known (a batch row's `custom_id`, a row refused after
+    /// parsing), so that an export can answer for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
 }
 
 /// A line of a dataset file, parsed.
@@ -88,6 +97,8 @@ pub struct Parser {
     pub(super) dataset: String,
     /// Keep a ShareGPT conversation's trailing assistant turn (`turns = "all"`).
     whole: bool,
+    /// The dataset's generations per prompt (what a batch row's `body.n` must be).
+    samples: u32,
 }
 
 impl Parser {
@@ -97,7 +108,14 @@ impl Parser {
             file: path.display().to_string(),
             dataset: dataset.to_string(),
             whole: false,
+            samples: 1,
         }
+    }
+
+    /// This parser for a dataset generating `samples` generations per prompt.
+    pub fn samples(mut self, samples: u32) -> Self {
+        self.samples = samples;
+        self
     }
 
     /// This parser keeping whole conversations (a ShareGPT row's trailing assistant turn
@@ -110,17 +128,21 @@ impl Parser {
     /// Parses one raw row: a good row, or its rejection.
     pub fn parse(&self, e: RawEntry) -> Entry {
         let row = e.row;
+        let (whole, samples) = (self.whole, self.samples);
         let res = match e.raw {
-            Raw::Bad(reason) => Err(reason),
-            Raw::Object(obj) => parse_object_as(&self.dataset, row, obj, self.whole),
+            Raw::Bad(reason) => Err((reason, None)),
+            Raw::Object(obj) => parse_object_full(&self.dataset, row, obj, whole, samples),
             Raw::Line(bytes) => match std::str::from_utf8(&bytes) {
-                Ok(text) => parse_text(&self.dataset, row, text.trim(), self.whole),
-                Err(e) => Err(format!("invalid UTF-8 at byte {}", e.valid_up_to())),
+                Ok(text) => parse_text(&self.dataset, row, text.trim(), whole, samples),
+                Err(e) => Err((format!("invalid UTF-8 at byte {}", e.valid_up_to()), None)),
             },
         };
         match res {
             Ok(r) => Entry::Row(r),
-            Err(reason) => Entry::Rejected(self.reject(row, reason)),
+            Err((reason, id)) => Entry::Rejected(Rejection {
+                id,
+                ..self.reject(row, reason)
+            }),
         }
     }
 
@@ -131,26 +153,56 @@ impl Parser {
             line: row + 1,
             row,
             reason,
+            id: None,
         }
     }
 }
 
 /// Parses one JSON line into a row, or the reason it is rejected.
 pub fn parse_row(dataset: &str, row: u64, text: &str) -> Result<Row, String> {
-    parse_text(dataset, row, text, false)
+    parse_text(dataset, row, text, false, 1).map_err(|(reason, _)| reason)
 }
 
-fn parse_text(dataset: &str, row: u64, text: &str, whole: bool) -> Result<Row, String> {
-    let v: Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+/// A row's rejection reason, with its id when known.
+type Refusal = (String, Option<String>);
+
+fn parse_text(
+    dataset: &str,
+    row: u64,
+    text: &str,
+    whole: bool,
+    samples: u32,
+) -> Result<Row, Refusal> {
+    let v: Value =
+        serde_json::from_str(text).map_err(|e| (format!("not valid JSON: {e}"), None))?;
     let Value::Object(obj) = v else {
-        return Err("a row must be a JSON object".into());
+        return Err(("a row must be a JSON object".into(), None));
     };
-    parse_object_as(dataset, row, obj, whole)
+    parse_object_full(dataset, row, obj, whole, samples)
 }
 
 /// Parses one row given as a JSON object (a JSONL line, or a Parquet row).
 pub fn parse_object(dataset: &str, row: u64, obj: Map<String, Value>) -> Result<Row, String> {
-    parse_object_as(dataset, row, obj, false)
+    parse_object_full(dataset, row, obj, false, 1).map_err(|(reason, _)| reason)
+}
+
+/// A plain row or a batch row (turned into the plain row's fields first).
+fn parse_object_full(
+    dataset: &str,
+    row: u64,
+    obj: Map<String, Value>,
+    whole: bool,
+    samples: u32,
+) -> Result<Row, Refusal> {
+    if !batch::is_batch_row(&obj) {
+        return parse_object_as(dataset, row, obj, whole, None).map_err(|r| (r, None));
+    }
+    let id = batch::custom_id_of(&obj);
+    let b = batch::parse_batch(&obj, samples).map_err(|r| (r, id.clone()))?;
+    let mut plain = b.input;
+    plain.insert("id".into(), Value::String(b.custom_id));
+    let sampling = Some(Box::new(b.sampling)).filter(|s| !s.is_empty());
+    parse_object_as(dataset, row, plain, whole, sampling).map_err(|r| (r, id))
 }
 
 /// `tools`, when the row has them: an array of objects (OpenAI function schemas).
@@ -176,6 +228,7 @@ fn parse_object_as(
     row: u64,
     obj: Map<String, Value>,
     whole: bool,
+    sampling: Option<Box<RowSampling>>,
 ) -> Result<Row, String> {
     let present: Vec<&str> = ["prompt", "messages", "conversations"]
         .into_iter()
@@ -226,6 +279,12 @@ fn parse_object_as(
         canonical.push('\0');
         canonical.push_str(&t.to_string());
     }
+    // A batch row's sampling is content too (another max_tokens is another request);
+    // rows without it keep their fingerprint.
+    if let Some(s) = &sampling {
+        canonical.push('\u{1}');
+        canonical.push_str(&s.to_value().to_string());
+    }
     let digest = Sha256::new()
         .chain_update(dataset.as_bytes())
         .chain_update([0u8])
@@ -247,6 +306,7 @@ fn parse_object_as(
         id,
         input,
         tools,
+        sampling,
         hash,
     })
 }
@@ -387,6 +447,49 @@ mod tests {
         assert_eq!(a.id, b.id);
         assert_eq!(a.hash, b.hash);
         assert_ne!(a.id, c.id);
+    }
+
+    /// A batch row is a row under its `custom_id` with its body's sampling, which is part
+    /// of its content; a bad one is rejected naming the key, with its custom_id; a plain
+    /// row's id and hash do not change.
+    #[test]
+    fn batch_rows_parse_with_their_custom_id() {
+        let p = Parser::new(Path::new("in.jsonl"), "d").samples(2);
+        let line = |s: &str| RawEntry {
+            row: 4,
+            raw: Raw::Line(s.as_bytes().to_vec()),
+        };
+        let chat = |extra: &str| {
+            format!(
+                r#"{{"custom_id": "c7", "method": "POST", "url": "/v1/chat/completions", "body": {{"messages": [{{"role": "user", "content": "hi"}}]{extra}}}}}"#
+            )
+        };
+        let Entry::Row(a) = p.parse(line(&chat(r#", "max_tokens": 5, "n": 2"#))) else {
+            panic!("a good batch row")
+        };
+        assert_eq!(a.id, "c7");
+        assert!(matches!(a.input, Input::Messages(_)));
+        assert_eq!(a.sampling.as_ref().unwrap().max_tokens, Some(5));
+        let Entry::Row(b) = p.parse(line(&chat(r#", "max_tokens": 6"#))) else {
+            panic!("a good batch row")
+        };
+        assert_ne!(a.hash, b.hash, "another max_tokens is another request");
+        let Entry::Row(c) = p.parse(line(&chat(""))) else {
+            panic!("a good batch row")
+        };
+        assert!(c.sampling.is_none());
+        let plain = parse_row(
+            "d",
+            4,
+            r#"{"id": "c7", "messages": [{"role": "user", "content": "hi"}]}"#,
+        )
+        .unwrap();
+        assert_eq!((plain.id.as_str(), plain.hash), ("c7", c.hash));
+        let Entry::Rejected(r) = p.parse(line(&chat(r#", "n": 3"#))) else {
+            panic!("n must be the dataset's samples")
+        };
+        assert_eq!((r.line, r.id.as_deref()), (5, Some("c7")));
+        assert!(r.reason.contains("`body.n`"), "{}", r.reason);
     }
 
     /// Each kind of bad row is rejected with a reason that names the problem.

@@ -125,7 +125,8 @@ impl IntakeSink for QueueSink<'_> {
 }
 
 /// The queue item of a row: its messages (the whole conversation when the parser kept
-/// it), its prompt as built, and its `tools` in `extra` as `{"tools": [...]}`.
+/// it), its prompt as built, and its `tools` and own sampling in `extra` as
+/// `{"tools": [...], "sampling": {...}}`.
 fn item_of(row: &Row, prompt: BuiltPrompt) -> Item {
     let messages = match &row.input {
         Input::Messages(m) => Some(m.to_string()),
@@ -137,11 +138,21 @@ fn item_of(row: &Row, prompt: BuiltPrompt) -> Item {
         prompt: prompt.text,
         messages,
         prompt_ids: prompt.token_ids,
-        extra: row
-            .tools
-            .as_ref()
-            .map(|t| serde_json::json!({ "tools": t }).to_string()),
+        extra: extra_of(row),
     }
+}
+
+/// The item's `extra`: the row's `tools` and a batch row's own `sampling`, None for a
+/// row with neither (its record stays the format-4 layout).
+fn extra_of(row: &Row) -> Option<String> {
+    let mut extra = serde_json::Map::new();
+    if let Some(t) = &row.tools {
+        extra.insert("tools".into(), t.clone());
+    }
+    if let Some(s) = &row.sampling {
+        extra.insert("sampling".into(), s.to_value());
+    }
+    (!extra.is_empty()).then(|| serde_json::Value::Object(extra).to_string())
 }
 
 /// Buffered rejection lines past which they are written before the batch ends (bounds

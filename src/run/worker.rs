@@ -22,6 +22,7 @@
 //! several generations run their turns in [`crate::run::turns`].
 
 use crate::config::{Api, Config, GenerationSpec, Reasoning};
+use crate::input::batch::RowSampling;
 use crate::observe::metrics::DatasetMetrics;
 use crate::prompt::conversation::replies_before;
 use crate::prompt::draw::{Draw, Drawer};
@@ -370,12 +371,16 @@ pub(crate) fn prepare(
     first: bool,
 ) -> Result<Prepared, String> {
     let drawer = &ctx.drawers[lease.lane];
-    let draw = drawer.draw(&ctx.names[lease.lane], &item.id, lease.sample);
-    let tools = item
+    let mut draw = drawer.draw(&ctx.names[lease.lane], &item.id, lease.sample);
+    let extra = item
         .extra
         .as_deref()
-        .and_then(|e| serde_json::from_str::<serde_json::Value>(e).ok())
-        .and_then(|mut e| e.get_mut("tools").map(serde_json::Value::take));
+        .and_then(|e| serde_json::from_str::<serde_json::Value>(e).ok());
+    // A batch row's own sampling, within the dataset's limits.
+    if let Some(own) = extra.as_ref().and_then(RowSampling::from_extra) {
+        own.apply(&mut draw, lease.sample);
+    }
+    let tools = extra.and_then(|mut e| e.get_mut("tools").map(serde_json::Value::take));
     let tools_text = tools.as_ref().map(|t| t.to_string());
     let chat = ctx.cfg.server.api == Api::Chat;
     let stored = first && drawer.is_fixed();

@@ -120,6 +120,10 @@ pub struct ExportContext {
     pub end_of_turn: Option<EndOfTurn>,
     /// The datasets exported, in order.
     pub datasets: Vec<String>,
+    /// The config's queue folder (`openai-batch` reads the failed items there).
+    pub data_dir: PathBuf,
+    /// The config's shard folder (`openai-batch` reads each dataset's `_rejected.jsonl`).
+    pub output_dir: PathBuf,
 }
 
 /// Writes the kept rows of one export in its format.

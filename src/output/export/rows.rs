@@ -117,6 +117,8 @@ pub fn context(cfg: &Config, names: Vec<String>) -> Result<ExportContext> {
         tokenizer,
         end_of_turn,
         datasets: names,
+        data_dir: cfg.data_dir.clone(),
+        output_dir: cfg.output_dir.clone(),
     })
 }
 
