@@ -313,7 +313,8 @@ pub(crate) struct RealVocab {
     think_close: u32,
     nl: u32,
     nl2: u32,
-    /// The end-of-turn id, sent as the last id of a stopped completion when `eos_in_ids`.
+    /// The end-of-turn id, sent as the last id of a stopped completion when `eos_in_ids`
+    /// (Qwen's `<|im_end|>` when the tokenizer names none and it is not sent).
     pub eos: u32,
     eos_in_ids: bool,
     /// Text of every id an output can hold.
@@ -373,14 +374,16 @@ impl RealVocab {
         ] {
             texts.insert(id, text.to_string());
         }
-        let eos = end_of_turn_of(path, &tok)?
-            .ok_or_else(|| {
-                anyhow!(
-                    "--tokenizer {}: no `eos_token` in the tokenizer_config.json beside it",
-                    path.display()
-                )
-            })?
-            .id;
+        // Only `--eos-in-ids` needs the tokenizer's own end of turn; otherwise it is just
+        // the id `/generate` reports as matched.
+        let eos = match end_of_turn_of(path, &tok)? {
+            Some(e) => e.id,
+            None if !eos_in_ids => super::sim::EOS_ID,
+            None => bail!(
+                "--eos-in-ids: no `eos_token` in the tokenizer_config.json beside {}",
+                path.display()
+            ),
+        };
         Ok(Self {
             words,
             think_open,
