@@ -3,7 +3,8 @@
 //! them. Pure functions of their inputs, except the clock read for `created`.
 //!
 //! Invariants:
-//! - Every text field is `detokenize` of the id field next to it, so text and ids agree.
+//! - Every text field is the text of the id field next to it (the mock's own or, with
+//!   `--tokenizer`, the real tokenizer's), so text and ids agree.
 //! - SGLang streams are cumulative unless `incremental`; `meta_info.completion_tokens` is
 //!   the running total in both modes (as SGLang does).
 
@@ -534,6 +535,8 @@ pub(crate) struct Render {
     pub reasoning_field: Option<&'static str>,
     /// The id of the answer's tool call (`call_…`), if it makes one.
     pub tool_call_id: String,
+    /// `--tokenizer`: the text of real ids; None for the mock's own ids.
+    pub vocab: Option<std::sync::Arc<super::vocab::RealVocab>>,
 }
 
 /// What a chat client is shown of one output id.
@@ -598,13 +601,36 @@ struct FullMessage<'a> {
 }
 
 impl Render {
+    /// Appends the text of `ids`: the real tokenizer's, or the mock's own.
+    fn push_text(&self, s: &mut String, ids: &[u32]) {
+        match &self.vocab {
+            Some(v) => v.push_text(s, ids),
+            None => push_text(s, ids),
+        }
+    }
+
+    /// The text of `ids`.
+    fn text(&self, ids: &[u32]) -> String {
+        match &self.vocab {
+            Some(v) => {
+                let mut s = String::new();
+                v.push_text(&mut s, ids);
+                s
+            }
+            None => detokenize(ids),
+        }
+    }
+
     fn prompt_tokens(&self) -> u32 {
         self.prompt_ids.len() as u32
     }
 
     fn sglang_finish(&self, f: FinishOut, completion: u32) -> Value {
         match f {
-            FinishOut::Stop => json!({"type": "stop", "matched": EOS_ID}),
+            FinishOut::Stop => {
+                let eos = self.vocab.as_ref().map_or(EOS_ID, |v| v.eos);
+                json!({"type": "stop", "matched": eos})
+            }
             FinishOut::Length => json!({"type": "length", "length": completion}),
             FinishOut::Abort => {
                 json!({"type": "abort", "message": format!("Abort request {}", self.id)})
@@ -642,7 +668,7 @@ impl Render {
         latency_s: f64,
     ) -> Value {
         json!({
-            "text": detokenize(ids),
+            "text": self.text(ids),
             "output_ids": ids,
             "meta_info": {
                 "id": self.id,
@@ -712,14 +738,14 @@ impl Render {
                     let (mut reasoning, mut content) = (String::new(), String::new());
                     for i in 0..upto {
                         match self.shown(plan, i, tool_ok) {
-                            Some(Shown::Reasoning) => push_text(&mut reasoning, &ids[i..=i]),
-                            Some(Shown::Content) => push_text(&mut content, &ids[i..=i]),
+                            Some(Shown::Reasoning) => self.push_text(&mut reasoning, &ids[i..=i]),
+                            Some(Shown::Content) => self.push_text(&mut content, &ids[i..=i]),
                             _ => {}
                         }
                     }
                     (reasoning, content)
                 } else {
-                    (String::new(), detokenize(ids))
+                    (String::new(), self.text(ids))
                 };
                 let split = self.reasoning_field.is_some();
                 let reasoning = split.then_some((!reasoning.is_empty()).then_some(&reasoning[..]));
@@ -805,7 +831,7 @@ impl Render {
             }
             if let Some((k, text)) = &mut run {
                 if *k != Shown::ToolHead {
-                    push_text(text, &plan.ids[i..=i]);
+                    self.push_text(text, &plan.ids[i..=i]);
                 }
             }
             run_end = i + 1;
@@ -933,9 +959,9 @@ impl Render {
                 let mut choice = Map::new();
                 choice.insert("index".into(), json!(0));
                 if self.api == Api::Chat {
-                    choice.insert("delta".into(), json!({"content": detokenize(delta)}));
+                    choice.insert("delta".into(), json!({"content": self.text(delta)}));
                 } else {
-                    choice.insert("text".into(), json!(detokenize(delta)));
+                    choice.insert("text".into(), json!(self.text(delta)));
                 }
                 choice.insert("logprobs".into(), Value::Null);
                 choice.insert(
@@ -986,6 +1012,7 @@ mod tests {
             incremental,
             reasoning_field: None,
             tool_call_id: "call_0".into(),
+            vocab: None,
         }
     }
 

@@ -192,18 +192,22 @@ async fn handle(st: Arc<MockState>, api: Api, headers: &HeaderMap, body: Bytes) 
         (true, true) => Think::Opened,
         (true, false) => Think::Block,
     };
-    let plan = st.lengths.plan(
-        req.key,
-        Limits {
-            max_tokens,
-            min_tokens: req.min_tokens,
-            ignore_eos: req.ignore_eos,
-        },
-        Shape {
-            think,
-            tools: &req.tools,
-        },
-    );
+    let limits = Limits {
+        max_tokens,
+        min_tokens: req.min_tokens,
+        ignore_eos: req.ignore_eos,
+    };
+    let plan = match &st.vocab {
+        Some(v) => v.plan(&st.lengths, req.key, limits, think),
+        None => st.lengths.plan(
+            req.key,
+            limits,
+            Shape {
+                think,
+                tools: &req.tools,
+            },
+        ),
+    };
     let total = u32::try_from(plan.ids.len()).unwrap_or(u32::MAX);
     let job = st.engine.submit(total, req.rid.clone());
     let render = st.render(&req);

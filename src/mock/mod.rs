@@ -11,6 +11,11 @@
 //!   `"tools: {names}\n"` first when tools are offered, an assistant's `reasoning_content`
 //!   (or `reasoning`) as `<think>\n{r}\n</think>\n\n` before its content, and its
 //!   `tool_calls` as ` <tool_call> {name}` after it; `tool` messages as any other role.
+//! - **Real tokens** (`--tokenizer FILE`, a HuggingFace `tokenizer.json`). The same plans,
+//!   each id replaced by real tokens of that tokenizer (see `vocab`): words are one-token
+//!   English words after a space, the think block Qwen3-style `<think>` `\n` … `\n`
+//!   `</think>` `\n\n`, so encoding the text gives back the ids. No tool calls.
+//!   `--eos-in-ids` ends a stopped completion with the end-of-turn id (counted).
 //! - **Thinking** (`--think`). Every completion opens with a think block: id 32001 reads
 //!   `"<think>\n"`, then about 60 % of the planned words (`(3n + 2) / 5`), then id 32002
 //!   reading `"\n</think>\n\n"`, then the answer words (2 more tokens than without). No
@@ -84,6 +89,7 @@ mod engine;
 mod handlers;
 mod log;
 mod sim;
+mod vocab;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -180,6 +186,16 @@ pub struct MockConfig {
     /// The field the reasoning parser fills: `reasoning_content`, or vLLM's newer `reasoning`.
     #[arg(long, value_enum, default_value_t = ReasoningField::ReasoningContent)]
     pub reasoning_field: ReasoningField,
+    /// A HuggingFace `tokenizer.json`: completions are made of that tokenizer's real
+    /// tokens (ids and text consistent), think markers its `<think>`/`</think>`; no tool
+    /// calls. Without it, ids are the mock's own (`w{t}` words).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// With `--tokenizer`: a completion that stops ends with the end-of-turn id
+    /// (`eos_token` of the `tokenizer_config.json` beside it) in its ids and counts, as
+    /// some servers send it; by default it is left out, as SGLang and vLLM do.
+    #[arg(long)]
+    pub eos_in_ids: bool,
 }
 
 /// Where a reasoning parser puts the thinking of a chat answer.
@@ -233,6 +249,8 @@ impl Default for MockConfig {
             think: false,
             reasoning_parser: false,
             reasoning_field: ReasoningField::ReasoningContent,
+            tokenizer: None,
+            eos_in_ids: false,
         }
     }
 }
@@ -269,6 +287,10 @@ impl MockConfig {
             anyhow::ensure!(v.is_finite() && v > 0.0, "{name} must be > 0, got {v}");
         }
         anyhow::ensure!(self.context_len > 0, "context_len must be > 0");
+        anyhow::ensure!(
+            !self.eos_in_ids || self.tokenizer.is_some(),
+            "--eos-in-ids needs --tokenizer (the end-of-turn id is the tokenizer's)"
+        );
         self.faults().validate()?;
         LengthModel::new(self.mean_tokens, self.sigma, self.min_tokens, self.seed)?;
         Ok(())
@@ -423,6 +445,8 @@ pub struct MockState {
     log: Option<LogSink>,
     shutdown: watch::Sender<bool>,
     next_id: AtomicU64,
+    /// `--tokenizer`: the real tokens completions are made of.
+    vocab: Option<Arc<vocab::RealVocab>>,
 }
 
 impl MockState {
@@ -439,7 +463,13 @@ impl MockState {
         engine.instant = cfg.instant;
         let engine = Arc::new(engine);
         let log = cfg.log.as_deref().map(LogSink::open).transpose()?;
+        let vocab = cfg
+            .tokenizer
+            .as_deref()
+            .map(|p| vocab::RealVocab::load(p, cfg.eos_in_ids).map(Arc::new))
+            .transpose()?;
         Ok(Arc::new(Self {
+            vocab,
             lengths: LengthModel::new(cfg.mean_tokens, cfg.sigma, cfg.min_tokens, cfg.seed)?,
             fault_mix: cfg.faults(),
             // A stream of its own, so faults never shift the outputs.
@@ -544,6 +574,7 @@ impl MockState {
             reasoning_field: (self.cfg.reasoning_parser && req.api == Api::Chat)
                 .then(|| self.cfg.reasoning_field.as_str()),
             tool_call_id,
+            vocab: self.vocab.clone(),
         }
     }
 }
