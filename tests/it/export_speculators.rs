@@ -407,6 +407,7 @@ async fn speculators_token_freq_and_draft_vocab_read_by_the_frameworks() {
                 "{d}"
             );
             assert_eq!(d["dtypes"], json!(["torch.int64", "torch.bool"]));
+            assert_eq!(d["npy_loads"], true, "{d}");
         }
     }
 
@@ -416,11 +417,13 @@ async fn speculators_token_freq_and_draft_vocab_read_by_the_frameworks() {
     args.extend(drafts.iter().map(|p| p.as_path()));
     let sf = python("vocab_specforge.py", &args);
     let sf = sf.as_array().unwrap();
+    assert!(sf.iter().all(|d| d["pt_loads"] == true), "{sf:?}");
     assert_eq!(sf[0]["equal"], true, "a clean cut: {}", sf[0]);
     assert_eq!(sf[1]["differ_only_in_ties"], true, "{}", sf[1]);
     assert_eq!(sf[1]["t2d_sum_theirs"], tie);
     let sf_tiny = python("vocab_specforge.py", &[&tiny_rows, &sf_work, &fill]);
     assert_eq!(sf_tiny[0]["differ_only_in_ties"], true, "{}", sf_tiny[0]);
+    assert_eq!(sf_tiny[0]["pt_loads"], true, "{}", sf_tiny[0]);
     eprintln!(
         "speculators: {} rows ({} through prepare-data, {} with text = decode), {} completion tokens, {} distinct ids; draft N = {clean} (clean), {tie} (tie: SpecForge differs in {} ids), {fill_n} (fill: SpecForge equal = {})",
         lines.len(),

@@ -12,6 +12,8 @@ shuffles and drops the ids), whether `text` is transformers' decode of the ids w
 special tokens, whether prepare-data's `token_freq.pt` equals the `counts` tensor, and
 whether speculators' `build_vocab_mappings_from_distribution` on that `token_freq.pt` (target
 size from the model's config, as `speculators train` reads it) gives each file's d2t/t2d.
+The comparisons go through the README's conversions (a `{id: count}` dict saved with
+`torch.save`; `.npy` files read by `speculators train`'s own `_load_mappings`).
 """
 
 import json
@@ -25,7 +27,9 @@ def main():
         import torch
         from safetensors.torch import load_file
         from transformers import AutoTokenizer
+        import numpy as np
         from speculators.cli.prepare_data import prepare_data
+        from speculators.train.cli import _load_mappings
         from speculators.train.data import ArrowDataset
         from speculators.train.vocab_mapping import (
             build_vocab_mappings_from_distribution,
@@ -74,8 +78,10 @@ def main():
         if case.get("token_freq"):
             counts = load_file(case["token_freq"])["counts"]
             nz = counts.nonzero().flatten().tolist()
-            ours_freq = {i: int(counts[i]) for i in nz}
-            res["token_freq_equal"] = ours_freq == freq
+            # The README's conversion to speculators' token_freq.pt, loaded as it loads it.
+            converted = os.path.join(data_dir, "spool_token_freq.pt")
+            torch.save({i: int(counts[i]) for i in nz}, converted)
+            res["token_freq_equal"] = torch.load(converted, weights_only=True) == freq
             res["token_freq_dtype"] = str(counts.dtype)
             res["token_freq_len"] = counts.shape[0]
             res["distinct"] = len(freq)
@@ -84,12 +90,21 @@ def main():
             t = load_file(path)
             n = t["d2t"].shape[0]
             d2t, t2d = build_vocab_mappings_from_distribution(freq, n, target_vocab)
+            # The README's conversion to the .npy files `speculators train` loads.
+            d2t_npy = os.path.join(data_dir, f"d2t-{n}.npy")
+            t2d_npy = os.path.join(data_dir, f"t2d-{n}.npy")
+            np.save(d2t_npy, t["d2t"].numpy())
+            np.save(t2d_npy, t["t2d"].numpy())
+            loaded_d2t, loaded_t2d, loaded_n = _load_mappings(d2t_npy, t2d_npy, n)
             res["draft"].append({
                 "file": path,
                 "n": n,
                 "d2t_equal": torch.equal(d2t, t["d2t"]),
                 "t2d_equal": torch.equal(t2d, t["t2d"]),
                 "dtypes": [str(t["d2t"].dtype), str(t["t2d"].dtype)],
+                "npy_loads": loaded_n == n
+                and torch.equal(loaded_d2t, d2t)
+                and torch.equal(loaded_t2d, t2d),
             })
         out["cases"].append(res)
     print(json.dumps(out))

@@ -7,7 +7,9 @@ order (a torch-formatted `datasets.Dataset`, as its data pipeline hands it over)
 and the target size of each file. Prints a JSON list, per file: whether d2t and t2d are
 equal, and, if not, whether the two choices differ only among ids whose count equals the
 N-th largest count (SpecForge breaks such ties by first appearance, spool and speculators
-by the smaller id), with the number of ids that differ.
+by the smaller id), with the number of ids that differ; and whether the file, converted
+to the `.pt` SpecForge takes (`torch.save(load_file(path), ...)`), loads through its draft
+model's `load_vocab_mapping` and passes its `validate_vocab_mapping_consistency`.
 """
 
 import contextlib
@@ -16,6 +18,7 @@ import json
 import os
 import sys
 import tempfile
+import types
 from collections import Counter
 
 
@@ -26,7 +29,9 @@ def main():
         import torch
         from datasets import Dataset
         from safetensors.torch import load_file
+        from specforge.core.compact_teacher import validate_vocab_mapping_consistency
         from specforge.data.preprocessing import generate_vocab_mapping_file
+        from specforge.modeling.draft.base import Eagle3DraftModel
     except ImportError as e:
         sys.exit(f"vocab_specforge.py needs specforge 0.2 (and torch, datasets, safetensors): {e}")
 
@@ -54,7 +59,17 @@ def main():
         their_ids = set((theirs["d2t"] + torch.arange(n)).tolist())
         diff = ours_ids ^ their_ids
         boundary = sorted((counts[i] for i in ours_ids), reverse=True)[-1]
+        # The README's conversion to the .pt SpecForge's `vocab_mapping_path` takes, loaded
+        # by its draft model's own loader into buffers of the model's shapes.
+        pt = os.path.join(cache, "vocab_mapping.pt")
+        torch.save(load_file(path), pt)
+        buffers = types.SimpleNamespace(
+            t2d=torch.zeros(target, dtype=torch.bool), d2t=torch.zeros(n, dtype=torch.long)
+        )
+        Eagle3DraftModel.load_vocab_mapping(buffers, pt)
+        validate_vocab_mapping_consistency(buffers.t2d, buffers.d2t)
         out.append({
+            "pt_loads": torch.equal(buffers.d2t, t["d2t"]) and torch.equal(buffers.t2d, t["t2d"]),
             "file": path,
             "n": n,
             "equal": equal,
