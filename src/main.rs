@@ -103,6 +103,9 @@ enum Command {
         /// `draft-vocab`: the draft vocabulary's size N.
         #[arg(long, value_name = "N")]
         draft_vocab: Option<usize>,
+        /// `token-freq`/`draft-vocab`: the target model's vocabulary size (default: `vocab_size` of the `config.json` beside the tokenizer).
+        #[arg(long, value_name = "N")]
+        target_vocab: Option<usize>,
         /// Leave out rows with these finish reasons (comma-separated, e.g. `length,abort`; default: keep all).
         #[arg(long, value_delimiter = ',', value_name = "REASONS")]
         exclude_finish: Vec<String>,
@@ -312,6 +315,7 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             dataset,
             per_turn,
             draft_vocab,
+            target_vocab,
             exclude_finish,
             keep_empty,
             think_markers,
@@ -344,6 +348,7 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                 dataset: dataset.clone(),
                 per_turn: *per_turn,
                 draft_vocab: *draft_vocab,
+                target_vocab: *target_vocab,
                 gates: spool::output::export::Gates {
                     exclude_finish: exclude_finish.clone(),
                     keep_empty: *keep_empty,

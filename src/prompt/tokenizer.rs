@@ -192,6 +192,12 @@ impl Tokenizer {
         &self.prefix_text
     }
 
+    /// Number of ids the tokenizer knows, added tokens included (a model's `vocab_size`
+    /// may be larger: padded embedding rows no token maps to).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
     /// The id of a token (such as `<|im_end|>`), if the vocabulary has it.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)

@@ -27,6 +27,7 @@ fn export(
             dataset: dataset.map(Into::into),
             per_turn: false,
             draft_vocab: None,
+            target_vocab: None,
             gates: Default::default(),
             status: None,
         },

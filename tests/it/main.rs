@@ -14,6 +14,7 @@ mod export;
 mod export_batch;
 mod export_gates;
 mod export_specforge;
+mod export_speculators;
 mod fast_bpe;
 mod faults;
 mod hostile;

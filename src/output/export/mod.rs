@@ -105,6 +105,9 @@ pub struct ExportOptions {
     pub per_turn: bool,
     /// `draft-vocab`: the draft vocabulary's size.
     pub draft_vocab: Option<usize>,
+    /// `token-freq`/`draft-vocab`: the target model's vocabulary size (default: `vocab_size`
+    /// of the `config.json` beside the tokenizer).
+    pub target_vocab: Option<usize>,
     pub gates: Gates,
     /// The queue's counts (from the running process or the queue), for the item-level
     /// accounting; None when neither answers.
@@ -124,6 +127,9 @@ pub struct ExportContext {
     pub data_dir: PathBuf,
     /// The config's shard folder (`openai-batch` reads each dataset's `_rejected.jsonl`).
     pub output_dir: PathBuf,
+    /// Each exported dataset's sampling as its config says (defaults with its overrides),
+    /// for formats that record what generated a row.
+    pub sampling: std::collections::BTreeMap<String, crate::config::Sampling>,
 }
 
 /// Writes the kept rows of one export in its format.
@@ -198,12 +204,12 @@ fn open_sink(opts: &ExportOptions, ctx: &ExportContext, tmp: &Path) -> Result<Bo
         Format::Specforge => specforge::ids_sink(tmp)?,
         Format::SpecforgeChat => specforge::chat_sink(tmp, opts.per_turn)?,
         Format::Speculators => speculators::sink(tmp, ctx)?,
-        Format::TokenFreq => vocab::token_freq_sink(tmp, ctx)?,
+        Format::TokenFreq => vocab::token_freq_sink(tmp, ctx, opts.target_vocab)?,
         Format::DraftVocab => {
             let Some(n) = opts.draft_vocab else {
                 bail!("--format draft-vocab needs --draft-vocab N (the draft vocabulary's size)");
             };
-            vocab::draft_vocab_sink(tmp, ctx, n)?
+            vocab::draft_vocab_sink(tmp, ctx, n, opts.target_vocab)?
         }
         Format::OpenaiBatch => batch::output_sink(tmp, ctx)?,
         Format::Hf => hf::sink(tmp, ctx)?,

@@ -113,12 +113,19 @@ pub fn context(cfg: &Config, names: Vec<String>) -> Result<ExportContext> {
         }
         None => (None, None),
     };
+    let sampling = cfg
+        .datasets
+        .iter()
+        .filter(|d| names.contains(&d.name))
+        .map(|d| (d.name.clone(), cfg.sampling_of(d)))
+        .collect();
     Ok(ExportContext {
         tokenizer,
         end_of_turn,
         datasets: names,
         data_dir: cfg.data_dir.clone(),
         output_dir: cfg.output_dir.clone(),
+        sampling,
     })
 }
 
