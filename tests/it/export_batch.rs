@@ -28,6 +28,7 @@ fn export_batch(
             dataset: None,
             per_turn: false,
             draft_vocab: None,
+            target_vocab: None,
             gates: Default::default(),
             status,
         },

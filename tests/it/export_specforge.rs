@@ -33,6 +33,7 @@ fn export(cfg: &spool::config::Config, format: Format, out: &Path, per_turn: boo
             dataset: None,
             per_turn,
             draft_vocab: None,
+            target_vocab: None,
             gates: Default::default(),
             status: None,
         },
