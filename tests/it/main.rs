@@ -11,6 +11,7 @@ mod demo;
 mod drafter;
 mod e2e;
 mod export;
+mod export_readers;
 mod fast_bpe;
 mod faults;
 mod hostile;

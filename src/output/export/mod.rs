@@ -120,6 +120,11 @@ pub struct ExportContext {
     pub end_of_turn: Option<EndOfTurn>,
     /// The datasets exported, in order.
     pub datasets: Vec<String>,
+    /// `server.model`, for formats that name the model (`hf`'s card).
+    pub model: String,
+    /// Per dataset of `datasets`, what was asked of the server (sampling and generation
+    /// keys, as JSON), for formats that document it.
+    pub generation: Vec<serde_json::Value>,
 }
 
 /// Writes the kept rows of one export in its format.

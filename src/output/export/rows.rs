@@ -113,10 +113,17 @@ pub fn context(cfg: &Config, names: Vec<String>) -> Result<ExportContext> {
         }
         None => (None, None),
     };
+    let generation = names
+        .iter()
+        .filter_map(|n| cfg.datasets.iter().find(|d| &d.name == n))
+        .map(|d| super::hf::generation_json(cfg, d))
+        .collect();
     Ok(ExportContext {
         tokenizer,
         end_of_turn,
         datasets: names,
+        model: cfg.server.model.clone(),
+        generation,
     })
 }
 
