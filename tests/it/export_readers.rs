@@ -75,10 +75,31 @@ async fn every_export_loads_in_datasets_pandas_pyarrow_and_duckdb() {
 
     let cfg = load(&cfg_path);
     let ex = dir.path().join("export");
-    export(&cfg, Format::Sharegpt, &ex.join("sg.jsonl"));
-    export(&cfg, Format::Tokens, &ex.join("tokens.parquet"));
-    export(&cfg, Format::TokensJsonl, &ex.join("tokens.jsonl"));
-    export(&cfg, Format::Hf, &ex.join("hf"));
+    // Every built form and its file; a new form is one line here and one in
+    // read_exports.py's FORMATS.
+    let forms = [
+        (Format::Sharegpt, "sg.jsonl"),
+        (Format::Tokens, "tokens.parquet"),
+        (Format::TokensJsonl, "tokens.jsonl"),
+        (Format::Hf, "hf"),
+    ];
+    let mut args: Vec<String> = vec![
+        "shard".into(),
+        format!("{}/*/part-*.parquet", out.display()),
+        "50".into(),
+    ];
+    for (format, file) in forms {
+        export(&cfg, format, &ex.join(file));
+        let expected = match format {
+            Format::Hf => "chat=40,plain_text=10",
+            _ => "50",
+        };
+        args.extend([
+            format.name().to_string(),
+            ex.join(file).display().to_string(),
+            expected.to_string(),
+        ]);
+    }
 
     // The hf card names the datasets' splits (`plain-text` is not a valid split name).
     let card = std::fs::read_to_string(ex.join("hf/README.md")).unwrap();
@@ -87,18 +108,6 @@ async fn every_export_loads_in_datasets_pandas_pyarrow_and_duckdb() {
         "{card}"
     );
 
-    let s = |p: &Path| p.display().to_string();
-    let args: Vec<String> = [
-        ["shard", &format!("{}/*/part-*.parquet", s(&out)), "50"],
-        ["sharegpt", &s(&ex.join("sg.jsonl")), "50"],
-        ["tokens", &s(&ex.join("tokens.parquet")), "50"],
-        ["tokens-jsonl", &s(&ex.join("tokens.jsonl")), "50"],
-        ["hf", &s(&ex.join("hf")), "chat=40,plain_text=10"],
-    ]
-    .into_iter()
-    .flatten()
-    .map(String::from)
-    .collect();
     let cache = dir.path().join("hf-cache");
     let py = Command::new("python3")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/read_exports.py"))
@@ -144,7 +153,8 @@ async fn every_export_loads_in_datasets_pandas_pyarrow_and_duckdb() {
         }
     }
     let readers = ["datasets", "pandas", "pyarrow", "duckdb"];
-    for fmt in ["shard", "sharegpt", "tokens", "tokens-jsonl", "hf"] {
+    let names = forms.iter().map(|(f, _)| f.name());
+    for fmt in std::iter::once("shard").chain(names) {
         for reader in readers {
             assert!(
                 seen.contains(&format!("{fmt}/{reader}")),
