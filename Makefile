@@ -1,5 +1,5 @@
 # spool: the two commands that do everything are `make demo` and `make test`.
-.PHONY: demo test lint build soak bench bench-eta bench-tokenize clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup
+.PHONY: demo test lint build soak bench bench-eta bench-tokenize clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export
 
 build:
 	cargo build
@@ -96,3 +96,11 @@ bench-shard:
 bench-dedup:
 	BIN=$$(bash scripts/spool_bin.sh --release) && python3 bench/dedup/bench.py --spool "$$BIN" $(BENCH_DEDUP_ARGS)
 	cargo run --release --example bench_dedup
+
+## `spool export` at scale: peak RSS (/usr/bin/time -v) and rows/s for `tokens`, `sharegpt`
+## and `hf` at 1 M and 10 M rows of shards written straight in spool's schema by pyarrow
+## (target/bench-data/export-N/, ~330 MB per 1 M rows, made once). SPOOL_BENCH_BIN measures
+## another build; BENCH_EXPORT_ARGS="--rows 1000000,3000000 --formats hf" for less.
+bench-export:
+	BIN=$${SPOOL_BENCH_BIN:-$$(bash scripts/spool_bin.sh --release)} && \
+		python3 bench/export/bench.py --spool "$$BIN" $(BENCH_EXPORT_ARGS)

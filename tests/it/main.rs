@@ -13,6 +13,7 @@ mod e2e;
 mod export;
 mod export_batch;
 mod export_gates;
+mod export_readers;
 mod export_specforge;
 mod export_speculators;
 mod fast_bpe;

@@ -130,6 +130,11 @@ pub struct ExportContext {
     /// Each exported dataset's sampling as its config says (defaults with its overrides),
     /// for formats that record what generated a row.
     pub sampling: std::collections::BTreeMap<String, crate::config::Sampling>,
+    /// `server.model`, for formats that name the model (`hf`'s card).
+    pub model: String,
+    /// Per dataset of `datasets`, what was asked of the server (sampling and generation
+    /// keys, as JSON), for formats that document it.
+    pub generation: Vec<serde_json::Value>,
 }
 
 /// Writes the kept rows of one export in its format.

@@ -119,6 +119,11 @@ pub fn context(cfg: &Config, names: Vec<String>) -> Result<ExportContext> {
         .filter(|d| names.contains(&d.name))
         .map(|d| (d.name.clone(), cfg.sampling_of(d)))
         .collect();
+    let generation = names
+        .iter()
+        .filter_map(|n| cfg.datasets.iter().find(|d| &d.name == n))
+        .map(|d| super::hf::generation_json(cfg, d))
+        .collect();
     Ok(ExportContext {
         tokenizer,
         end_of_turn,
@@ -126,6 +131,8 @@ pub fn context(cfg: &Config, names: Vec<String>) -> Result<ExportContext> {
         data_dir: cfg.data_dir.clone(),
         output_dir: cfg.output_dir.clone(),
         sampling,
+        model: cfg.server.model.clone(),
+        generation,
     })
 }
 
