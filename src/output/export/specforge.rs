@@ -117,7 +117,9 @@ fn ids_lines(rows: &[ExportRow]) -> Result<Vec<Value>> {
             } else {
                 format!("{}_s{}_t{}", r.row.id, r.row.sample, r.row.turn)
             };
-            Ok(json!({"id": id, "input_ids": ids, "loss_mask": mask}))
+            // `finish_reason` marks rows cut by `max_tokens`; SpecForge reads only the ids.
+            Ok(json!({"id": id, "input_ids": ids, "loss_mask": mask,
+                "finish_reason": r.row.finish_reason}))
         })
         .collect()
 }
@@ -155,7 +157,8 @@ fn chat_lines(rows: &[ExportRow], per_turn: bool) -> Result<Vec<Value>> {
             lines.push(line);
         };
         if !per_turn {
-            push(json!({"id": base, "conversations": conv}));
+            push(json!({"id": base, "conversations": conv,
+                "finish_reason": last.row.finish_reason}));
             continue;
         }
         for (pos, turn) in generated {
@@ -166,6 +169,10 @@ fn chat_lines(rows: &[ExportRow], per_turn: bool) -> Result<Vec<Value>> {
                 "source_id": base,
                 "assistant_turn_index": turn,
                 "conversations": msgs,
+                "finish_reason": turns
+                    .iter()
+                    .find(|r| r.row.turn == turn)
+                    .map_or("", |r| r.row.finish_reason.as_str()),
             }));
         }
     }
@@ -285,6 +292,7 @@ mod tests {
         let names: Vec<&str> = ids.iter().map(|v| v["id"].as_str().unwrap()).collect();
         assert_eq!(names, ["a_s0_t0", "a_s0_t1", "a_s1_t0", "a_s1_t1", "z"]);
         assert_eq!(ids[0]["input_ids"], json!([1, 2, 5, 9]));
+        assert_eq!(ids[0]["finish_reason"], "stop", "cut rows are told apart");
         assert_eq!(ids[0]["loss_mask"], json!([0, 0, 1, 1]));
 
         let chat = run(Form::Chat, &rows);
