@@ -13,6 +13,7 @@
 //! dataset's `samples`. What a row asks is stored as asked; limits are applied when the
 //! request is built, so they are the dataset's of the run that sends it.
 
+use super::row::type_name;
 use crate::config::Sampling;
 use crate::prompt::draw::Draw;
 use serde::{Deserialize, Serialize};
@@ -148,17 +149,6 @@ const IGNORED: &[&str] = &[
     "service_tier",
     "parallel_tool_calls",
 ];
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
 
 /// Checks a batch row and turns it into a plain row's fields. `samples` is the dataset's
 /// generations per prompt (what `body.n` must be when given).

@@ -311,7 +311,8 @@ fn parse_object_as(
     })
 }
 
-fn type_name(v: &Value) -> &'static str {
+/// How a message names a JSON value's type ("a string", "an array", …).
+pub(crate) fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

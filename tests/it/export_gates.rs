@@ -164,4 +164,15 @@ async fn export_gates_count_every_row_and_item() {
         s["gates"]["exclude_finish"],
         serde_json::json!(["length", "abort"])
     );
+
+    // A shard being written (its temporary file, garbage so far) is not read: an export
+    // running beside `run` sees the sealed shards only.
+    std::fs::write(
+        dir.path().join("out/d/.part-000099.parquet.tmp"),
+        b"PAR1 half a shard",
+    )
+    .unwrap();
+    let again = dir.path().join("x/again.jsonl");
+    export_cli(&cfg_path, "tokens-jsonl", &again, &[]);
+    assert_eq!(jsonl(&again), jsonl(&all));
 }
