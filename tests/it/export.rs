@@ -22,29 +22,14 @@ fn export(
     spool::output::export::export(
         cfg,
         &ExportOptions {
-            format,
-            out: out.to_path_buf(),
             dataset: dataset.map(Into::into),
-            per_turn: false,
-            draft_vocab: None,
-            target_vocab: None,
-            gates: Default::default(),
-            status: None,
+            ..ExportOptions::new(format, out)
         },
     )
 }
 
 /// Qwen3's end-of-turn id, which the export appends to a completion that stopped without it.
 const IM_END: u32 = 151645;
-
-fn qwen_table() -> String {
-    let dir = fixtures().join("tokenizers/qwen3");
-    format!(
-        "[tokenizer]\npath = \"{}\"\nchat_template = \"{}\"\n",
-        dir.join("tokenizer.json").display(),
-        dir.join("tokenizer_config.json").display()
-    )
-}
 
 /// (id, dataset, input_ids, loss_mask) of every row of a `tokens` file.
 fn read_tokens(path: &Path) -> Vec<(String, String, Vec<i32>, Vec<u8>)> {

@@ -23,14 +23,8 @@ fn export_batch(
     spool::output::export::export(
         cfg,
         &ExportOptions {
-            format: Format::OpenaiBatch,
-            out: out.to_path_buf(),
-            dataset: None,
-            per_turn: false,
-            draft_vocab: None,
-            target_vocab: None,
-            gates: Default::default(),
             status,
+            ..ExportOptions::new(Format::OpenaiBatch, out)
         },
     )
 }

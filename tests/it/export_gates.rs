@@ -49,7 +49,6 @@ async fn export_gates_count_every_row_and_item() {
     let mut text = std::fs::read_to_string(&input).unwrap();
     text.push_str("{\"id\": \"bad\", \"prompt\": 5}\n");
     std::fs::write(&input, text).unwrap();
-    let tok = fixtures().join("tokenizers/qwen3");
     let cfg_path = write_config(
         dir.path(),
         &mock.url,
@@ -60,11 +59,7 @@ async fn export_gates_count_every_row_and_item() {
             file: "d.jsonl",
             budget: None,
         }],
-        &format!(
-            "[tokenizer]\npath = \"{}\"\nchat_template = \"{}\"\n",
-            tok.join("tokenizer.json").display(),
-            tok.join("tokenizer_config.json").display()
-        ),
+        &qwen_table(),
     );
     // Completions of ~50 tokens against a cap of 45: a good share is cut.
     let cfg_text = std::fs::read_to_string(&cfg_path)

@@ -14,20 +14,8 @@ use std::process::Command;
 const IM_END: u32 = 151645;
 
 fn export(cfg: &spool::config::Config, format: Format, out: &Path) {
-    spool::output::export::export(
-        cfg,
-        &ExportOptions {
-            format,
-            out: out.to_path_buf(),
-            dataset: None,
-            per_turn: false,
-            draft_vocab: None,
-            target_vocab: None,
-            gates: Default::default(),
-            status: None,
-        },
-    )
-    .unwrap_or_else(|e| panic!("{}: {e:#}", format.name()));
+    spool::output::export::export(cfg, &ExportOptions::new(format, out))
+        .unwrap_or_else(|e| panic!("{}: {e:#}", format.name()));
 }
 
 /// A real run (mock server, Qwen3 tokenizer, two datasets), exported in every built form;
@@ -40,7 +28,6 @@ async fn every_export_loads_in_datasets_pandas_pyarrow_and_duckdb() {
     let dir = tempfile::tempdir().unwrap();
     write_chats(&dir.path().join("chat.jsonl"), "c", 40);
     write_prompts(&dir.path().join("plain.jsonl"), "p", 10);
-    let dir_q = fixtures().join("tokenizers/qwen3");
     let cfg_path = write_config(
         dir.path(),
         &mock.url,
@@ -58,11 +45,7 @@ async fn every_export_loads_in_datasets_pandas_pyarrow_and_duckdb() {
                 budget: None,
             },
         ],
-        &format!(
-            "[tokenizer]\npath = \"{}\"\nchat_template = \"{}\"\n",
-            dir_q.join("tokenizer.json").display(),
-            dir_q.join("tokenizer_config.json").display()
-        ),
+        &qwen_table(),
     );
     run_to_end(&cfg_path).await;
     mock.stop().await;

@@ -28,14 +28,8 @@ fn export(cfg: &spool::config::Config, format: Format, out: &Path, per_turn: boo
     spool::output::export::export(
         cfg,
         &ExportOptions {
-            format,
-            out: out.to_path_buf(),
-            dataset: None,
             per_turn,
-            draft_vocab: None,
-            target_vocab: None,
-            gates: Default::default(),
-            status: None,
+            ..ExportOptions::new(format, out)
         },
     )
     .unwrap()

@@ -27,14 +27,10 @@ fn export(
     spool::output::export::export(
         cfg,
         &ExportOptions {
-            format,
-            out: out.to_path_buf(),
             dataset: dataset.map(Into::into),
-            per_turn: false,
             draft_vocab,
             target_vocab,
-            gates: Default::default(),
-            status: None,
+            ..ExportOptions::new(format, out)
         },
     )
 }

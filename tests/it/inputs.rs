@@ -20,15 +20,6 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-fn qwen_table() -> String {
-    let dir = fixtures().join("tokenizers/qwen3");
-    format!(
-        "[tokenizer]\npath = \"{}\"\nchat_template = \"{}\"\n",
-        dir.join("tokenizer.json").display(),
-        dir.join("tokenizer_config.json").display()
-    )
-}
-
 fn qwen_builder() -> PromptBuilder {
     let dir = fixtures().join("tokenizers/qwen3");
     PromptBuilder::new(

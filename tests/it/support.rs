@@ -69,6 +69,16 @@ pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
+/// The `[tokenizer]` table of the Qwen3 fixture (its tokenizer and chat template).
+pub fn qwen_table() -> String {
+    let dir = fixtures().join("tokenizers/qwen3");
+    format!(
+        "[tokenizer]\npath = \"{}\"\nchat_template = \"{}\"\n",
+        dir.join("tokenizer.json").display(),
+        dir.join("tokenizer_config.json").display()
+    )
+}
+
 /// The real `spool` binary built for this test run.
 pub fn spool_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_spool"))

@@ -114,6 +114,23 @@ pub struct ExportOptions {
     pub status: Option<StatusReport>,
 }
 
+impl ExportOptions {
+    /// `format` to `out` with every dataset, the default gates and nothing else set: what
+    /// the CLI does without flags.
+    pub fn new(format: Format, out: impl Into<PathBuf>) -> Self {
+        ExportOptions {
+            format,
+            out: out.into(),
+            dataset: None,
+            per_turn: false,
+            draft_vocab: None,
+            target_vocab: None,
+            gates: Gates::default(),
+            status: None,
+        }
+    }
+}
+
 /// What every sink may need besides the rows.
 #[derive(Debug, Clone)]
 pub struct ExportContext {
