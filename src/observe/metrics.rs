@@ -7,6 +7,8 @@
 //! written once a second by the monitor. A gauge whose value is unknown (an ETA without a
 //! measured rate, a budget that is not set) is absent rather than a sentinel.
 //!
+//! A partitioned job's worker adds `partition` (its index) to every series.
+//!
 //! `spool_run_eta_seconds` (no labels) is the whole run's ETA, beside the per-dataset one.
 
 use prometheus::core::Collector;
@@ -67,7 +69,18 @@ fn ttft_buckets() -> Vec<f64> {
 impl Metrics {
     /// Registers every family in a fresh registry.
     pub fn new() -> Self {
-        let registry = Registry::new();
+        Self::for_partition(None)
+    }
+
+    /// As [`Metrics::new`]; a worker of a partitioned job labels every series with its
+    /// `partition` (one value per process, so the label set stays bounded by the job's
+    /// partitions), and dashboards sum over it.
+    pub fn for_partition(partition: Option<crate::cluster::partition::Partition>) -> Self {
+        let labels = partition.map(|p| {
+            std::collections::HashMap::from([("partition".to_string(), p.index.to_string())])
+        });
+        let registry = Registry::new_custom(None, labels)
+            .expect("a fixed, valid label name and a number as its value");
         macro_rules! reg {
             ($m:expr) => {{
                 let m = $m.expect("metric definitions are static and valid");
