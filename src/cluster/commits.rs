@@ -59,8 +59,12 @@ pub struct Commit {
     pub completion_tokens: u64,
     pub bytes: u64,
     pub sha256: String,
-    /// Rows of the local shard left out because their items were committed first.
+    /// Rows of the local shard left out: their items were committed first, or would have
+    /// taken the partition past its budget share.
     pub dropped: u64,
+    /// Items left out for the budget share (part of `dropped`'s items).
+    #[serde(default)]
+    pub over_share: u64,
     /// The items (ids) the shard holds.
     pub ids: Vec<String>,
     pub spool_version: String,
@@ -184,6 +188,15 @@ impl CommitLog {
         self.commits
             .iter()
             .any(|c| c.writer == writer && c.dataset == dataset && c.local_index == local_index)
+    }
+
+    /// Completion tokens of `dataset` committed by every writer.
+    pub fn committed_tokens(&self, dataset: &str) -> u64 {
+        self.commits
+            .iter()
+            .filter(|c| c.dataset == dataset)
+            .map(|c| c.completion_tokens)
+            .sum()
     }
 
     /// Completion tokens of `dataset` committed by writers other than `writer`: on a fresh

@@ -31,7 +31,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// How often the publisher looks for newly sealed shards during a run.
-const SWEEP_EVERY: Duration = Duration::from_secs(2);
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Whether `cfg` runs as a cluster worker: its output is an object-store URL, or the job
 /// is partitioned.
@@ -75,7 +75,12 @@ pub async fn run(
         .context("cannot read the partition's commit log")?;
     tracing::info!(partition = partition.index, partitions = partition.count, writer = %writer,
         commits = log.commits().len(), output = %bucket.url(), "cluster worker starting");
-    share_budgets(&mut cfg, &log, &writer).await?;
+    let shares = share_budgets(&mut cfg, &log, &writer).await?;
+    let caps = if cfg.run.budget_policy == crate::config::BudgetPolicy::Cancel {
+        shares
+    } else {
+        Default::default()
+    };
     for d in &cfg.datasets {
         cfg.committed
             .insert(d.name.clone(), log.committed_ids(&d.name));
@@ -90,6 +95,7 @@ pub async fn run(
         scratch: cfg.data_dir.join("publish"),
         datasets: cfg.datasets.iter().map(|d| d.name.clone()).collect(),
         compression_level: cfg.shards.compression_level,
+        caps,
     };
     let stop = CancellationToken::new();
     let sweeping = tokio::spawn(publisher.run(stop.clone()));
@@ -119,12 +125,17 @@ pub async fn run(
 /// Sets each budgeted dataset's budget to this partition's share: the split by item
 /// counts, less the tokens other writers of this partition committed (spent, but in no
 /// local queue when the `data_dir` is new).
-async fn share_budgets(cfg: &mut Config, log: &CommitLog, writer: &str) -> Result<(), Error> {
+async fn share_budgets(
+    cfg: &mut Config,
+    log: &CommitLog,
+    writer: &str,
+) -> Result<std::collections::HashMap<String, u64>, Error> {
+    let mut shares = std::collections::HashMap::new();
     let Some(partition) = cfg.partition else {
-        return Ok(());
+        return Ok(shares);
     };
-    if partition.count == 1 && cfg.datasets.iter().all(|d| d.token_budget.is_none()) {
-        return Ok(());
+    if cfg.datasets.iter().all(|d| d.token_budget.is_none()) {
+        return Ok(shares);
     }
     let budgeted: Vec<_> = cfg
         .datasets
@@ -146,8 +157,9 @@ async fn share_budgets(cfg: &mut Config, log: &CommitLog, writer: &str) -> Resul
         tracing::info!(dataset = %d.name, budget, share, committed_by_others = spent,
             items = items[partition.index as usize], "partition's budget share");
         d.token_budget = Some(left);
+        shares.insert(d.name.clone(), share);
     }
-    Ok(())
+    Ok(shares)
 }
 
 /// Rows per partition of each dataset (ids parsed, prompts not rendered).
@@ -214,6 +226,10 @@ struct Publisher {
     scratch: PathBuf,
     datasets: Vec<String>,
     compression_level: i32,
+    /// Under `budget_policy = "cancel"`, each budgeted dataset's share for this partition:
+    /// a commit never takes the partition's committed tokens past it, even when two
+    /// workers run the partition at once.
+    caps: std::collections::HashMap<String, u64>,
 }
 
 impl Publisher {
@@ -266,32 +282,58 @@ impl Publisher {
         })
         .await
         .map_err(Error::runtime)??;
-        let tokens_of_row: std::collections::HashMap<u64, u64> = counts
-            .iter()
-            .map(|c| (c.row, u64::from(c.completion_tokens)))
+        // The two readers return the shard's rows in the same order.
+        let rows: Vec<(String, u64)> = keys
+            .into_iter()
+            .zip(&counts)
+            .map(|((id, _), c)| (id, u64::from(c.completion_tokens)))
             .collect();
+        // Items in shard order, with their tokens (an item's rows are all in this shard).
+        let mut items: Vec<(String, u64)> = Vec::new();
+        let mut at: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for (id, tokens) in &rows {
+            match at.get(id.as_str()) {
+                Some(&i) => items[i].1 += tokens,
+                None => {
+                    at.insert(id, items.len());
+                    items.push((id.clone(), *tokens));
+                }
+            }
+        }
         loop {
             let committed = self.log.committed_ids(dataset);
-            let keep = |id: &str| !committed.contains(id);
-            let kept: Vec<&(String, u64)> = keys.iter().filter(|(id, _)| keep(id)).collect();
-            let dropped = (keys.len() - kept.len()) as u64;
-            let ids: Vec<String> = {
-                let mut seen = HashSet::new();
-                kept.iter()
-                    .filter(|(id, _)| seen.insert(id.as_str()))
-                    .map(|(id, _)| id.clone())
-                    .collect()
-            };
-            let tokens = kept
+            let cap = self.caps.get(dataset).copied();
+            let mut spent = self.log.committed_tokens(dataset);
+            let mut left_out: HashSet<&str> = HashSet::new();
+            let mut over_share = 0u64;
+            for (id, tokens) in &items {
+                if committed.contains(id) {
+                    left_out.insert(id);
+                } else if cap.is_some_and(|cap| spent + tokens > cap) {
+                    left_out.insert(id);
+                    over_share += 1;
+                } else {
+                    spent += tokens;
+                }
+            }
+            let kept: Vec<&(String, u64)> = rows
                 .iter()
-                .map(|(_, row)| tokens_of_row.get(row).copied().unwrap_or(0))
-                .sum();
+                .filter(|(id, _)| !left_out.contains(id.as_str()))
+                .collect();
+            let dropped = (rows.len() - kept.len()) as u64;
+            let ids: Vec<String> = items
+                .iter()
+                .filter(|(id, _)| !left_out.contains(id.as_str()))
+                .map(|(id, _)| id.clone())
+                .collect();
+            let tokens: u64 = kept.iter().map(|(_, t)| t).sum();
             let file = if dropped == 0 {
                 path.to_path_buf()
             } else {
-                tracing::warn!(dataset, index, dropped, partition = self.partition.index,
-                    "rows of this shard were committed by another worker first; publishing the rest");
-                self.rewrite_without(dataset, index, path, committed.clone())
+                tracing::warn!(dataset, index, dropped, over_share, partition = self.partition.index,
+                    "rows of this shard were committed by another worker first, or would pass the partition's budget share; publishing the rest");
+                let gone: HashSet<String> = left_out.iter().map(|s| s.to_string()).collect();
+                self.rewrite_without(dataset, index, path, Arc::new(gone))
                     .await?
             };
             let mut record = Commit {
@@ -308,6 +350,7 @@ impl Publisher {
                 bytes: 0,
                 sha256: String::new(),
                 dropped,
+                over_share,
                 ids,
                 spool_version: env!("CARGO_PKG_VERSION").to_string(),
             };

@@ -202,3 +202,152 @@ async fn four_partitions_publish_every_item_exactly_once() {
     assert_eq!(alpha_status["items"], n as u64);
     mock.stop().await;
 }
+
+/// What a chaotic cluster job left: the published rows per dataset and the budget.
+pub(crate) struct Published {
+    pub rows: HashMap<String, HashMap<String, usize>>,
+    pub tokens: HashMap<String, u64>,
+}
+
+/// Polls until `p` has logged `needle` `n` times, or has exited.
+async fn wait_for_or_exit(p: &mut Proc, needle: &str, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while p.count(needle) < n && std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = p.child.try_wait() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The cluster's failure cases in one job of four partitions × two datasets, against
+/// `output` (with `env` for the store): partition 0 is SIGKILLed at random moments after
+/// it has committed and restarted on its volume; partition 1 runs twice at once on two
+/// volumes; partition 2 is SIGKILLed and restarted on an empty `data_dir`; partition 3
+/// runs once. Then `finalize` and `verify`. Returns the stderr of every process.
+pub(crate) async fn chaos_job(
+    dir: &Path,
+    cfg: &Path,
+    env: &[(&str, &str)],
+    seed: u64,
+) -> Vec<String> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    eprintln!("cluster chaos: seed {seed}");
+    let spawn = |index: u32, data_dir: Option<&str>| {
+        let idx = index.to_string();
+        let mut e: Vec<(&str, &str)> = env.to_vec();
+        e.push(("JOB_COMPLETION_INDEX", idx.as_str()));
+        match data_dir {
+            Some(d) => Proc::spawn(cfg, &["run", "--data-dir", d], &e),
+            None => Proc::spawn(cfg, &["run"], &e),
+        }
+    };
+    let mut logs = Vec::new();
+    let twin = dir.join("data-twin").display().to_string();
+    // Partition 1 twice at once, partition 3 once; they run through what follows.
+    let mut steady = vec![spawn(1, None), spawn(1, Some(&twin)), spawn(3, None)];
+    // Partition 0: killed three times after a commit, at a random moment, same volume.
+    for _ in 0..3 {
+        let mut p = spawn(0, None);
+        let commits = p.count("shard committed") + 1;
+        wait_for_or_exit(&mut p, "shard committed", commits).await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..400))).await;
+        p.signal(libc::SIGKILL);
+        let _ = p.wait(Duration::from_secs(30)).await;
+        logs.push(p.stderr());
+    }
+    // Partition 2: killed after a commit, then its volume is gone (a new pod).
+    let mut p = spawn(2, None);
+    wait_for_or_exit(&mut p, "shard committed", 1).await;
+    tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
+    p.signal(libc::SIGKILL);
+    let _ = p.wait(Duration::from_secs(30)).await;
+    logs.push(p.stderr());
+    std::fs::remove_dir_all(dir.join("data-2")).unwrap();
+    steady.push(spawn(2, None));
+    steady.push(spawn(0, None));
+    for p in &mut steady {
+        let (status, _) = p.wait(Duration::from_secs(300)).await;
+        assert!(status.success(), "{status:?}\n{}", p.stderr());
+        logs.push(p.stderr());
+    }
+    let fin = ok(cfg, &["finalize"], env);
+    assert!(fin.contains("published to"), "{fin}");
+    let verify = ok(cfg, &["verify"], env);
+    assert!(verify.contains("verify: clean"), "{verify}");
+    logs
+}
+
+/// Checks what `chaos_job` published: every alpha item exactly once, beta's items at most
+/// once and its tokens within the budget (under `cancel`, each partition's commits stay
+/// within its share even with two workers on it), and the failure cases really happened.
+pub(crate) fn assert_chaos_outcome(p: &Published, logs: &[String], n: usize, budget: u64) {
+    let alpha = &p.rows["alpha"];
+    let missing: Vec<_> = ids("a", n)
+        .into_iter()
+        .filter(|i| !alpha.contains_key(i))
+        .collect();
+    assert!(missing.is_empty(), "alpha items missing: {missing:?}");
+    let twice: Vec<_> = alpha.iter().filter(|(_, &c)| c != 1).collect();
+    assert!(twice.is_empty(), "alpha items not once: {twice:?}");
+    assert_eq!(alpha.len(), n);
+    let beta = &p.rows["beta"];
+    assert!(beta.values().all(|&c| c == 1), "beta item twice");
+    assert!(
+        p.tokens["beta"] <= budget,
+        "beta {} > budget {budget}",
+        p.tokens["beta"]
+    );
+    let all = logs.join("\n");
+    // The empty volume rebuilt from the store: its intake skipped committed items.
+    assert!(
+        all.lines().any(|l| l.contains("partition's rows taken in")
+            && l.contains("partition=2")
+            && !l.contains("committed=0")),
+        "partition 2 did not skip committed items on its new volume"
+    );
+    // The twin workers of partition 1 both generated, and one lost a race.
+    assert!(
+        all.contains("committed by another worker first")
+            || all.contains("another worker committed first"),
+        "the two workers of partition 1 never met"
+    );
+}
+
+/// Reads the published folders of a local (`file://`) output like a reader would.
+fn published_local(root: &Path) -> Published {
+    let (rows, tokens) = read_published_local(root);
+    Published { rows, tokens }
+}
+
+/// The cluster's failure cases on a shared folder (`file://`): kills, a rescheduled worker
+/// on an empty volume, two workers on one partition; every item published once, budgets
+/// held, verify clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kills_new_volumes_and_twin_workers_publish_each_item_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = Mock::start(spool::mock::MockConfig {
+        capacity_tps: 4.0,
+        per_request_tps: 1.0,
+        ..spool::mock::MockConfig::for_tests()
+    })
+    .await;
+    let shared = dir.path().join("shared");
+    let (n, budget) = (200, 4_000);
+    let cfg = cluster_config(
+        dir.path(),
+        &mock.url,
+        &format!("file://{}", shared.display()),
+        4,
+        n,
+        budget,
+    );
+    let seed = std::env::var("SPOOL_CLUSTER_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    let logs = chaos_job(dir.path(), &cfg, &[], seed).await;
+    assert_chaos_outcome(&published_local(&shared), &logs, n, budget);
+    mock.stop().await;
+}
