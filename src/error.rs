@@ -342,6 +342,12 @@ impl From<crate::cluster::partition::PartitionError> for Error {
     }
 }
 
+impl From<crate::input::remote::FetchError> for Error {
+    fn from(e: crate::input::remote::FetchError) -> Error {
+        Error::runtime(e)
+    }
+}
+
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Error {
         Error::runtime(e)

@@ -264,8 +264,9 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
     let knobs = spool::knobs::Knobs::from_env();
     match &cli.command {
         Command::Run => {
-            let cfg = load(&cli)?;
+            let mut cfg = load(&cli)?;
             let rt = runtime()?;
+            rt.block_on(spool::input::remote::fetch_inputs(&mut cfg))?;
             let summary = if spool::cluster::worker::is_cluster(&cfg) {
                 rt.block_on(spool::cluster::worker::run(cfg, knobs, first_signal()))
             } else {

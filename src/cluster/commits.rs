@@ -89,6 +89,11 @@ pub fn shard_key(p: u32, writer: &str, dataset: &str, local_index: u64, sha256: 
     )
 }
 
+/// The key of a partition's rejected rows of `dataset`.
+pub fn rejected_key(p: u32, dataset: &str) -> String {
+    format!("{}/rejected/{dataset}.jsonl", partition_prefix(p))
+}
+
 /// The key of the marker a worker writes when its partition is wholly done.
 pub fn done_key(p: u32) -> String {
     format!("{}/done.json", partition_prefix(p))

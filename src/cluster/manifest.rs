@@ -3,7 +3,8 @@
 //! Workers write only under `_spool/` (see `commits`). `finalize`, run once every partition
 //! has marked itself done, copies each committed shard to `<dataset>/part-<partition>-<seq>.parquet`
 //! (a server-side copy) and then writes `_manifest.json`, listing every published shard with
-//! its rows, tokens and sha256. The reader's contract: once `_manifest.json` exists,
+//! its rows, tokens and sha256, and each partition's rejected rows as
+//! `<dataset>/_rejected-<partition>.jsonl`. The reader's contract: once `_manifest.json` exists,
 //! `<prefix>/<dataset>/*.parquet` is exactly the dataset, each item once.
 //!
 //! Invariants: `_manifest.json` is written last, so a reader that sees it sees every shard
@@ -48,6 +49,10 @@ pub struct ManifestDataset {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<u64>,
     pub shards: Vec<ManifestShard>,
+    /// The rejected rows, one JSONL file per partition that had any (`_`-prefixed, so
+    /// folder readers skip them).
+    #[serde(default)]
+    pub rejected: Vec<String>,
 }
 
 /// One published shard.
@@ -160,6 +165,34 @@ pub async fn finalize(
                 partition: state.partition,
                 commit: c.seq,
             });
+        }
+    }
+    for (state, _) in &parts {
+        for (key, _) in bucket
+            .list(&format!(
+                "{}/rejected/",
+                commits::partition_prefix(state.partition)
+            ))
+            .await?
+        {
+            let Some(dataset) = key
+                .rsplit('/')
+                .next()
+                .and_then(|n| n.strip_suffix(".jsonl"))
+            else {
+                continue;
+            };
+            let dest = format!("{dataset}/_rejected-{:04}.jsonl", state.partition);
+            bucket
+                .copy(&key, &dest)
+                .await
+                .with_context(|| format!("cannot publish {key} as {dest}"))?;
+            manifest
+                .datasets
+                .entry(dataset.to_string())
+                .or_default()
+                .rejected
+                .push(dest);
         }
     }
     for (name, d) in manifest.datasets.iter_mut() {

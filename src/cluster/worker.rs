@@ -116,6 +116,10 @@ pub async fn run(
         shards = published,
         "final shards published"
     );
+    publisher
+        .publish_rejected()
+        .await
+        .context("cannot publish the partition's rejected rows")?;
     if summary.ending().is_none() {
         publisher.mark_done().await?;
     }
@@ -427,6 +431,27 @@ impl Publisher {
         })
         .await
         .map_err(Error::runtime)?
+    }
+
+    /// Uploads each dataset's `_rejected.jsonl` of this partition (whole, replacing the
+    /// last upload: every writer of a partition rejects the same rows).
+    async fn publish_rejected(&self) -> Result<(), Error> {
+        for dataset in &self.datasets {
+            let local = self
+                .staging
+                .join(dataset)
+                .join(crate::output::verify::REJECTED_FILE);
+            if !local.is_file() {
+                continue;
+            }
+            self.bucket
+                .upload(
+                    &commits::rejected_key(self.partition.index, dataset),
+                    &local,
+                )
+                .await?;
+        }
+        Ok(())
     }
 
     /// Records that this partition finished: `finalize` waits for every partition's.

@@ -134,6 +134,10 @@ async fn four_partitions_publish_every_item_exactly_once() {
         n,
         budget,
     );
+    // Two bad rows: each is reported by exactly one partition.
+    let mut a = std::fs::read_to_string(dir.path().join("a.jsonl")).unwrap();
+    a.push_str("not json at all\n{\"id\": \"a-bad\", \"prompt\": 5}\n");
+    std::fs::write(dir.path().join("a.jsonl"), a).unwrap();
     // Before any worker: finalize refuses (no partition has finished).
     let early = spool(&cfg, &["finalize"], &[]);
     assert_eq!(
@@ -186,6 +190,32 @@ async fn four_partitions_publish_every_item_exactly_once() {
         tokens["beta"] >= budget * 8 / 10,
         "beta used {} of its {budget}: shares left unused",
         tokens["beta"]
+    );
+    let rejected: Vec<String> = std::fs::read_dir(shared.join("alpha"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("_rejected-")
+        })
+        .flat_map(|p| {
+            std::fs::read_to_string(p)
+                .unwrap()
+                .lines()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(rejected.len(), 2, "each bad row once: {rejected:?}");
+    assert!(
+        rejected.iter().any(|l| l.contains("\"line\":121")),
+        "{rejected:?}"
+    );
+    assert!(
+        rejected.iter().any(|l| l.contains("\"line\":122")),
+        "{rejected:?}"
     );
     let verify = ok(&cfg, &["verify"], &[]);
     assert!(verify.contains("verify: clean"), "{verify}");
