@@ -261,6 +261,25 @@ impl Default for Metrics {
 mod tests {
     use super::*;
 
+    /// A partition's worker labels every series with its index, and only with that one
+    /// value; a single process adds no label.
+    #[test]
+    fn a_partition_labels_every_series() {
+        let p = crate::cluster::partition::Partition { index: 3, count: 4 };
+        let m = Metrics::for_partition(Some(p));
+        m.dataset("a").ok.inc();
+        m.set_run_eta(Some(1.0));
+        m.inflight.with_label_values(&["http://x"]).set(1);
+        let text = m.render();
+        let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert!(samples.len() > 5, "{text}");
+        for l in &samples {
+            assert!(l.contains("partition=\"3\""), "unlabelled: {l}");
+        }
+        assert!(text.contains("spool_run_eta_seconds{partition=\"3\"} 1"), "{text}");
+        assert!(!Metrics::new().render().contains("partition="));
+    }
+
     /// Every documented series appears in a scrape, with the labels it is documented with.
     #[test]
     fn every_series_is_exported_with_its_labels() {
