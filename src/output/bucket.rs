@@ -1,195 +1,475 @@
-//! Object storage (provisional: replaced by the full module).
+//! Object storage: the one door to it (`Bucket`), over Apache Arrow's `object_store` — S3
+//! and S3-compatible stores, a local folder (`file://`), memory (`memory://`, tests).
+//!
+//! Invariants: an uploaded object is visible whole or not at all (a single PUT, or a
+//! multipart upload completed only after every part; aborted on failure); a conditional
+//! create whose answer was lost and that finds its own bytes in place reports them as its
+//! own, never as someone else's; credentials come from the environment or the store's
+//! own chain and are never in a `Debug`, an error or a log (only the URL as given is).
 
 use bytes::Bytes;
-use object_store::{
-    path::Path as ObjPath, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
-};
+use futures_util::StreamExt;
+use object_store::path::Path as ObjPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use sha2::{Digest, Sha256};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
+/// Parts of a multipart upload, and the size under which one PUT is used instead.
+const PART_BYTES: usize = 8 << 20;
+/// Parts in flight per upload.
+const PARTS_IN_FLIGHT: usize = 4;
+/// Tries of a conditional create whose request failed in transit (the store's own retries
+/// do not repeat a request that is not idempotent).
+const CREATE_TRIES: u32 = 8;
+
+/// Failures of object storage; each names the URL or the key.
 #[derive(Debug, thiserror::Error)]
 pub enum BucketError {
     #[error("{url}: {detail}")]
     Url { url: String, detail: String },
-    #[error("{op} {key}: {source}")]
+    #[error("{url}: {op} {key}: {source}")]
     Store {
+        url: String,
         op: &'static str,
         key: String,
         source: object_store::Error,
     },
     #[error("{path}: {source}")]
     Io {
-        path: std::path::PathBuf,
+        path: PathBuf,
         source: std::io::Error,
     },
 }
 
+/// Whether a configured location is an object-store URL rather than a path.
 pub fn is_url(s: &str) -> bool {
     s.starts_with("s3://") || s.starts_with("file://") || s.starts_with("memory://")
 }
 
+/// Store settings beyond the `AWS_*` environment (`[storage]` in the config).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BucketOptions {
+    /// The S3 endpoint (else `AWS_ENDPOINT_URL`); an `http://` one allows plain HTTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
+    /// Else `AWS_REGION` / `AWS_DEFAULT_REGION`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_http: Option<bool>,
+    /// Retries of a failed request (5xx, 503 SlowDown, timeouts, resets); default 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_retries: Option<usize>,
+    /// One request's timeout; default 60 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_s: Option<f64>,
+    /// How long a request is retried in all; default 180 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_timeout_s: Option<f64>,
 }
 
+/// An upload's size and checksum, computed while streaming it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Uploaded {
     pub bytes: u64,
     pub sha256: String,
 }
 
+/// The outcome of [`Bucket::create`].
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Created {
+    /// The object holds the bytes given: created now, or by an earlier try of this call.
     Mine,
+    /// Someone else's object was there first; its bytes.
     Theirs(Bytes),
 }
 
+/// An object-store location: a store and a root prefix; keys are relative to the root.
 pub struct Bucket {
     store: Arc<dyn ObjectStore>,
     root: String,
     url: String,
 }
 
-impl Bucket {
-    pub fn open(url: &str, _opts: &BucketOptions) -> Result<Bucket, BucketError> {
-        let Some(dir) = url.strip_prefix("file://") else {
-            return Err(BucketError::Url {
-                url: url.into(),
-                detail: "only file:// here".into(),
-            });
-        };
-        std::fs::create_dir_all(dir).map_err(|source| BucketError::Io {
-            path: dir.into(),
-            source,
-        })?;
-        let store =
-            object_store::local::LocalFileSystem::new_with_prefix(dir).map_err(|source| {
-                BucketError::Store {
-                    op: "open",
-                    key: dir.into(),
-                    source,
-                }
-            })?;
-        Ok(Bucket {
-            store: Arc::new(store),
-            root: String::new(),
-            url: url.into(),
-        })
+impl std::fmt::Debug for Bucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bucket").field("url", &self.url).finish()
     }
+}
+
+impl Bucket {
+    /// Opens `s3://bucket/prefix` (settings from `AWS_*` then `opts`), `file:///dir` (created
+    /// if missing) or `memory://`.
+    pub fn open(url: &str, opts: &BucketOptions) -> Result<Bucket, BucketError> {
+        let bad = |detail: &str| BucketError::Url {
+            url: url.into(),
+            detail: detail.into(),
+        };
+        let store_err = |source| BucketError::Store {
+            url: url.into(),
+            op: "open",
+            key: String::new(),
+            source,
+        };
+        let trimmed = url.trim_end_matches('/');
+        if let Some(rest) = trimmed.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(bad("no bucket name (s3://bucket/prefix)"));
+            }
+            let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+            if let Some(e) = &opts.endpoint {
+                b = b.with_endpoint(e);
+            }
+            if let Some(r) = &opts.region {
+                b = b.with_region(r);
+            }
+            let endpoint = opts
+                .endpoint
+                .clone()
+                .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+                .or_else(|| std::env::var("AWS_ENDPOINT").ok());
+            let http = endpoint.is_some_and(|e| e.starts_with("http://"));
+            b = b.with_allow_http(opts.allow_http.unwrap_or(http));
+            let retry = object_store::RetryConfig {
+                max_retries: opts.max_retries.unwrap_or(10),
+                retry_timeout: Duration::from_secs_f64(opts.retry_timeout_s.unwrap_or(180.0)),
+                backoff: Default::default(),
+            };
+            let client = object_store::ClientOptions::new()
+                .with_timeout(Duration::from_secs_f64(opts.timeout_s.unwrap_or(60.0)))
+                .with_connect_timeout(Duration::from_secs(10));
+            let store = b
+                .with_retry(retry)
+                .with_client_options(client)
+                .build()
+                .map_err(store_err)?;
+            Ok(Bucket {
+                store: Arc::new(store),
+                root: prefix.trim_matches('/').to_string(),
+                url: url.into(),
+            })
+        } else if let Some(dir) = trimmed.strip_prefix("file://") {
+            if !dir.starts_with('/') {
+                return Err(bad("a file:// URL needs an absolute path (file:///dir)"));
+            }
+            std::fs::create_dir_all(dir).map_err(|source| BucketError::Io {
+                path: dir.into(),
+                source,
+            })?;
+            let store =
+                object_store::local::LocalFileSystem::new_with_prefix(dir).map_err(store_err)?;
+            Ok(Bucket {
+                store: Arc::new(store),
+                root: String::new(),
+                url: url.into(),
+            })
+        } else if url.starts_with("memory://") {
+            Ok(Bucket {
+                store: Arc::new(object_store::memory::InMemory::new()),
+                root: String::new(),
+                url: url.into(),
+            })
+        } else {
+            Err(bad("not an object-store URL (s3://, file:// or memory://)"))
+        }
+    }
+
+    /// The URL as given (no credentials are ever part of it).
     pub fn url(&self) -> &str {
         &self.url
     }
+
     fn path(&self, key: &str) -> ObjPath {
-        ObjPath::from(format!("{}{key}", self.root))
+        let key = key.trim_start_matches('/');
+        if self.root.is_empty() {
+            ObjPath::from(key)
+        } else {
+            ObjPath::from(format!("{}/{key}", self.root))
+        }
     }
+
     fn err<'a>(
+        &'a self,
         op: &'static str,
         key: &'a str,
     ) -> impl FnOnce(object_store::Error) -> BucketError + 'a {
         move |source| BucketError::Store {
+            url: self.url.clone(),
             op,
             key: key.into(),
             source,
         }
     }
+
+    /// Uploads a local file to `key`, streamed (multipart above one part); the object
+    /// appears only once whole. Returns its size and sha256.
     pub async fn upload(&self, key: &str, local: &Path) -> Result<Uploaded, BucketError> {
-        use sha2::Digest;
-        let data = std::fs::read(local).map_err(|source| BucketError::Io {
+        let io = |source| BucketError::Io {
             path: local.into(),
             source,
-        })?;
-        let sha = crate::config::hex(&sha2::Sha256::digest(&data));
-        let n = data.len() as u64;
-        self.store
-            .put(&self.path(key), PutPayload::from(data))
+        };
+        let mut file = std::fs::File::open(local).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let mut hash = Sha256::new();
+        if len <= PART_BYTES as u64 {
+            let mut data = Vec::with_capacity(len as usize);
+            file.read_to_end(&mut data).map_err(io)?;
+            hash.update(&data);
+            let n = data.len() as u64;
+            self.store
+                .put(&self.path(key), PutPayload::from(data))
+                .await
+                .map_err(self.err("upload", key))?;
+            return Ok(Uploaded {
+                bytes: n,
+                sha256: crate::config::hex(&hash.finalize()),
+            });
+        }
+        let upload = self
+            .store
+            .put_multipart(&self.path(key))
             .await
-            .map_err(Self::err("upload", key))?;
+            .map_err(self.err("upload", key))?;
+        let mut w = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
+        let mut buf = vec![0u8; 1 << 20];
+        let mut n = 0u64;
+        let result: Result<(), BucketError> = async {
+            loop {
+                let got = file.read(&mut buf).map_err(io)?;
+                if got == 0 {
+                    return Ok(());
+                }
+                hash.update(&buf[..got]);
+                n += got as u64;
+                w.wait_for_capacity(PARTS_IN_FLIGHT)
+                    .await
+                    .map_err(self.err("upload", key))?;
+                w.write(&buf[..got]);
+            }
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                w.finish().await.map_err(self.err("upload", key))?;
+            }
+            Err(e) => {
+                let _ = w.abort().await;
+                return Err(e);
+            }
+        }
         Ok(Uploaded {
             bytes: n,
-            sha256: sha,
+            sha256: crate::config::hex(&hash.finalize()),
         })
     }
+
+    /// Creates `key` with `body` only if it does not exist (`If-None-Match: *`).
     pub async fn create(&self, key: &str, body: Bytes) -> Result<Created, BucketError> {
-        let opts = PutOptions {
-            mode: PutMode::Create,
-            ..Default::default()
-        };
-        match self
-            .store
-            .put_opts(&self.path(key), PutPayload::from(body.clone()), opts)
-            .await
-        {
-            Ok(_) => Ok(Created::Mine),
-            Err(object_store::Error::AlreadyExists { .. })
-            | Err(object_store::Error::Precondition { .. }) => {
-                let existing = self.get(key).await?.unwrap_or_default();
-                if existing == body {
-                    Ok(Created::Mine)
-                } else {
-                    Ok(Created::Theirs(existing))
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let opts = PutOptions {
+                mode: PutMode::Create,
+                ..Default::default()
+            };
+            match self
+                .store
+                .put_opts(&self.path(key), PutPayload::from(body.clone()), opts)
+                .await
+            {
+                Ok(_) => return Ok(Created::Mine),
+                Err(object_store::Error::AlreadyExists { .. })
+                | Err(object_store::Error::Precondition { .. }) => {
+                    let existing = self.get(key).await?.unwrap_or_default();
+                    return Ok(if existing == body {
+                        Created::Mine
+                    } else {
+                        Created::Theirs(existing)
+                    });
+                }
+                Err(e @ object_store::Error::NotImplemented { .. }) => {
+                    return Err(self.err("create", key)(e))
+                }
+                Err(e) if tries >= CREATE_TRIES => return Err(self.err("create", key)(e)),
+                Err(e) => {
+                    // The request may or may not have landed: try again; finding our
+                    // own bytes there then means it did.
+                    tracing::warn!(url = %self.url, key, tries, error = %e,
+                        "conditional create failed in transit; trying again");
+                    tokio::time::sleep(Duration::from_millis(100 << tries.min(6))).await;
                 }
             }
-            Err(e) => Err(Self::err("create", key)(e)),
         }
     }
+
+    /// Writes `key` whole, replacing what is there.
     pub async fn put(&self, key: &str, body: Bytes) -> Result<(), BucketError> {
         self.store
             .put(&self.path(key), PutPayload::from(body))
             .await
-            .map_err(Self::err("put", key))?;
+            .map_err(self.err("put", key))?;
         Ok(())
     }
+
+    /// The object's bytes, or `None` when there is none.
     pub async fn get(&self, key: &str) -> Result<Option<Bytes>, BucketError> {
         match self.store.get(&self.path(key)).await {
-            Ok(r) => Ok(Some(r.bytes().await.map_err(Self::err("get", key))?)),
+            Ok(r) => Ok(Some(r.bytes().await.map_err(self.err("get", key))?)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(Self::err("get", key)(e)),
+            Err(e) => Err(self.err("get", key)(e)),
         }
     }
+
+    /// The object's size and ETag, or `None` when there is none.
     pub async fn head(&self, key: &str) -> Result<Option<(u64, Option<String>)>, BucketError> {
         match self.store.head(&self.path(key)).await {
             Ok(m) => Ok(Some((m.size, m.e_tag))),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(Self::err("head", key)(e)),
+            Err(e) => Err(self.err("head", key)(e)),
         }
     }
+
+    /// Every object under `prefix` (recursively), keys relative to the root, sorted.
     pub async fn list(&self, prefix: &str) -> Result<Vec<(String, u64)>, BucketError> {
-        use futures_util::TryStreamExt;
         let p = self.path(prefix.trim_end_matches('/'));
-        let mut v: Vec<(String, u64)> = self
-            .store
-            .list(Some(&p))
-            .map_ok(|m| (m.location.to_string(), m.size))
-            .try_collect()
-            .await
-            .map_err(Self::err("list", prefix))?;
-        v.sort();
-        Ok(v)
+        let mut stream = self.store.list(Some(&p));
+        let mut out = Vec::new();
+        let strip = if self.root.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", self.root)
+        };
+        while let Some(m) = stream.next().await {
+            let m = m.map_err(self.err("list", prefix))?;
+            let key = m.location.to_string();
+            out.push((key.strip_prefix(&strip).unwrap_or(&key).to_string(), m.size));
+        }
+        out.sort();
+        Ok(out)
     }
+
+    /// A copy made by the store (no bytes through this process on S3).
     pub async fn copy(&self, from: &str, to: &str) -> Result<(), BucketError> {
         self.store
             .copy(&self.path(from), &self.path(to))
             .await
-            .map_err(Self::err("copy", from))
+            .map_err(self.err("copy", from))
     }
+
+    /// Streams `key` into `local` (a temporary name beside it, synced, then renamed).
     pub async fn download(&self, key: &str, local: &Path) -> Result<u64, BucketError> {
-        let b = self.get(key).await?.unwrap_or_default();
-        std::fs::write(local, &b).map_err(|source| BucketError::Io {
+        let name = local
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = local.with_file_name(format!(".{name}.part"));
+        let io = |source| BucketError::Io {
+            path: tmp.clone(),
+            source,
+        };
+        let r = self
+            .store
+            .get(&self.path(key))
+            .await
+            .map_err(self.err("download", key))?;
+        let mut stream = r.into_stream();
+        let mut file = std::fs::File::create(&tmp).map_err(io)?;
+        let mut n = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(self.err("download", key))?;
+            file.write_all(&chunk).map_err(io)?;
+            n += chunk.len() as u64;
+        }
+        file.sync_all().map_err(io)?;
+        drop(file);
+        std::fs::rename(&tmp, local).map_err(|source| BucketError::Io {
             path: local.into(),
             source,
         })?;
-        Ok(b.len() as u64)
+        Ok(n)
     }
+
+    /// Deletes `key` (absent is fine).
     pub async fn delete(&self, key: &str) -> Result<(), BucketError> {
-        self.store
-            .delete(&self.path(key))
-            .await
-            .map_err(Self::err("delete", key))
+        match self.store.delete(&self.path(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.err("delete", key)(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A create finds its own bytes as its own and another's as theirs.
+    #[test]
+    fn create_tells_mine_from_theirs() {
+        rt().block_on(async {
+            let b = Bucket::open("memory://", &BucketOptions::default()).unwrap();
+            assert_eq!(
+                b.create("k", Bytes::from("a")).await.unwrap(),
+                Created::Mine
+            );
+            assert_eq!(
+                b.create("k", Bytes::from("a")).await.unwrap(),
+                Created::Mine
+            );
+            assert_eq!(
+                b.create("k", Bytes::from("b")).await.unwrap(),
+                Created::Theirs(Bytes::from("a"))
+            );
+        });
+    }
+
+    /// A file of several parts uploads whole, with its checksum, and downloads the same;
+    /// listing gives keys relative to the root, sorted.
+    #[test]
+    fn uploads_in_parts_and_lists_relative_keys() {
+        rt().block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("file://{}/store", dir.path().display());
+            let b = Bucket::open(&url, &BucketOptions::default()).unwrap();
+            let src = dir.path().join("big.bin");
+            let data: Vec<u8> = (0..(PART_BYTES * 2 + 12345))
+                .map(|i| (i * 7 % 251) as u8)
+                .collect();
+            std::fs::write(&src, &data).unwrap();
+            let up = b.upload("x/big.bin", &src).await.unwrap();
+            assert_eq!(up.bytes, data.len() as u64);
+            assert_eq!(up.sha256, crate::config::hex(&Sha256::digest(&data)));
+            b.put("x/a.json", Bytes::from("{}")).await.unwrap();
+            let keys: Vec<String> = b
+                .list("x/")
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect();
+            assert_eq!(keys, ["x/a.json", "x/big.bin"]);
+            let back = dir.path().join("back.bin");
+            assert_eq!(
+                b.download("x/big.bin", &back).await.unwrap(),
+                data.len() as u64
+            );
+            assert_eq!(std::fs::read(&back).unwrap(), data);
+            assert!(!dir.path().join(".back.bin.part").exists());
+            assert_eq!(b.get("nothing").await.unwrap(), None);
+            assert!(Bucket::open("s3://", &BucketOptions::default()).is_err());
+            assert!(Bucket::open("file://relative", &BucketOptions::default()).is_err());
+        });
     }
 }
