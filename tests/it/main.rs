@@ -8,6 +8,7 @@ mod bad_input;
 mod budget;
 mod crash;
 mod demo;
+mod deploy;
 mod drafter;
 mod e2e;
 mod export;

@@ -620,9 +620,13 @@ fn dashboard_exprs() -> Vec<(String, String)> {
     out
 }
 
+/// The dashboard's queries as Grafana sends them with `dataset` set and `partition` on
+/// "All" (its `allValue` `.*`, which also matches series without a `partition` label).
 fn substitute(expr: &str, dataset: &str) -> String {
     expr.replace("${dataset}", dataset)
         .replace("$dataset", dataset)
+        .replace("${partition}", ".*")
+        .replace("$partition", ".*")
         .replace("$__rate_interval", "30s")
         .replace("$__interval", "5s")
         .replace("$__range", "1m")
@@ -816,9 +820,17 @@ fn dashboard_uses_every_spec_series_and_only_those() {
         .iter()
         .map(|v| v["name"].as_str().unwrap())
         .collect();
-    assert_eq!(vars, ["datasource", "dataset"]);
+    assert_eq!(vars, ["datasource", "dataset", "partition"]);
     assert_eq!(d["templating"]["list"][0]["type"], "datasource");
     assert_eq!(d["templating"]["list"][0]["query"], "prometheus");
+    let partition = &d["templating"]["list"][2];
+    assert_eq!(
+        partition["query"]["query"],
+        "label_values(spool_items, partition)"
+    );
+    assert_eq!(partition["multi"], true);
+    assert_eq!(partition["includeAll"], true);
+    assert_eq!(partition["allValue"], ".*", "the value `substitute` uses");
     for p in d["panels"].as_array().unwrap() {
         if p["type"] == "row" {
             continue;
@@ -850,6 +862,24 @@ fn dashboard_uses_every_spec_series_and_only_those() {
         "Shard bytes/s",
     ] {
         assert!(titles.contains(&want), "panel {want} missing: {titles:?}");
+    }
+    // Every series is filtered by the partition variable and every query aggregates over
+    // partitions (a sum, or the worst of them), so a cluster run shows one line per
+    // dataset or server rather than one per pod.
+    for (title, e) in &exprs {
+        let selectors = e.matches("spool_").count();
+        assert!(selectors > 0, "panel {title} reads no spool series: {e}");
+        assert_eq!(
+            e.matches(r#"partition=~"$partition""#).count(),
+            selectors,
+            "panel {title}: every series needs partition=~\"$partition\": {e}"
+        );
+        assert!(
+            ["sum(", "sum by (", "max(", "max by (", "min by (", "count("]
+                .iter()
+                .any(|a| e.contains(a)),
+            "panel {title} does not aggregate over partitions: {e}"
+        );
     }
     // Per-dataset panels honour the variable.
     for (title, e) in &exprs {
