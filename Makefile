@@ -1,5 +1,5 @@
 # spool: the two commands that do everything are `make demo` and `make test`.
-.PHONY: demo test lint build soak bench bench-eta bench-tokenize clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export
+.PHONY: demo test lint build soak bench bench-eta bench-tokenize clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions
 
 build:
 	cargo build
@@ -104,3 +104,10 @@ bench-dedup:
 bench-export:
 	BIN=$${SPOOL_BENCH_BIN:-$$(bash scripts/spool_bin.sh --release)} && \
 		python3 bench/export/bench.py --spool "$$BIN" $(BENCH_EXPORT_ARGS)
+
+## One process against 4 partitions (four `spool run`s, one file:// prefix, `finalize`) on
+## the same mock capacity: wall time, completions/s, tok/s, a budgeted dataset's overshoot
+## and budget left unused, under "cancel" and "finish". About 5 minutes.
+bench-partitions:
+	BIN=$${SPOOL_BENCH_BIN:-$$(bash scripts/spool_bin.sh --release)} && \
+		SPOOL_BENCH_BIN="$$BIN" python3 bench/partitions/bench.py $(BENCH_PARTITIONS_ARGS)

@@ -13,7 +13,9 @@
 use crate::upstream::tls::TrustRoots;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// A config that cannot be used; the message names the file and the key (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +76,9 @@ pub struct Config {
     pub sampling: Sampling,
     #[serde(default)]
     pub shards: ShardConfig,
+    /// Object-store settings beyond the `AWS_*` environment (an `s3://` output or input).
+    #[serde(default)]
+    pub storage: crate::output::bucket::BucketOptions,
     #[serde(default, rename = "dataset")]
     pub datasets: Vec<DatasetConfig>,
     /// Defaults for every dataset's generation keys (each `[[dataset]]` may override).
@@ -96,6 +101,14 @@ pub struct Config {
     /// sha256 of the config file's bytes, stamped into every shard.
     #[serde(skip)]
     pub sha256: String,
+    /// This worker's partition of a cluster job (not a key: worked out at start from
+    /// `[run] partitions`, `--partition` and the scheduler's environment).
+    #[serde(skip)]
+    pub partition: Option<crate::cluster::partition::Partition>,
+    /// Per dataset, the ids already committed to the object store, which intake skips
+    /// (not a key: read from the store at start).
+    #[serde(skip)]
+    pub committed: HashMap<String, Arc<HashSet<String>>>,
 }
 
 /// The inference server(s).
@@ -155,6 +168,11 @@ pub struct RunConfig {
     pub metrics_addr: String,
     #[serde(default)]
     pub budget_policy: BudgetPolicy,
+    /// Workers of a cluster job (a Kubernetes Indexed Job's completions, a Slurm array's
+    /// size); each takes the items that hash to its index. Absent: one process, or
+    /// `SLURM_ARRAY_TASK_COUNT`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<u32>,
 }
 
 /// Client-side tokenization and chat templating.
@@ -489,6 +507,7 @@ impl Default for RunConfig {
             shutdown_grace_s: default_shutdown_grace(),
             metrics_addr: default_metrics_addr(),
             budget_policy: BudgetPolicy::Finish,
+            partitions: None,
         }
     }
 }
@@ -588,7 +607,8 @@ impl Config {
 
     fn resolve(&mut self, base: &Path) {
         let join = |p: &PathBuf| {
-            if p.is_absolute() {
+            // A `scheme://` location (object storage) is not a path.
+            if p.is_absolute() || p.to_string_lossy().contains("://") {
                 p.clone()
             } else {
                 base.join(p)

@@ -323,6 +323,31 @@ impl From<UpstreamError> for Error {
     }
 }
 
+impl From<crate::cluster::commits::CommitError> for Error {
+    fn from(e: crate::cluster::commits::CommitError) -> Error {
+        Error::runtime(e)
+    }
+}
+
+impl From<crate::output::bucket::BucketError> for Error {
+    fn from(e: crate::output::bucket::BucketError) -> Error {
+        Error::runtime(e)
+    }
+}
+
+/// A partition the job cannot have is the user's to fix (exit 2).
+impl From<crate::cluster::partition::PartitionError> for Error {
+    fn from(e: crate::cluster::partition::PartitionError) -> Error {
+        Error::new(Kind::Usage, e)
+    }
+}
+
+impl From<crate::input::remote::FetchError> for Error {
+    fn from(e: crate::input::remote::FetchError) -> Error {
+        Error::runtime(e)
+    }
+}
+
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Error {
         Error::runtime(e)

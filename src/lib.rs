@@ -6,6 +6,7 @@
 //! (results, durably) → `output` (Parquet shards). `estimate` and `observe` watch the run;
 //! `mock` is the bundled inference server.
 
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod estimate;

@@ -43,6 +43,12 @@ struct Cli {
     /// Override `run.metrics_addr` ("" disables the endpoint).
     #[arg(long, global = true)]
     metrics_addr: Option<String>,
+    /// Override `run.partitions`: the workers of a cluster job.
+    #[arg(long, global = true, value_name = "N")]
+    partitions: Option<u32>,
+    /// This worker's partition (else `JOB_COMPLETION_INDEX`, else `SLURM_ARRAY_TASK_ID`).
+    #[arg(long, global = true, value_name = "I")]
+    partition: Option<u32>,
     /// Less output (warnings and errors only).
     #[arg(short = 'q', long, global = true)]
     quiet: bool,
@@ -67,8 +73,19 @@ enum Command {
         #[arg(long, value_name = "URL")]
         url: Option<String>,
     },
-    /// Check the shards against the queue: every completed item in exactly one shard.
+    /// Check the shards against the queue: every completed item in exactly one shard. For
+    /// an object-store output: the published shards against `_manifest.json` and the logs.
     Verify,
+    /// Publish a cluster job's committed shards and write `_manifest.json` (run once every
+    /// partition has finished: `afterok` in Slurm, a second Job in Kubernetes).
+    Finalize {
+        /// Publish what is committed even if some partitions have not finished.
+        #[arg(long)]
+        partial: bool,
+        /// Machine-readable output (the manifest).
+        #[arg(long)]
+        json: bool,
+    },
     /// Move permanently failed items back to pending.
     Retry {
         /// Only this dataset.
@@ -158,6 +175,42 @@ fn init_logging(quiet: bool, verbose: u8) {
         .init();
 }
 
+/// The config with this worker's partition worked out (flags, then the scheduler's
+/// environment) and `{partition}` in `data_dir` replaced by its index.
+fn load(cli: &Cli) -> Result<Config, Error> {
+    let mut cfg = Config::load(&cli.config, &overrides(cli))?;
+    cfg.partition = spool::cluster::partition::Partition::resolve(
+        cli.partitions.or(cfg.run.partitions),
+        cli.partition,
+        |k| std::env::var(k).ok(),
+    )?;
+    if let Some(p) = cfg.partition {
+        let dir = cfg
+            .data_dir
+            .to_string_lossy()
+            .replace("{partition}", &p.index.to_string());
+        cfg.data_dir = PathBuf::from(dir);
+    }
+    Ok(cfg)
+}
+
+/// The partition count of a cluster job's output, for the commands that read all
+/// partitions: `None` for a one-machine output folder.
+fn cluster_count(cli: &Cli, cfg: &Config) -> Result<Option<u32>, Error> {
+    let count = cli.partitions.or(cfg.run.partitions).or_else(|| {
+        std::env::var("SLURM_ARRAY_TASK_COUNT")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+    });
+    let url = spool::output::bucket::is_url(&cfg.output_dir.to_string_lossy());
+    match count {
+        Some(0) => Err(spool::cluster::partition::PartitionError::Zero.into()),
+        Some(n) => Ok(Some(n)),
+        None if url => Ok(Some(1)),
+        None => Ok(None),
+    }
+}
+
 fn overrides(cli: &Cli) -> Overrides {
     Overrides {
         data_dir: cli.data_dir.clone(),
@@ -211,9 +264,14 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
     let knobs = spool::knobs::Knobs::from_env();
     match &cli.command {
         Command::Run => {
-            let cfg = Config::load(&cli.config, &overrides(&cli))?;
+            let mut cfg = load(&cli)?;
             let rt = runtime()?;
-            let summary = rt.block_on(spool::run::job::run(cfg, knobs, first_signal()));
+            rt.block_on(spool::input::remote::fetch_inputs(&mut cfg))?;
+            let summary = if spool::cluster::worker::is_cluster(&cfg) {
+                rt.block_on(spool::cluster::worker::run(cfg, knobs, first_signal()))
+            } else {
+                rt.block_on(spool::run::job::run(cfg, knobs, first_signal()))
+            };
             // A storage layer stuck after a disk error must not keep the process alive
             // (dropping the runtime would wait for its blocking tasks forever).
             rt.shutdown_timeout(std::time::Duration::from_secs(5));
@@ -229,6 +287,23 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                 Some(url) => runtime()?.block_on(remote_status(url))?,
                 None => {
                     let cfg = Config::load(&cli.config, &overrides(&cli))?;
+                    if let Some(count) = cluster_count(&cli, &cfg)? {
+                        let bucket = spool::cluster::worker::open_bucket(&cfg)?;
+                        let datasets: Vec<_> = cfg
+                            .datasets
+                            .iter()
+                            .map(|d| (d.name.clone(), d.token_budget))
+                            .collect();
+                        let st = runtime()?.block_on(spool::cluster::manifest::status(
+                            &bucket, count, &datasets,
+                        ))?;
+                        if *json {
+                            println!("{}", serde_json::to_string_pretty(&st)?);
+                        } else {
+                            print!("{}", st.render_table());
+                        }
+                        return Ok(exit::OK);
+                    }
                     runtime()?.block_on(status_report(&cfg, &knobs.faults))?
                 }
             };
@@ -241,6 +316,36 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
         }
         Command::Verify => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
+            if let Some(count) = cluster_count(&cli, &cfg)? {
+                let bucket = spool::cluster::worker::open_bucket(&cfg)?;
+                let scratch =
+                    std::env::temp_dir().join(format!("spool-verify-{}", std::process::id()));
+                let (manifest, problems) = runtime()?
+                    .block_on(spool::cluster::manifest::verify(&bucket, count, &scratch))?;
+                let _ = std::fs::remove_dir_all(&scratch);
+                if let Some(m) = &manifest {
+                    for (name, d) in &m.datasets {
+                        println!(
+                            "{name}: {} shards, {} items, {} rows, {} completion tokens{}",
+                            d.shards.len(),
+                            d.items,
+                            d.rows,
+                            d.completion_tokens,
+                            d.budget.map_or(String::new(), |b| format!(" (budget {b})"))
+                        );
+                    }
+                }
+                for p in &problems {
+                    println!("{p}");
+                }
+                return if problems.is_empty() {
+                    println!("verify: clean");
+                    Ok(exit::OK)
+                } else {
+                    println!("verify: {} problem(s)", problems.len());
+                    Ok(exit::FAILURE)
+                };
+            }
             if !cfg.data_dir.is_dir() {
                 return Err(Error::msg(format!(
                     "no queue in {} (data_dir of {}): nothing has run with this config, so there is nothing to verify",
@@ -266,6 +371,38 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                 println!("verify: {} problem(s)", report.problems.len());
                 Ok(exit::FAILURE)
             }
+        }
+        Command::Finalize { partial, json } => {
+            let cfg = Config::load(&cli.config, &overrides(&cli))?;
+            let count = cluster_count(&cli, &cfg)?.unwrap_or(1);
+            let bucket = spool::cluster::worker::open_bucket(&cfg)?;
+            let budgets = cfg
+                .datasets
+                .iter()
+                .filter_map(|d| d.token_budget.map(|b| (d.name.clone(), b)))
+                .collect();
+            let manifest = runtime()?.block_on(spool::cluster::manifest::finalize(
+                &bucket, count, &budgets, *partial,
+            ))?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&manifest)?);
+            } else {
+                for (name, d) in &manifest.datasets {
+                    println!(
+                        "{name}: {} shards, {} items, {} rows, {} completion tokens",
+                        d.shards.len(),
+                        d.items,
+                        d.rows,
+                        d.completion_tokens
+                    );
+                }
+                println!(
+                    "published to {} ({})",
+                    bucket.url(),
+                    spool::cluster::manifest::MANIFEST
+                );
+            }
+            Ok(exit::OK)
         }
         Command::Retry { dataset } => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;

@@ -18,6 +18,7 @@
 //! whatever the thread count; no prompt is handed on twice. The sink is where the items
 //! go (the queue, for a run), so this stage does not know the queue's types.
 
+use crate::cluster::partition::Partition;
 use crate::config::{DatasetConfig, GenerationSpec, HistoryReasoning, Sampling, Turns};
 use crate::input::dataset::{DatasetError, DatasetReader, PrefixMark};
 use crate::input::dedup::{IdSet, SpillError};
@@ -88,6 +89,11 @@ pub struct IntakeReport {
     pub seconds: f64,
     /// Lines skipped unparsed: an unchanged prefix, by its fingerprint ([`PrefixMark`]).
     pub skipped_lines: u64,
+    /// Rows another partition owns (not taken in here).
+    pub elsewhere: u64,
+    /// Rows this partition owns that are already committed to the object store by an
+    /// earlier or concurrent worker (not taken in again).
+    pub committed: u64,
 }
 
 /// How intake builds prompts.
@@ -106,10 +112,31 @@ pub struct IntakeOptions {
     /// `turns = "all"` an item keeps its whole conversation and its prompt is turn 0's
     /// request; prompts are rendered with its fixed template variables.
     pub generation: GenerationSpec,
+    /// In a partitioned job: which rows this worker takes in.
+    pub filter: Option<ItemFilter>,
+}
+
+/// Which rows of a dataset one partition takes in: those it owns
+/// ([`Partition::owns`]) and no one has committed yet. A bad row without a usable id is
+/// reported by exactly one partition, the owner of its line number.
+#[derive(Debug, Clone)]
+pub struct ItemFilter {
+    pub partition: Partition,
+    /// Ids of the dataset already committed to the object store (by any worker).
+    pub committed: Arc<std::collections::HashSet<String>>,
+}
+
+impl ItemFilter {
+    fn owns_line(&self, dataset: &str, line: u64) -> bool {
+        self.partition.owns(dataset, &format!("\0line {line}"))
+    }
 }
 
 /// How the workers render a row's prompt: the same for every row of a dataset.
 struct Render {
+    /// The dataset's name and the partition's filter ([`IntakeOptions::filter`]).
+    dataset: String,
+    filter: Option<ItemFilter>,
     /// See [`IntakeOptions::server_templates`].
     server_templates: bool,
     turns: Turns,
@@ -250,6 +277,11 @@ pub trait IntakeSink {
 /// A row after the parallel stage; `T` is the sink's encoded item.
 enum Prepared<T> {
     Rejected(Rejection),
+    /// A good row another partition owns, or one already committed: not built.
+    Elsewhere {
+        row: u64,
+        committed: bool,
+    },
     /// A good row; `built` is `None` for rows taken in by an earlier run (only checked).
     Row {
         row: u64,
@@ -282,6 +314,20 @@ fn prepare<T>(
             let line = raw.line();
             match parser.parse(raw) {
                 Entry::Rejected(r) => Prepared::Rejected(r),
+                Entry::Row(row)
+                    if render.filter.as_ref().is_some_and(|f| {
+                        !f.partition.owns(&render.dataset, &row.id) || f.committed.contains(&row.id)
+                    }) =>
+                {
+                    let owned = render
+                        .filter
+                        .as_ref()
+                        .is_some_and(|f| f.partition.owns(&render.dataset, &row.id));
+                    Prepared::Elsewhere {
+                        row: row.row,
+                        committed: owned,
+                    }
+                }
                 Entry::Row(row) => {
                     let built = (line > scanned).then(|| {
                         // A panic in the template engine or the tokenizer rejects this row
@@ -411,6 +457,8 @@ pub fn intake<S: IntakeSink>(
     })?
     .fixed_kwargs();
     let render = Render {
+        dataset: d.name.clone(),
+        filter: opts.filter.clone(),
         server_templates: opts.server_templates,
         turns,
         kwargs,
@@ -611,13 +659,29 @@ impl<S: IntakeSink> Collector<'_, S> {
     fn take(&mut self, p: Prepared<S::Item>) -> Result<bool, IntakeError> {
         let (line, already) = match &p {
             Prepared::Rejected(r) => (r.line, r.line <= self.scanned),
-            Prepared::Row { row, .. } => (row + 1, *row < self.scanned),
+            Prepared::Row { row, .. } | Prepared::Elsewhere { row, .. } => {
+                (row + 1, *row < self.scanned)
+            }
         };
         self.last_line = line;
         match p {
             Prepared::Rejected(r) => {
-                if !already {
+                let mine = self
+                    .opts
+                    .filter
+                    .as_ref()
+                    .is_none_or(|f| f.owns_line(&self.d.name, r.line));
+                if !already && mine {
                     self.reject(r, RejectKind::BadRow)?;
+                }
+            }
+            Prepared::Elsewhere { committed, .. } => {
+                if !already {
+                    if committed {
+                        self.report.committed += 1;
+                    } else {
+                        self.report.elsewhere += 1;
+                    }
                 }
             }
             Prepared::Row {

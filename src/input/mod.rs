@@ -8,10 +8,12 @@
 //! raw row or says why it is rejected; [`dedup`] is the set of ids taken in; [`intake`]
 //! runs them in parallel and hands the result to an [`intake::IntakeSink`]. The stage does
 //! not know the queue: the sink is implemented where the queue is (`crate::run::enqueue`).
+//! [`remote`] fetches dataset files kept in object storage to a local copy first.
 
 pub mod batch;
 pub mod dataset;
 pub mod dedup;
 pub mod intake;
 pub mod parquet;
+pub mod remote;
 pub mod row;

@@ -7,6 +7,8 @@
 //! written once a second by the monitor. A gauge whose value is unknown (an ETA without a
 //! measured rate, a budget that is not set) is absent rather than a sentinel.
 //!
+//! A partitioned job's worker adds `partition` (its index) to every series.
+//!
 //! `spool_run_eta_seconds` (no labels) is the whole run's ETA, beside the per-dataset one.
 
 use prometheus::core::Collector;
@@ -67,7 +69,18 @@ fn ttft_buckets() -> Vec<f64> {
 impl Metrics {
     /// Registers every family in a fresh registry.
     pub fn new() -> Self {
-        let registry = Registry::new();
+        Self::for_partition(None)
+    }
+
+    /// As [`Metrics::new`]; a worker of a partitioned job labels every series with its
+    /// `partition` (one value per process, so the label set stays bounded by the job's
+    /// partitions), and dashboards sum over it.
+    pub fn for_partition(partition: Option<crate::cluster::partition::Partition>) -> Self {
+        let labels = partition.map(|p| {
+            std::collections::HashMap::from([("partition".to_string(), p.index.to_string())])
+        });
+        let registry = Registry::new_custom(None, labels)
+            .expect("a fixed, valid label name and a number as its value");
         macro_rules! reg {
             ($m:expr) => {{
                 let m = $m.expect("metric definitions are static and valid");
@@ -247,6 +260,25 @@ impl Default for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A partition's worker labels every series with its index, and only with that one
+    /// value; a single process adds no label.
+    #[test]
+    fn a_partition_labels_every_series() {
+        let p = crate::cluster::partition::Partition { index: 3, count: 4 };
+        let m = Metrics::for_partition(Some(p));
+        m.dataset("a").ok.inc();
+        m.set_run_eta(Some(1.0));
+        m.inflight.with_label_values(&["http://x"]).set(1);
+        let text = m.render();
+        let samples: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert!(samples.len() > 5, "{text}");
+        for l in &samples {
+            assert!(l.contains("partition=\"3\""), "unlabelled: {l}");
+        }
+        assert!(text.contains("spool_run_eta_seconds{partition=\"3\"} 1"), "{text}");
+        assert!(!Metrics::new().render().contains("partition="));
+    }
 
     /// Every documented series appears in a scrape, with the labels it is documented with.
     #[test]

@@ -4,6 +4,7 @@
 //! Invariant: a shard is visible under its final name only once it is complete and synced.
 
 pub mod archive;
+pub mod bucket;
 pub mod export;
 pub mod reader;
 pub mod schema;

@@ -15,7 +15,7 @@
 
 use crate::config::{BudgetPolicy, Config};
 use crate::error::{Context, Error, Kind};
-use crate::input::intake::IntakeOptions;
+use crate::input::intake::{IntakeOptions, ItemFilter};
 use crate::knobs::Knobs;
 use crate::observe::figures::grouped;
 use crate::observe::http::Observed;
@@ -120,7 +120,7 @@ async fn run_job(
     let datasets = job.open_datasets(&queue)?;
     job.repair(&queue)?;
     let (upstream, context_length) = job.probe_servers(api_key, &builder).await?;
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::for_partition(job.cfg.partition));
     let intake = job
         .intake_all(&queue, &datasets, &builder, context_length, &metrics)
         .await?;
@@ -375,6 +375,10 @@ impl Job {
                 max_tokens: cfg.sampling_of(d).max_tokens,
                 threads: 0,
                 generation: cfg.generation_of(d),
+                filter: cfg.partition.map(|partition| ItemFilter {
+                    partition,
+                    committed: cfg.committed.get(&d.name).cloned().unwrap_or_default(),
+                }),
             };
             let o = opts.clone();
             let rep = tokio::task::spawn_blocking(move || intake(&q, ds, &d2, &b, &out, &o))
@@ -382,6 +386,11 @@ impl Job {
                 .map_err(Error::runtime)
                 .context("intake task panicked")??;
             added += rep.added;
+            if let Some(p) = cfg.partition {
+                tracing::info!(dataset = %d.name, partition = p.index, partitions = p.count,
+                    taken = rep.added, elsewhere = rep.elsewhere, committed = rep.committed,
+                    "partition's rows taken in");
+            }
             crate::input::intake::log_context_report(
                 &d.name,
                 &rep,

@@ -6,6 +6,7 @@ mod support;
 
 mod bad_input;
 mod budget;
+mod cluster;
 mod crash;
 mod demo;
 mod deploy;

@@ -1,0 +1,383 @@
+//! Cluster jobs: partitions of one job as separate `spool` processes committing to one
+//! object-store prefix, then `spool finalize`, `verify` and readers of the published output.
+
+use crate::process::{spool, Proc};
+use crate::support::{write_config, write_prompts, Ds, Mock};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Ids `{prefix}{i}` for i in 0..n.
+fn ids(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// A two-dataset job config in `dir` writing to `output` with `partitions` partitions,
+/// each partition's queue in `data-{partition}`; `beta` has `budget`.
+pub(crate) fn cluster_config(
+    dir: &Path,
+    url: &str,
+    output: &str,
+    partitions: u32,
+    per_dataset: usize,
+    budget: u64,
+) -> PathBuf {
+    write_prompts(&dir.join("a.jsonl"), "a", per_dataset);
+    write_prompts(&dir.join("b.jsonl"), "b", per_dataset);
+    let cfg = write_config(
+        dir,
+        url,
+        "sglang",
+        true,
+        &[
+            Ds {
+                name: "alpha",
+                file: "a.jsonl",
+                budget: None,
+            },
+            Ds {
+                name: "beta",
+                file: "b.jsonl",
+                budget: Some(budget),
+            },
+        ],
+        "",
+    );
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("data_dir = \"data\"", "data_dir = \"data-{partition}\"")
+        .replace(
+            "output_dir = \"out\"",
+            &format!("output_dir = \"{output}\""),
+        )
+        .replace(
+            "[run]\n",
+            &format!("[run]\npartitions = {partitions}\nbudget_policy = \"cancel\"\n"),
+        )
+        .replace("max_rows = 25", "max_rows = 10");
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}
+
+/// Runs `spool <args>` and returns stdout, failing the test with its stderr otherwise.
+pub(crate) fn ok(cfg: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = spool(cfg, args, env);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "spool {args:?}: {:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Rows of the published folder of each dataset, as pyarrow reads the whole folder:
+/// (dataset → id → rows, dataset → completion tokens).
+fn read_published_local(
+    root: &Path,
+) -> (
+    HashMap<String, HashMap<String, usize>>,
+    HashMap<String, u64>,
+) {
+    let script = r#"
+import json, sys, pyarrow.dataset as ds
+root = sys.argv[1]
+out = {}
+for name in ("alpha", "beta"):
+    t = ds.dataset(f"{root}/{name}", format="parquet").to_table(columns=["id", "completion_tokens"])
+    out[name] = {"ids": t.column("id").to_pylist(), "tokens": sum(t.column("completion_tokens").to_pylist())}
+print(json.dumps(out))
+"#;
+    let py = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(root)
+        .output()
+        .expect("python3");
+    assert!(
+        py.status.success(),
+        "{}",
+        String::from_utf8_lossy(&py.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&py.stdout).unwrap();
+    let mut rows = HashMap::new();
+    let mut tokens = HashMap::new();
+    for (name, d) in v.as_object().unwrap() {
+        let mut m: HashMap<String, usize> = HashMap::new();
+        for id in d["ids"].as_array().unwrap() {
+            *m.entry(id.as_str().unwrap().to_string()).or_default() += 1;
+        }
+        rows.insert(name.clone(), m);
+        tokens.insert(name.clone(), d["tokens"].as_u64().unwrap());
+    }
+    (rows, tokens)
+}
+
+/// Four partitions of one job, each its own process and `data_dir`, run at once against
+/// one server and committing to one shared folder (`file://`): `finalize` publishes every
+/// item of the unbudgeted dataset exactly once, the budgeted one within its budget (the
+/// shares sum to it, each partition holds its share under `cancel`), pyarrow reads the
+/// published folders, and `verify` and `status` see the whole job from the store alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_partitions_publish_every_item_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = Mock::start(crate::support::fast_mock()).await;
+    let shared = dir.path().join("shared");
+    let budget = 3_000;
+    let n = 120;
+    let cfg = cluster_config(
+        dir.path(),
+        &mock.url,
+        &format!("file://{}", shared.display()),
+        4,
+        n,
+        budget,
+    );
+    // Two bad rows: each is reported by exactly one partition.
+    let mut a = std::fs::read_to_string(dir.path().join("a.jsonl")).unwrap();
+    a.push_str("not json at all\n{\"id\": \"a-bad\", \"prompt\": 5}\n");
+    std::fs::write(dir.path().join("a.jsonl"), a).unwrap();
+    // Before any worker: finalize refuses (no partition has finished).
+    let early = spool(&cfg, &["finalize"], &[]);
+    assert_eq!(
+        early.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&early.stderr)
+    );
+    assert!(String::from_utf8_lossy(&early.stderr).contains("have not finished"));
+
+    let mut procs: Vec<Proc> = (0..4)
+        .map(|i| {
+            let idx = i.to_string();
+            Proc::spawn(&cfg, &["run"], &[("JOB_COMPLETION_INDEX", idx.as_str())])
+        })
+        .collect();
+    for p in &mut procs {
+        let (status, _) = p.wait(Duration::from_secs(120)).await;
+        assert!(status.success(), "{status:?}\n{}", p.stderr());
+    }
+    // Each took only its own items, and said which partition it is.
+    for (i, p) in procs.iter().enumerate() {
+        assert!(
+            p.stderr().contains(&format!("partition={i} partitions=4")),
+            "{}",
+            p.stderr()
+        );
+    }
+    let stdout = ok(&cfg, &["finalize"], &[]);
+    assert!(stdout.contains("published to"), "{stdout}");
+    let (rows, tokens) = read_published_local(&shared);
+    let alpha = &rows["alpha"];
+    assert_eq!(alpha.len(), n, "alpha: every item published");
+    for id in ids("a", n) {
+        assert_eq!(alpha.get(&id), Some(&1), "alpha {id} exactly once");
+    }
+    let beta = &rows["beta"];
+    assert!(beta.values().all(|&c| c == 1), "beta: no item twice");
+    assert!(
+        !beta.is_empty() && beta.len() < n,
+        "beta is budget-bound: {}",
+        beta.len()
+    );
+    assert!(
+        tokens["beta"] <= budget,
+        "beta: {} tokens > budget {budget}",
+        tokens["beta"]
+    );
+    assert!(
+        tokens["beta"] >= budget * 8 / 10,
+        "beta used {} of its {budget}: shares left unused",
+        tokens["beta"]
+    );
+    let rejected: Vec<String> = std::fs::read_dir(shared.join("alpha"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("_rejected-")
+        })
+        .flat_map(|p| {
+            std::fs::read_to_string(p)
+                .unwrap()
+                .lines()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(rejected.len(), 2, "each bad row once: {rejected:?}");
+    assert!(
+        rejected.iter().any(|l| l.contains("\"line\":121")),
+        "{rejected:?}"
+    );
+    assert!(
+        rejected.iter().any(|l| l.contains("\"line\":122")),
+        "{rejected:?}"
+    );
+    let verify = ok(&cfg, &["verify"], &[]);
+    assert!(verify.contains("verify: clean"), "{verify}");
+    let status: serde_json::Value =
+        serde_json::from_str(&ok(&cfg, &["status", "--json", "-q"], &[])).unwrap();
+    assert_eq!(status["finalized"], true);
+    assert_eq!(status["partitions"].as_array().unwrap().len(), 4);
+    assert!(status["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| p["done"] == true));
+    let alpha_status = &status["datasets"][0];
+    assert_eq!(alpha_status["items"], n as u64);
+    mock.stop().await;
+}
+
+/// What a chaotic cluster job left: the published rows per dataset and the budget.
+pub(crate) struct Published {
+    pub rows: HashMap<String, HashMap<String, usize>>,
+    pub tokens: HashMap<String, u64>,
+}
+
+/// Polls until `p` has logged `needle` `n` times, or has exited.
+async fn wait_for_or_exit(p: &mut Proc, needle: &str, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while p.count(needle) < n && std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = p.child.try_wait() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The cluster's failure cases in one job of four partitions × two datasets, against
+/// `output` (with `env` for the store): partition 0 is SIGKILLed at random moments after
+/// it has committed and restarted on its volume; partition 1 runs twice at once on two
+/// volumes; partition 2 is SIGKILLed and restarted on an empty `data_dir`; partition 3
+/// runs once. Then `finalize` and `verify`. Returns the stderr of every process.
+pub(crate) async fn chaos_job(
+    dir: &Path,
+    cfg: &Path,
+    env: &[(&str, &str)],
+    seed: u64,
+) -> Vec<String> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    eprintln!("cluster chaos: seed {seed}");
+    let spawn = |index: u32, data_dir: Option<&str>| {
+        let idx = index.to_string();
+        let mut e: Vec<(&str, &str)> = env.to_vec();
+        e.push(("JOB_COMPLETION_INDEX", idx.as_str()));
+        match data_dir {
+            Some(d) => Proc::spawn(cfg, &["run", "--data-dir", d], &e),
+            None => Proc::spawn(cfg, &["run"], &e),
+        }
+    };
+    let mut logs = Vec::new();
+    let twin = dir.join("data-twin").display().to_string();
+    // Partition 1 twice at once, partition 3 once; they run through what follows.
+    let mut steady = vec![spawn(1, None), spawn(1, Some(&twin)), spawn(3, None)];
+    // Partition 0: killed three times after a commit, at a random moment, same volume.
+    for _ in 0..3 {
+        let mut p = spawn(0, None);
+        let commits = p.count("shard committed") + 1;
+        wait_for_or_exit(&mut p, "shard committed", commits).await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..400))).await;
+        p.signal(libc::SIGKILL);
+        let _ = p.wait(Duration::from_secs(30)).await;
+        logs.push(p.stderr());
+    }
+    // Partition 2: killed after a commit, then its volume is gone (a new pod).
+    let mut p = spawn(2, None);
+    wait_for_or_exit(&mut p, "shard committed", 1).await;
+    tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
+    p.signal(libc::SIGKILL);
+    let _ = p.wait(Duration::from_secs(30)).await;
+    logs.push(p.stderr());
+    std::fs::remove_dir_all(dir.join("data-2")).unwrap();
+    steady.push(spawn(2, None));
+    steady.push(spawn(0, None));
+    for p in &mut steady {
+        let (status, _) = p.wait(Duration::from_secs(300)).await;
+        assert!(status.success(), "{status:?}\n{}", p.stderr());
+        logs.push(p.stderr());
+    }
+    let fin = ok(cfg, &["finalize"], env);
+    assert!(fin.contains("published to"), "{fin}");
+    let verify = ok(cfg, &["verify"], env);
+    assert!(verify.contains("verify: clean"), "{verify}");
+    logs
+}
+
+/// Checks what `chaos_job` published: every alpha item exactly once, beta's items at most
+/// once and its tokens within the budget (under `cancel`, each partition's commits stay
+/// within its share even with two workers on it), and the failure cases really happened.
+pub(crate) fn assert_chaos_outcome(p: &Published, logs: &[String], n: usize, budget: u64) {
+    let alpha = &p.rows["alpha"];
+    let missing: Vec<_> = ids("a", n)
+        .into_iter()
+        .filter(|i| !alpha.contains_key(i))
+        .collect();
+    assert!(missing.is_empty(), "alpha items missing: {missing:?}");
+    let twice: Vec<_> = alpha.iter().filter(|(_, &c)| c != 1).collect();
+    assert!(twice.is_empty(), "alpha items not once: {twice:?}");
+    assert_eq!(alpha.len(), n);
+    let beta = &p.rows["beta"];
+    assert!(beta.values().all(|&c| c == 1), "beta item twice");
+    assert!(
+        p.tokens["beta"] <= budget,
+        "beta {} > budget {budget}",
+        p.tokens["beta"]
+    );
+    let all = logs.join("\n");
+    // The empty volume rebuilt from the store: its intake skipped committed items.
+    assert!(
+        all.lines().any(|l| l.contains("partition's rows taken in")
+            && l.contains("partition=2")
+            && !l.contains("committed=0")),
+        "partition 2 did not skip committed items on its new volume"
+    );
+    // The twin workers of partition 1 both generated, and one lost a race.
+    assert!(
+        all.contains("committed by another worker first")
+            || all.contains("another worker committed first"),
+        "the two workers of partition 1 never met"
+    );
+}
+
+/// Reads the published folders of a local (`file://`) output like a reader would.
+fn published_local(root: &Path) -> Published {
+    let (rows, tokens) = read_published_local(root);
+    Published { rows, tokens }
+}
+
+/// The cluster's failure cases on a shared folder (`file://`): kills, a rescheduled worker
+/// on an empty volume, two workers on one partition; every item published once, budgets
+/// held, verify clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kills_new_volumes_and_twin_workers_publish_each_item_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = Mock::start(spool::mock::MockConfig {
+        capacity_tps: 4.0,
+        per_request_tps: 1.0,
+        ..spool::mock::MockConfig::for_tests()
+    })
+    .await;
+    let shared = dir.path().join("shared");
+    let (n, budget) = (200, 4_000);
+    let cfg = cluster_config(
+        dir.path(),
+        &mock.url,
+        &format!("file://{}", shared.display()),
+        4,
+        n,
+        budget,
+    );
+    let seed = std::env::var("SPOOL_CLUSTER_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    let logs = chaos_job(dir.path(), &cfg, &[], seed).await;
+    assert_chaos_outcome(&published_local(&shared), &logs, n, budget);
+    mock.stop().await;
+}
