@@ -276,7 +276,10 @@ mod tests {
         for l in &samples {
             assert!(l.contains("partition=\"3\""), "unlabelled: {l}");
         }
-        assert!(text.contains("spool_run_eta_seconds{partition=\"3\"} 1"), "{text}");
+        assert!(
+            text.contains("spool_run_eta_seconds{partition=\"3\"} 1"),
+            "{text}"
+        );
         assert!(!Metrics::new().render().contains("partition="));
     }
 

@@ -336,11 +336,10 @@ fn kubernetes_job_matches_its_configmap() {
     );
 }
 
-/// The ConfigMap's `spool.toml` loads with spool's own config loader (every key known,
-/// every value valid) with 4 partitions and the `s3://` output_dir.
+/// The ConfigMap's `spool.toml` (and the Slurm example's) loads with spool's own config
+/// loader (every key known, every value valid) with 4 partitions, the `s3://` output_dir
+/// and `s3://` inputs, and the metrics address Prometheus scrapes.
 #[test]
-#[ignore = "waits for cluster mode on main: [run] partitions, [storage] and s3:// output_dir \
-            are not known to the config loader yet"]
 fn kubernetes_configmap_loads_with_spools_config_loader() {
     let (text, _) = configmap_toml();
     let dir = tempfile::tempdir().unwrap();
@@ -348,46 +347,51 @@ fn kubernetes_configmap_loads_with_spools_config_loader() {
     std::fs::write(&path, text).unwrap();
     let cfg =
         spool::config::Config::load(&path, &Default::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cfg.run.partitions, Some(4));
+    assert_eq!(cfg.run.metrics_addr, "0.0.0.0:9100");
     let v = serde_json::to_value(&cfg).unwrap();
-    assert_eq!(v["run"]["partitions"], 4, "{v}");
+    assert_eq!(v["output_dir"], "s3://spool-shards/qwen3-drafter", "{v}");
+    let paths: Vec<String> = cfg
+        .datasets
+        .iter()
+        .map(|d| d.path.display().to_string())
+        .collect();
     assert!(
-        v.to_string()
-            .contains("\"s3://spool-shards/qwen3-drafter\""),
-        "output_dir kept as the URL: {v}"
+        paths.iter().all(|p| p.starts_with("s3://spool-prompts/")),
+        "{paths:?}"
     );
-    assert_eq!(v["run"]["metrics_addr"], "0.0.0.0:9100");
-    // The Slurm example config loads the same way.
-    let slurm = slurm_dir().join("spool.toml");
-    let cfg =
-        spool::config::Config::load(&slurm, &Default::default()).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(serde_json::to_value(&cfg).unwrap()["run"]["partitions"], 4);
+    let slurm = spool::config::Config::load(&slurm_dir().join("spool.toml"), &Default::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(slurm.run.partitions, Some(4));
 }
 
 /// The Indexed Job run locally: four real `spool` processes with the Job's own arguments and
-/// environment, `JOB_COMPLETION_INDEX` 0..3 as Kubernetes sets it, each with its own mock
+/// environment and `JOB_COMPLETION_INDEX` 0..3 as Kubernetes sets it, each with its own mock
 /// server (as each pod has its own SGLang sidecar) and its own data_dir (as each pod has its
-/// own volume). Each exits 0 and says which partition of 4 it runs; the rows the four servers
-/// were asked for are disjoint and together are every input row.
+/// own volume), all committing to one shared output folder (the bucket). Each exits 0 and
+/// logs which partition of 4 it runs; the rows the four servers were asked for are
+/// disjoint and together are every input row; then the finalize Job's own arguments publish
+/// them and `spool verify` finds the published output clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "waits for cluster mode on main: `[run] partitions` and JOB_COMPLETION_INDEX"]
 async fn indexed_job_pods_each_run_their_own_partition() {
     let job = manifest("job.yaml");
-    let c = container(&job, "spool");
-    let args: Vec<String> = c["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap().to_string())
-        .collect();
-    // The Job's arguments without `-c <path in the pod>`: Proc passes the local config.
-    let i = args.iter().position(|a| a == "-c").unwrap();
-    let rest: Vec<&str> = args[..i]
-        .iter()
-        .chain(&args[i + 2..])
-        .map(String::as_str)
-        .collect();
-    assert_eq!(rest, ["run"]);
-    let env: Vec<(String, String)> = c["env"]
+    let finalize = manifest("finalize-job.yaml");
+    // A Job's arguments without `-c <path in the pod>`: Proc and `spool` pass the local config.
+    let local_args = |j: &Value| -> Vec<String> {
+        let args: Vec<String> = container(j, "spool")["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect();
+        let i = args.iter().position(|a| a == "-c").unwrap();
+        args[..i].iter().chain(&args[i + 2..]).cloned().collect()
+    };
+    let run_args = local_args(&job);
+    let finalize_args = local_args(&finalize);
+    assert_eq!(run_args, ["run"]);
+    assert_eq!(finalize_args, ["finalize"]);
+    let env: Vec<(String, String)> = container(&job, "spool")["env"]
         .as_array()
         .unwrap()
         .iter()
@@ -404,8 +408,10 @@ async fn indexed_job_pods_each_run_their_own_partition() {
     let rows = 200;
     let prompts = tmp.path().join("alpha.jsonl");
     write_prompts(&prompts, "a", rows);
+    let bucket = tmp.path().join("bucket");
     let mut mocks = Vec::new();
     let mut procs = Vec::new();
+    let mut configs = Vec::new();
     for index in 0..partitions {
         let log = tmp.path().join(format!("mock-{index}.log"));
         let mock = Mock::start(MockConfig {
@@ -432,26 +438,33 @@ async fn indexed_job_pods_each_run_their_own_partition() {
             "[run]\n",
             &format!("[run]\npartitions = {partitions}\n"),
         );
+        edit_config(
+            &cfg,
+            "output_dir = \"out\"",
+            &format!("output_dir = \"{}\"", bucket.display()),
+        );
         let mut env: Vec<(String, String)> = env.clone();
         env.push(("JOB_COMPLETION_INDEX".into(), index.to_string()));
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        procs.push(Proc::spawn(&cfg, &rest, &env));
+        let args: Vec<&str> = run_args.iter().map(String::as_str).collect();
+        procs.push(Proc::spawn(&cfg, &args, &env));
         mocks.push((mock, log));
+        configs.push(cfg);
     }
     let mut seen: Vec<BTreeSet<u64>> = Vec::new();
     for (index, p) in procs.iter_mut().enumerate() {
         let (status, _) = p.wait(Duration::from_secs(120)).await;
         let stderr = p.stderr();
         assert_eq!(status.code(), Some(0), "partition {index}:\n{stderr}");
-        // The log names the partition; either as prose or as structured fields.
-        let prose = format!("partition {index} of {partitions}");
-        let fields = [
-            format!("partition={index}"),
-            format!("partitions={partitions}"),
-        ];
+        // The worker's start-up line names its partition as structured fields.
+        let start = stderr
+            .lines()
+            .find(|l| l.contains("cluster worker starting"))
+            .unwrap_or_else(|| panic!("no start-up line:\n{stderr}"));
         assert!(
-            stderr.contains(&prose) || fields.iter().all(|f| stderr.contains(f.as_str())),
-            "partition {index} does not say `{prose}`:\n{stderr}"
+            start.contains(&format!(" partition={index} "))
+                && start.contains(&format!(" partitions={partitions} ")),
+            "partition {index} of {partitions}: {start}"
         );
         let rows_seen: BTreeSet<u64> = mock_log(&mocks[index].1)
             .iter()
@@ -468,6 +481,17 @@ async fn indexed_job_pods_each_run_their_own_partition() {
         }
     }
     assert_eq!(all.len(), rows, "every row in some partition");
+
+    // The second Job: `spool finalize` with the same config publishes the manifest.
+    let args: Vec<&str> = finalize_args.iter().map(String::as_str).collect();
+    let out = crate::process::spool(&configs[0], &args, &[]);
+    assert!(
+        out.status.success(),
+        "finalize: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(bucket.join("_manifest.json").is_file());
+    crate::process::assert_verify_clean(&configs[0]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -622,9 +646,11 @@ fn slurm_submit_queues_finalize_after_the_array() {
 }
 
 /// An array task's batch shell, with stand-ins for `srun` (runs the command) and `scontrol`
-/// (records its arguments), runs the real `spool run` against the mock; Slurm's early
-/// SIGTERM to the shell (`--signal=B:TERM@…`) reaches spool through the trap, spool stops
-/// gracefully (130), and the task requeues itself as `<array job>_<task>` to resume.
+/// (records its arguments), runs the real `spool run` against the mock as partition
+/// `SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN` of `SLURM_ARRAY_TASK_COUNT`, in its own
+/// `{partition}` data_dir; Slurm's early SIGTERM to the shell (`--signal=B:TERM@…`) reaches
+/// spool through the trap, spool stops gracefully (130), and the task requeues itself as
+/// `<array job>_<task>` to resume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_array_task_stops_spool_gracefully_and_requeues() {
     let tmp = tempfile::tempdir().unwrap();
@@ -668,11 +694,11 @@ async fn slurm_array_task_stops_spool_gracefully_and_requeues() {
         .env("PATH", path_with(&bin))
         .env("SPOOL", spool_bin())
         .env("SPOOL_CONFIG", &cfg)
-        .env("SPOOL_DATA_DIR", tmp.path().join("data"))
+        .env("SPOOL_DATA_DIR", tmp.path().join("data-{partition}"))
         .env("SPOOL_NO_SERVER", "1")
         .env("SLURM_ARRAY_JOB_ID", "77")
-        .env("SLURM_ARRAY_TASK_ID", "0")
-        .env("SLURM_ARRAY_TASK_MIN", "0")
+        .env("SLURM_ARRAY_TASK_ID", "5")
+        .env("SLURM_ARRAY_TASK_MIN", "4")
         .env("SLURM_ARRAY_TASK_COUNT", "4")
         .env("SLURM_JOB_ID", "78")
         .stdout(Stdio::piped())
@@ -718,11 +744,39 @@ async fn slurm_array_task_stops_spool_gracefully_and_requeues() {
     assert!(out.contains("asking spool to stop gracefully"), "{out}");
     assert_eq!(
         std::fs::read_to_string(&requeue).unwrap(),
-        "requeue 77_0\n",
+        "requeue 77_5\n",
         "{out}"
     );
+    // Task 5 of an array starting at 4 is partition 1 of the array's 4 tasks, and its
+    // data_dir is its own.
+    let start = err
+        .lines()
+        .find(|l| l.contains("cluster worker starting"))
+        .unwrap_or_else(|| panic!("no start-up line:\n{err}"));
+    assert!(
+        start.contains(" partition=1 ") && start.contains(" partitions=4 "),
+        "{start}"
+    );
+    let data = tmp.path().join("data-1");
+    assert!(data.is_dir(), "{{partition}} in --data-dir is the index");
     // Interrupted, not finished: some items are done, the rest left for the requeued task.
-    let st = crate::process::status_json(&cfg);
+    let out = crate::process::spool(
+        &cfg,
+        &[
+            "status",
+            "--json",
+            "-q",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
     let alpha = &st["datasets"][0];
     assert_eq!(alpha["name"], "alpha");
     assert!(alpha["done"].as_u64().unwrap() > 0, "{st}");
