@@ -620,13 +620,13 @@ fn dashboard_exprs() -> Vec<(String, String)> {
     out
 }
 
-/// The dashboard's queries as Grafana sends them with `dataset` set and `partition` on
-/// "All" (its `allValue` `.*`, which also matches series without a `partition` label).
-fn substitute(expr: &str, dataset: &str) -> String {
+/// The dashboard's queries as Grafana sends them with `dataset` and `partition` set
+/// (`.*` is the partition variable's "All", which also matches series without the label).
+fn substitute(expr: &str, dataset: &str, partition: &str) -> String {
     expr.replace("${dataset}", dataset)
         .replace("$dataset", dataset)
-        .replace("${partition}", ".*")
-        .replace("$partition", ".*")
+        .replace("${partition}", partition)
+        .replace("$partition", partition)
         .replace("$__rate_interval", "30s")
         .replace("$__interval", "5s")
         .replace("$__range", "1m")
@@ -672,10 +672,24 @@ async fn prom_query(prom: &str, q: &str) -> Result<usize, String> {
 }
 
 /// A real Prometheus scrapes a run every second; then every PromQL `expr` of
-/// `grafana/dashboards/spool.json`, with its variables substituted, must answer with at
-/// least one series holding a finite value.
+/// `grafana/dashboards/spool.json`, with its variables substituted (partition: "All"), must
+/// answer with at least one series holding a finite value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_queries_answer_from_real_prometheus() {
+    dashboard_answers_for(&[], ".*").await;
+}
+
+/// As above for a worker of a partitioned job (partition 1 of 2, every series labelled
+/// `partition="1"`) with the dashboard's partition variable set to that worker: every query
+/// answers, and with the variable on another partition none does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_queries_answer_for_one_partition_of_a_cluster_job() {
+    dashboard_answers_for(&["--partitions", "2", "--partition", "1"], "1").await;
+}
+
+/// Runs spool with `extra` arguments under a real Prometheus until every dashboard query,
+/// with `partition` substituted, answers with data.
+async fn dashboard_answers_for(extra: &[&str], partition: &str) {
     let prometheus = tool("prometheus");
     let exprs = dashboard_exprs();
     assert!(exprs.len() >= 20, "dashboard exprs: {exprs:?}");
@@ -686,11 +700,9 @@ async fn dashboard_queries_answer_from_real_prometheus() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = live_setup(dir.path(), 5000, &mock.url);
-    let mut run = spawn_run(
-        &cfg,
-        &["--metrics-addr", "127.0.0.1:0", "--concurrency", "8"],
-        Stdio::null(),
-    );
+    let mut args = vec!["--metrics-addr", "127.0.0.1:0", "--concurrency", "8"];
+    args.extend_from_slice(extra);
+    let mut run = spawn_run(&cfg, &args, Stdio::null());
     let base = endpoint(&dir.path().join("data"), &mut run).await;
     let target = base.trim_start_matches("http://").to_string();
 
@@ -746,7 +758,7 @@ async fn dashboard_queries_answer_from_real_prometheus() {
         failures = Vec::new();
         let mut answered = 0;
         for (title, e) in &exprs {
-            let q = substitute(e, "alpha");
+            let q = substitute(e, "alpha", partition);
             match prom_query(&prom_url, &q).await {
                 Ok(_) => answered += 1,
                 Err(err) => failures.push(format!("{title}: {q}\n    -> {err}")),
@@ -768,6 +780,18 @@ async fn dashboard_queries_answer_from_real_prometheus() {
             failures.join("\n")
         );
         tokio::time::sleep(Duration::from_millis(1000)).await;
+    }
+    // A partition selected: the same queries on another partition find nothing, so each
+    // one really filters by the variable.
+    if partition != ".*" {
+        for (title, e) in &exprs {
+            let q = substitute(e, "alpha", "0");
+            assert_eq!(
+                prom_query(&prom_url, &q).await,
+                Err("no series".to_string()),
+                "{title}: {q}"
+            );
+        }
     }
     // The queries ran against live scrapes of this run, not leftovers.
     assert_eq!(
