@@ -94,6 +94,11 @@ pub fn rejected_key(p: u32, dataset: &str) -> String {
     format!("{}/rejected/{dataset}.jsonl", partition_prefix(p))
 }
 
+/// The key of the status (`spool status --json`'s form) a worker leaves when it stops.
+pub fn status_key(p: u32) -> String {
+    format!("{}/status.json", partition_prefix(p))
+}
+
 /// The key of the marker a worker writes when its partition is wholly done.
 pub fn done_key(p: u32) -> String {
     format!("{}/done.json", partition_prefix(p))

@@ -82,6 +82,9 @@ pub struct PartitionState {
     pub done: bool,
     /// Per dataset: (rows, items, completion tokens) committed.
     pub datasets: BTreeMap<String, (u64, u64, u64)>,
+    /// Per dataset: items pending when the partition's worker last stopped (unknown before
+    /// a worker has stopped; a running worker shows its own with `status --url`).
+    pub pending: BTreeMap<String, u64>,
 }
 
 /// Reads every partition's log and done marker.
@@ -96,6 +99,14 @@ pub async fn partitions(
             Some(body) => serde_json::from_slice::<Done>(&body).is_ok(),
             None => false,
         };
+        let mut pending = BTreeMap::new();
+        if let Some(body) = bucket.get(&commits::status_key(index)).await? {
+            if let Ok(r) = serde_json::from_slice::<crate::observe::status::StatusReport>(&body) {
+                for d in r.datasets {
+                    pending.insert(d.name, d.pending);
+                }
+            }
+        }
         let mut datasets: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
         for c in log.commits() {
             let e = datasets.entry(c.dataset.clone()).or_default();
@@ -109,6 +120,7 @@ pub async fn partitions(
                 commits: log.commits().len() as u64,
                 done,
                 datasets,
+                pending,
             },
             log,
         ));
@@ -455,7 +467,13 @@ impl ClusterStatus {
             let per: Vec<String> = p
                 .datasets
                 .iter()
-                .map(|(n, (rows, _, tokens))| format!("{n}: {rows} rows, {tokens} tokens"))
+                .map(|(n, (rows, _, tokens))| {
+                    let pending = p
+                        .pending
+                        .get(n)
+                        .map_or(String::new(), |x| format!(", {x} pending at last stop"));
+                    format!("{n}: {rows} rows, {tokens} tokens{pending}")
+                })
                 .collect();
             let _ = writeln!(
                 s,

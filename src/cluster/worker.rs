@@ -120,6 +120,12 @@ pub async fn run(
         .publish_rejected()
         .await
         .context("cannot publish the partition's rejected rows")?;
+    // Where the partition stood when its worker stopped: `spool status` shows it.
+    let body = serde_json::to_vec_pretty(&summary.report)?;
+    bucket
+        .put(&commits::status_key(partition.index), body.into())
+        .await
+        .context("cannot write the partition's status")?;
     if summary.ending().is_none() {
         publisher.mark_done().await?;
     }
