@@ -9,6 +9,7 @@ mod budget;
 mod cluster;
 mod crash;
 mod demo;
+mod deploy;
 mod drafter;
 mod e2e;
 mod export;

@@ -620,9 +620,13 @@ fn dashboard_exprs() -> Vec<(String, String)> {
     out
 }
 
-fn substitute(expr: &str, dataset: &str) -> String {
+/// The dashboard's queries as Grafana sends them with `dataset` and `partition` set
+/// (`.*` is the partition variable's "All", which also matches series without the label).
+fn substitute(expr: &str, dataset: &str, partition: &str) -> String {
     expr.replace("${dataset}", dataset)
         .replace("$dataset", dataset)
+        .replace("${partition}", partition)
+        .replace("$partition", partition)
         .replace("$__rate_interval", "30s")
         .replace("$__interval", "5s")
         .replace("$__range", "1m")
@@ -668,10 +672,24 @@ async fn prom_query(prom: &str, q: &str) -> Result<usize, String> {
 }
 
 /// A real Prometheus scrapes a run every second; then every PromQL `expr` of
-/// `grafana/dashboards/spool.json`, with its variables substituted, must answer with at
-/// least one series holding a finite value.
+/// `grafana/dashboards/spool.json`, with its variables substituted (partition: "All"), must
+/// answer with at least one series holding a finite value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_queries_answer_from_real_prometheus() {
+    dashboard_answers_for(&[], ".*").await;
+}
+
+/// As above for a worker of a partitioned job (partition 1 of 2, every series labelled
+/// `partition="1"`) with the dashboard's partition variable set to that worker: every query
+/// answers, and with the variable on another partition none does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_queries_answer_for_one_partition_of_a_cluster_job() {
+    dashboard_answers_for(&["--partitions", "2", "--partition", "1"], "1").await;
+}
+
+/// Runs spool with `extra` arguments under a real Prometheus until every dashboard query,
+/// with `partition` substituted, answers with data.
+async fn dashboard_answers_for(extra: &[&str], partition: &str) {
     let prometheus = tool("prometheus");
     let exprs = dashboard_exprs();
     assert!(exprs.len() >= 20, "dashboard exprs: {exprs:?}");
@@ -682,11 +700,9 @@ async fn dashboard_queries_answer_from_real_prometheus() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = live_setup(dir.path(), 5000, &mock.url);
-    let mut run = spawn_run(
-        &cfg,
-        &["--metrics-addr", "127.0.0.1:0", "--concurrency", "8"],
-        Stdio::null(),
-    );
+    let mut args = vec!["--metrics-addr", "127.0.0.1:0", "--concurrency", "8"];
+    args.extend_from_slice(extra);
+    let mut run = spawn_run(&cfg, &args, Stdio::null());
     let base = endpoint(&dir.path().join("data"), &mut run).await;
     let target = base.trim_start_matches("http://").to_string();
 
@@ -742,7 +758,7 @@ async fn dashboard_queries_answer_from_real_prometheus() {
         failures = Vec::new();
         let mut answered = 0;
         for (title, e) in &exprs {
-            let q = substitute(e, "alpha");
+            let q = substitute(e, "alpha", partition);
             match prom_query(&prom_url, &q).await {
                 Ok(_) => answered += 1,
                 Err(err) => failures.push(format!("{title}: {q}\n    -> {err}")),
@@ -764,6 +780,18 @@ async fn dashboard_queries_answer_from_real_prometheus() {
             failures.join("\n")
         );
         tokio::time::sleep(Duration::from_millis(1000)).await;
+    }
+    // A partition selected: the same queries on another partition find nothing, so each
+    // one really filters by the variable.
+    if partition != ".*" {
+        for (title, e) in &exprs {
+            let q = substitute(e, "alpha", "0");
+            assert_eq!(
+                prom_query(&prom_url, &q).await,
+                Err("no series".to_string()),
+                "{title}: {q}"
+            );
+        }
     }
     // The queries ran against live scrapes of this run, not leftovers.
     assert_eq!(
@@ -816,9 +844,17 @@ fn dashboard_uses_every_spec_series_and_only_those() {
         .iter()
         .map(|v| v["name"].as_str().unwrap())
         .collect();
-    assert_eq!(vars, ["datasource", "dataset"]);
+    assert_eq!(vars, ["datasource", "dataset", "partition"]);
     assert_eq!(d["templating"]["list"][0]["type"], "datasource");
     assert_eq!(d["templating"]["list"][0]["query"], "prometheus");
+    let partition = &d["templating"]["list"][2];
+    assert_eq!(
+        partition["query"]["query"],
+        "label_values(spool_items, partition)"
+    );
+    assert_eq!(partition["multi"], true);
+    assert_eq!(partition["includeAll"], true);
+    assert_eq!(partition["allValue"], ".*", "the value `substitute` uses");
     for p in d["panels"].as_array().unwrap() {
         if p["type"] == "row" {
             continue;
@@ -850,6 +886,24 @@ fn dashboard_uses_every_spec_series_and_only_those() {
         "Shard bytes/s",
     ] {
         assert!(titles.contains(&want), "panel {want} missing: {titles:?}");
+    }
+    // Every series is filtered by the partition variable and every query aggregates over
+    // partitions (a sum, or the worst of them), so a cluster run shows one line per
+    // dataset or server rather than one per pod.
+    for (title, e) in &exprs {
+        let selectors = e.matches("spool_").count();
+        assert!(selectors > 0, "panel {title} reads no spool series: {e}");
+        assert_eq!(
+            e.matches(r#"partition=~"$partition""#).count(),
+            selectors,
+            "panel {title}: every series needs partition=~\"$partition\": {e}"
+        );
+        assert!(
+            ["sum(", "sum by (", "max(", "max by (", "min by (", "count("]
+                .iter()
+                .any(|a| e.contains(a)),
+            "panel {title} does not aggregate over partitions: {e}"
+        );
     }
     // Per-dataset panels honour the variable.
     for (title, e) in &exprs {
