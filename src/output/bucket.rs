@@ -36,7 +36,7 @@ pub enum BucketError {
         url: String,
         op: &'static str,
         key: String,
-        source: object_store::Error,
+        source: Box<object_store::Error>,
     },
     #[error("{path}: {source}")]
     Io {
@@ -114,7 +114,7 @@ impl Bucket {
             url: url.into(),
             op: "open",
             key: String::new(),
-            source,
+            source: Box::new(source),
         };
         let trimmed = url.trim_end_matches('/');
         if let Some(rest) = trimmed.strip_prefix("s3://") {
@@ -203,7 +203,7 @@ impl Bucket {
             url: self.url.clone(),
             op,
             key: key.into(),
-            source,
+            source: Box::new(source),
         }
     }
 
