@@ -122,6 +122,8 @@ impl Bucket {
             if bucket.is_empty() {
                 return Err(bad("no bucket name (s3://bucket/prefix)"));
             }
+            // The store's HTTP client is reqwest over rustls with no provider of its own.
+            crate::upstream::tls::install_provider();
             let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
             if let Some(e) = &opts.endpoint {
                 b = b.with_endpoint(e);
@@ -135,13 +137,14 @@ impl Bucket {
                 .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
                 .or_else(|| std::env::var("AWS_ENDPOINT").ok());
             let http = endpoint.is_some_and(|e| e.starts_with("http://"));
-            b = b.with_allow_http(opts.allow_http.unwrap_or(http));
             let retry = object_store::RetryConfig {
                 max_retries: opts.max_retries.unwrap_or(10),
                 retry_timeout: Duration::from_secs_f64(opts.retry_timeout_s.unwrap_or(180.0)),
                 backoff: Default::default(),
             };
+            // allow_http is a client option: set here, as the options replace the builder's.
             let client = object_store::ClientOptions::new()
+                .with_allow_http(opts.allow_http.unwrap_or(http))
                 .with_timeout(Duration::from_secs_f64(opts.timeout_s.unwrap_or(60.0)))
                 .with_connect_timeout(Duration::from_secs(10));
             let store = b

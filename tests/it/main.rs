@@ -25,6 +25,7 @@ mod inputs;
 mod mock_server;
 mod observability;
 mod power;
+mod s3;
 mod security;
 mod shard_read;
 mod signals;
