@@ -70,9 +70,10 @@ pub async fn run(
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("cannot create data_dir {}", cfg.data_dir.display()))?;
     let writer = writer_id(&cfg.data_dir)?;
-    let log = CommitLog::load(bucket.clone(), partition)
-        .await
-        .context("cannot read the partition's commit log")?;
+    let log = persevere("read the partition's commit log", async || {
+        Ok(CommitLog::load(bucket.clone(), partition).await?)
+    })
+    .await?;
     tracing::info!(partition = partition.index, partitions = partition.count, writer = %writer,
         commits = log.commits().len(), output = %bucket.url(), "cluster worker starting");
     let shares = share_budgets(&mut cfg, &log, &writer).await?;
@@ -107,29 +108,58 @@ pub async fn run(
         .context("the publisher panicked")?;
     let summary = summary?;
     // The run has sealed its last shard: this sweep publishes everything it wrote.
-    let published = publisher
-        .sweep()
-        .await
-        .context("cannot publish the partition's shards")?;
+    let published = persevere("publish the partition's shards", async || {
+        publisher.sweep().await
+    })
+    .await?;
     tracing::info!(
         partition = partition.index,
         shards = published,
         "final shards published"
     );
-    publisher
-        .publish_rejected()
-        .await
-        .context("cannot publish the partition's rejected rows")?;
+    persevere("publish the partition's rejected rows", async || {
+        publisher.publish_rejected().await
+    })
+    .await?;
     // Where the partition stood when its worker stopped: `spool status` shows it.
-    let body = serde_json::to_vec_pretty(&summary.report)?;
-    bucket
-        .put(&commits::status_key(partition.index), body.into())
-        .await
-        .context("cannot write the partition's status")?;
+    let body = bytes::Bytes::from(serde_json::to_vec_pretty(&summary.report)?);
+    persevere("write the partition's status", async || {
+        Ok(bucket
+            .put(&commits::status_key(partition.index), body.clone())
+            .await?)
+    })
+    .await?;
     if summary.ending().is_none() {
-        publisher.mark_done().await?;
+        persevere("mark the partition done", async || {
+            publisher.mark_done().await
+        })
+        .await?;
     }
     Ok(summary)
+}
+
+/// Tries of a step against the store at the edges of a run.
+const STEP_TRIES: u32 = 8;
+
+/// Runs an object-store step until it succeeds, up to [`STEP_TRIES`] times with backoff:
+/// the store retries single requests, but a step of many (a sweep) can still meet a cut
+/// answer, and a worker whose generation is all done should not exit for one bad minute.
+async fn persevere<T>(
+    what: &str,
+    mut step: impl AsyncFnMut() -> Result<T, Error>,
+) -> Result<T, Error> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match step().await {
+            Ok(v) => return Ok(v),
+            Err(e) if tries >= STEP_TRIES => return Err(e.context(format!("cannot {what}"))),
+            Err(e) => {
+                tracing::warn!(tries, error = %crate::error::render(&e), "cannot {what} yet; trying again");
+                tokio::time::sleep(Duration::from_millis(250 << tries.min(5))).await;
+            }
+        }
+    }
 }
 
 /// Sets each budgeted dataset's budget to this partition's share: the split by item
