@@ -405,7 +405,8 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             Ok(exit::OK)
         }
         Command::Retry { dataset } => {
-            let cfg = Config::load(&cli.config, &overrides(&cli))?;
+            // A partition's queue: `--partition I` picks its data_dir.
+            let cfg = load(&cli)?;
             let queue = spool::store::queue::Queue::open_with(&cfg.data_dir, &knobs.faults)?;
             let mut total = 0;
             for s in queue.states() {
@@ -458,6 +459,16 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             think_markers,
         } => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
+            if spool::output::bucket::is_url(&cfg.output_dir.to_string_lossy()) {
+                return Err(Error::from(spool::config::ConfigError::Invalid {
+                    path: cfg.source.clone(),
+                    key: "output_dir".into(),
+                    detail: format!(
+                        "{}: export reads shards from a local folder; copy the published dataset folders down (or use a worker's data_dir/out) and pass --output-dir",
+                        cfg.output_dir.display()
+                    ),
+                }));
+            }
             // A dataset the config does not name is the user's to fix; what export itself
             // reports (files, shards) is a runtime failure.
             if let Some(d) = dataset.as_deref() {
