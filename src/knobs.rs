@@ -10,6 +10,8 @@ use std::time::Duration;
 
 /// Env var: pause (ms) inside shard finalisation, before and after the rename.
 pub const FAULT_SHARD_PAUSE: &str = "SPOOL_FAULT_SHARD_PAUSE_MS";
+/// Env var: pause (ms) between a cluster worker's shard upload and its commit record.
+pub const FAULT_PUBLISH_PAUSE: &str = "SPOOL_FAULT_PUBLISH_PAUSE_MS";
 /// Env var: `1` makes shard writes fail as on a full disk.
 pub const FAULT_SHARD_WRITE_ERROR: &str = "SPOOL_FAULT_SHARD_WRITE_ERROR";
 /// Env var: after a failed commit the committer waits this many ms before reporting it, as
@@ -50,6 +52,9 @@ pub struct Knobs {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Faults {
     pub shard_pause: Option<Duration>,
+    /// A cluster worker pauses this long between a shard's upload and its commit record,
+    /// so a kill can land there.
+    pub publish_pause: Option<Duration>,
     pub shard_write_error: bool,
     pub commit_failed_pause: Option<Duration>,
     /// Inclusive range of request attempts (from 1) that panic.
@@ -103,6 +108,7 @@ impl Knobs {
         Knobs {
             faults: Faults {
                 shard_pause: millis(FAULT_SHARD_PAUSE),
+                publish_pause: millis(FAULT_PUBLISH_PAUSE),
                 shard_write_error: lookup(FAULT_SHARD_WRITE_ERROR).is_some_and(|v| v.trim() == "1"),
                 commit_failed_pause: millis(FAULT_COMMIT_FAILED_PAUSE),
                 panic_in_request: lookup(FAULT_PANIC_IN_REQUEST).and_then(|v| range(&v)),

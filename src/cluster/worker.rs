@@ -97,6 +97,7 @@ pub async fn run(
         datasets: cfg.datasets.iter().map(|d| d.name.clone()).collect(),
         compression_level: cfg.shards.compression_level,
         caps,
+        publish_pause: knobs.faults.publish_pause,
     };
     let stop = CancellationToken::new();
     let sweeping = tokio::spawn(publisher.run(stop.clone()));
@@ -270,6 +271,8 @@ struct Publisher {
     /// a commit never takes the partition's committed tokens past it, even when two
     /// workers run the partition at once.
     caps: std::collections::HashMap<String, u64>,
+    /// The fault point between upload and commit (tests: a kill lands there).
+    publish_pause: Option<Duration>,
 }
 
 impl Publisher {
@@ -399,6 +402,11 @@ impl Publisher {
                 let key =
                     commits::shard_key(self.partition.index, &self.writer, dataset, index, &sha);
                 let up = self.bucket.upload(&key, &file).await?;
+                if let Some(pause) = self.publish_pause {
+                    tracing::warn!(dataset, index, key = %key, pause_ms = pause.as_millis() as u64,
+                        "fault injection: pausing publication at=\"after_upload\"");
+                    tokio::time::sleep(pause).await;
+                }
                 record.key = Some(key);
                 record.bytes = up.bytes;
                 record.sha256 = up.sha256;

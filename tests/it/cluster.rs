@@ -264,20 +264,34 @@ pub(crate) async fn chaos_job(
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     eprintln!("cluster chaos: seed {seed}");
-    let spawn = |index: u32, data_dir: Option<&str>| {
+    let spawn_with = |index: u32, data_dir: Option<&str>, extra: &[(&str, &str)]| {
         let idx = index.to_string();
         let mut e: Vec<(&str, &str)> = env.to_vec();
+        e.extend_from_slice(extra);
         e.push(("JOB_COMPLETION_INDEX", idx.as_str()));
         match data_dir {
             Some(d) => Proc::spawn(cfg, &["run", "--data-dir", d], &e),
             None => Proc::spawn(cfg, &["run"], &e),
         }
     };
+    let spawn = |index: u32, data_dir: Option<&str>| spawn_with(index, data_dir, &[]);
     let mut logs = Vec::new();
     let twin = dir.join("data-twin").display().to_string();
     // Partition 1 twice at once, partition 3 once; they run through what follows.
     let mut steady = vec![spawn(1, None), spawn(1, Some(&twin)), spawn(3, None)];
-    // Partition 0: killed three times after a commit, at a random moment, same volume.
+    // Partition 0: killed between a shard's upload and its commit record, then three
+    // times after a commit at a random moment; always the same volume.
+    let mut p = spawn_with(0, None, &[("SPOOL_FAULT_PUBLISH_PAUSE_MS", "1000")]);
+    wait_for_or_exit(&mut p, "fault injection: pausing publication", 1).await;
+    assert_eq!(
+        p.count("fault injection: pausing publication"),
+        1,
+        "{}",
+        p.stderr()
+    );
+    p.signal(libc::SIGKILL);
+    let _ = p.wait(Duration::from_secs(30)).await;
+    logs.push(p.stderr());
     for _ in 0..3 {
         let mut p = spawn(0, None);
         let commits = p.count("shard committed") + 1;
