@@ -864,3 +864,49 @@ fn last_turn_intake_is_unchanged_by_tools_support() {
     assert_ne!(t.hash, a.hash);
     assert_eq!(t.tools, Some(json!([{"type": "function"}])));
 }
+
+/// A dataset kept in object storage (here `file://`, the same door as `s3://`) is fetched
+/// into `data_dir/inputs/<dataset>/` under its own name, so a `.parquet` object reads as
+/// the file does; fetched once, and again when the object changes.
+#[tokio::test]
+async fn a_parquet_object_is_fetched_once_and_reads_like_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    std::fs::create_dir_all(&store).unwrap();
+    let object = store.join("prompts.parquet");
+    write_parquet(&object, &specs(), 3);
+    let cfg_path = crate::support::write_config(
+        dir.path(),
+        "http://127.0.0.1:9",
+        "sglang",
+        true,
+        &[crate::support::Ds {
+            name: "d",
+            file: &format!("file://{}", object.display()),
+            budget: None,
+        }],
+        "",
+    );
+    let mut cfg = crate::support::load(&cfg_path);
+    spool::input::remote::fetch_inputs(&mut cfg).await.unwrap();
+    let local = cfg.datasets[0].path.clone();
+    assert_eq!(local, dir.path().join("data/inputs/d/prompts.parquet"));
+    assert_eq!(
+        summary(&read_all(&local, "d").unwrap()),
+        summary(&read_all(&object, "d").unwrap())
+    );
+    // Unchanged: not fetched again (the copy's mtime stays).
+    let t0 = std::fs::metadata(&local).unwrap().modified().unwrap();
+    let mut again = crate::support::load(&cfg_path);
+    spool::input::remote::fetch_inputs(&mut again)
+        .await
+        .unwrap();
+    assert_eq!(std::fs::metadata(&local).unwrap().modified().unwrap(), t0);
+    // Changed (other bytes): fetched again.
+    write_parquet(&object, &specs()[..3], 2);
+    let mut changed = crate::support::load(&cfg_path);
+    spool::input::remote::fetch_inputs(&mut changed)
+        .await
+        .unwrap();
+    assert_eq!(read_all(&local, "d").unwrap().len(), 3);
+}
