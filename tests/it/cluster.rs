@@ -72,27 +72,24 @@ pub(crate) fn ok(cfg: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
     stdout
 }
 
-/// Rows of the published folder of each dataset, as pyarrow reads the whole folder:
-/// (dataset → id → rows, dataset → completion tokens).
-fn read_published_local(
-    root: &Path,
-) -> (
-    HashMap<String, HashMap<String, usize>>,
-    HashMap<String, u64>,
-) {
+/// Each dataset's published folder as pyarrow reads it, from a local folder, or through
+/// `s3://` when `endpoint` (moto's `127.0.0.1:PORT`) is given: id → rows, and tokens.
+fn read_published(root: &str, endpoint: Option<&str>) -> Published {
     let script = r#"
-import json, sys, pyarrow.dataset as ds
-root = sys.argv[1]
+import json, sys, pyarrow.fs as fs, pyarrow.dataset as ds
+root, endpoint = sys.argv[1], sys.argv[2]
+fsys = None
+if endpoint:
+    fsys = fs.S3FileSystem(endpoint_override=endpoint, scheme="http", access_key="test",
+                           secret_key="test-secret", region="us-east-1")
 out = {}
 for name in ("alpha", "beta"):
-    t = ds.dataset(f"{root}/{name}", format="parquet").to_table(columns=["id", "completion_tokens"])
+    t = ds.dataset(f"{root}/{name}", filesystem=fsys, format="parquet").to_table(columns=["id", "completion_tokens"])
     out[name] = {"ids": t.column("id").to_pylist(), "tokens": sum(t.column("completion_tokens").to_pylist())}
 print(json.dumps(out))
 "#;
     let py = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(script)
-        .arg(root)
+        .args(["-c", script, root, endpoint.unwrap_or("")])
         .output()
         .expect("python3");
     assert!(
@@ -111,7 +108,7 @@ print(json.dumps(out))
         rows.insert(name.clone(), m);
         tokens.insert(name.clone(), d["tokens"].as_u64().unwrap());
     }
-    (rows, tokens)
+    Published { rows, tokens }
 }
 
 /// Four partitions of one job, each its own process and `data_dir`, run at once against
@@ -168,7 +165,7 @@ async fn four_partitions_publish_every_item_exactly_once() {
     }
     let stdout = ok(&cfg, &["finalize"], &[]);
     assert!(stdout.contains("published to"), "{stdout}");
-    let (rows, tokens) = read_published_local(&shared);
+    let Published { rows, tokens } = read_published(&shared.display().to_string(), None);
     let alpha = &rows["alpha"];
     assert_eq!(alpha.len(), n, "alpha: every item published");
     for id in ids("a", n) {
@@ -359,12 +356,6 @@ pub(crate) fn assert_chaos_outcome(p: &Published, logs: &[String], n: usize, bud
     );
 }
 
-/// Reads the published folders of a local (`file://`) output like a reader would.
-fn published_local(root: &Path) -> Published {
-    let (rows, tokens) = read_published_local(root);
-    Published { rows, tokens }
-}
-
 /// The cluster's failure cases on a shared folder (`file://`): kills, a rescheduled worker
 /// on an empty volume, two workers on one partition; every item published once, budgets
 /// held, verify clean.
@@ -392,43 +383,9 @@ async fn kills_new_volumes_and_twin_workers_publish_each_item_once() {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(rand::random);
     let logs = chaos_job(dir.path(), &cfg, &[], seed).await;
-    assert_chaos_outcome(&published_local(&shared), &logs, n, budget);
+    let published = read_published(&shared.display().to_string(), None);
+    assert_chaos_outcome(&published, &logs, n, budget);
     mock.stop().await;
-}
-
-/// Rows of each dataset's published folder read by pyarrow through `s3://` at `endpoint`.
-fn published_s3(endpoint: &str, root: &str) -> Published {
-    let script = r#"
-import json, sys, pyarrow.fs as fs, pyarrow.dataset as ds
-endpoint, root = sys.argv[1], sys.argv[2]
-s3 = fs.S3FileSystem(endpoint_override=endpoint, scheme="http", access_key="test", secret_key="test-secret", region="us-east-1")
-out = {}
-for name in ("alpha", "beta"):
-    t = ds.dataset(f"{root}/{name}", filesystem=s3, format="parquet").to_table(columns=["id", "completion_tokens"])
-    out[name] = {"ids": t.column("id").to_pylist(), "tokens": sum(t.column("completion_tokens").to_pylist())}
-print(json.dumps(out))
-"#;
-    let py = std::process::Command::new("python3")
-        .args(["-c", script, endpoint, root])
-        .output()
-        .expect("python3");
-    assert!(
-        py.status.success(),
-        "{}",
-        String::from_utf8_lossy(&py.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&py.stdout).unwrap();
-    let mut rows = HashMap::new();
-    let mut tokens = HashMap::new();
-    for (name, d) in v.as_object().unwrap() {
-        let mut m: HashMap<String, usize> = HashMap::new();
-        for id in d["ids"].as_array().unwrap() {
-            *m.entry(id.as_str().unwrap().to_string()).or_default() += 1;
-        }
-        rows.insert(name.clone(), m);
-        tokens.insert(name.clone(), d["tokens"].as_u64().unwrap());
-    }
-    Published { rows, tokens }
 }
 
 /// The acceptance run against a real S3 API (moto) behind a proxy injecting 503 SlowDown,
@@ -493,7 +450,7 @@ async fn s3_cluster_job_survives_kills_new_volumes_twins_and_store_faults() {
         .unwrap_or_else(rand::random);
     let logs = chaos_job(dir.path(), &cfg, &env, seed).await;
     let endpoint = moto.endpoint.trim_start_matches("http://");
-    let published = published_s3(endpoint, "spool-cluster/gen/run-1");
+    let published = read_published("spool-cluster/gen/run-1", Some(endpoint));
     assert_chaos_outcome(&published, &logs, n, budget);
     let c = &proxy.counts;
     use std::sync::atomic::Ordering::SeqCst;
