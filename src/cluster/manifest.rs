@@ -143,9 +143,10 @@ pub async fn finalize(
         .map(|(s, _)| s.partition)
         .collect();
     if !missing.is_empty() && !partial {
+        let keys: Vec<String> = missing.iter().map(|&p| commits::done_key(p)).collect();
         return Err(Error::msg(format!(
-            "partitions {missing:?} of {count} have not finished (no {}/done.json); run finalize after every partition's worker exits 0 (or pass --partial)",
-            "_spool/pNNNN"
+            "partitions {missing:?} of {count} have not finished (no {}); run finalize after every partition's worker exits 0 (or pass --partial)",
+            keys.join(", ")
         )));
     }
     let mut manifest = Manifest {
