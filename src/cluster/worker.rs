@@ -184,9 +184,11 @@ async fn share_budgets(
         .filter(|d| d.token_budget.is_some())
         .cloned()
         .collect();
-    let counts = tokio::task::spawn_blocking(move || count_items(&budgeted, partition.count))
-        .await
-        .map_err(Error::runtime)??;
+    let cache = cfg.data_dir.join("partition-counts.json");
+    let counts =
+        tokio::task::spawn_blocking(move || counted_items(&budgeted, partition.count, &cache))
+            .await
+            .map_err(Error::runtime)??;
     for d in &mut cfg.datasets {
         let Some(budget) = d.token_budget else {
             continue;
@@ -201,6 +203,58 @@ async fn share_budgets(
         shares.insert(d.name.clone(), share);
     }
     Ok(shares)
+}
+
+/// [`count_items`], kept in `cache` per dataset with its input's size and modification
+/// time, so a restarted worker does not parse an unchanged input again.
+fn counted_items(
+    datasets: &[crate::config::DatasetConfig],
+    count: u32,
+    cache: &Path,
+) -> Result<partition::ItemCounts, Error> {
+    type Cached = std::collections::HashMap<String, (String, Vec<u64>)>;
+    let mut cached: Cached = std::fs::read(cache)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let stamp = |d: &crate::config::DatasetConfig| -> String {
+        let m = std::fs::metadata(&d.path).ok();
+        let mtime = m
+            .as_ref()
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        format!(
+            "{}|{}|{mtime}|{count}|{:?}",
+            d.path.display(),
+            m.map_or(0, |m| m.len()),
+            d.max_prompts
+        )
+    };
+    let mut out = partition::ItemCounts::new();
+    let mut stale = Vec::new();
+    for d in datasets {
+        match cached.get(&d.name) {
+            Some((s, counts)) if *s == stamp(d) => {
+                out.insert(d.name.clone(), counts.clone());
+            }
+            _ => stale.push(d.clone()),
+        }
+    }
+    if !stale.is_empty() {
+        for (name, counts) in count_items(&stale, count)? {
+            let d = stale
+                .iter()
+                .find(|d| d.name == name)
+                .map(stamp)
+                .unwrap_or_default();
+            cached.insert(name.clone(), (d, counts.clone()));
+            out.insert(name, counts);
+        }
+        // Only a cache: a failed write costs a parse at the next start.
+        let _ = serde_json::to_vec(&cached).map(|b| std::fs::write(cache, b));
+    }
+    Ok(out)
 }
 
 /// Rows per partition of each dataset (ids parsed, prompts not rendered).
@@ -533,4 +587,55 @@ async fn sha256_file(path: &Path) -> Result<String, Error> {
     })
     .await
     .map_err(Error::runtime)?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dataset(path: &Path) -> crate::config::DatasetConfig {
+        let text = format!("name = \"d\"\npath = \"{}\"\n", path.display());
+        toml::from_str(&text).unwrap()
+    }
+
+    /// Item counts per partition are kept with the input's size and time: an unchanged
+    /// input is not parsed again, a changed one is.
+    #[test]
+    fn item_counts_are_cached_until_the_input_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("d.jsonl");
+        let rows: String = (0..100)
+            .map(|i| format!("{{\"id\": \"r{i}\", \"prompt\": \"p{i}\"}}\n"))
+            .collect();
+        std::fs::write(&input, &rows).unwrap();
+        let cache = dir.path().join("counts.json");
+        let d = [dataset(&input)];
+        let first = counted_items(&d, 4, &cache).unwrap();
+        assert_eq!(first["d"].iter().sum::<u64>(), 100);
+        // Doctor the cache: an unchanged input is answered from it.
+        let doctored = std::fs::read_to_string(&cache)
+            .unwrap()
+            .replace(&format!("{:?}", first["d"]).replace(' ', ""), "[1,2,3,4]");
+        std::fs::write(&cache, doctored).unwrap();
+        assert_eq!(counted_items(&d, 4, &cache).unwrap()["d"], vec![1, 2, 3, 4]);
+        // Another partition count is another question.
+        assert_eq!(
+            counted_items(&d, 2, &cache).unwrap()["d"]
+                .iter()
+                .sum::<u64>(),
+            100
+        );
+        // A changed input is counted again.
+        std::fs::write(
+            &input,
+            format!("{rows}{{\"id\": \"x\", \"prompt\": \"p\"}}\n"),
+        )
+        .unwrap();
+        assert_eq!(
+            counted_items(&d, 4, &cache).unwrap()["d"]
+                .iter()
+                .sum::<u64>(),
+            101
+        );
+    }
 }
