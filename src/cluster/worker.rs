@@ -467,6 +467,10 @@ impl Publisher {
             }
             match self.log.append(record).await? {
                 Appended::Committed(seq) => {
+                    if file != path {
+                        // The rewritten copy has served: the local shard stays the record.
+                        let _ = std::fs::remove_file(&file);
+                    }
                     tracing::info!(
                         dataset,
                         index,
