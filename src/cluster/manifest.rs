@@ -82,9 +82,11 @@ pub struct PartitionState {
     pub done: bool,
     /// Per dataset: (rows, items, completion tokens) committed.
     pub datasets: BTreeMap<String, (u64, u64, u64)>,
-    /// Per dataset: items pending when the partition's worker last stopped (unknown before
-    /// a worker has stopped; a running worker shows its own with `status --url`).
+    /// Per dataset: items pending, from the worker's live status (copied every 15 s while
+    /// it runs with its metrics endpoint on) or from when it last stopped; empty when unknown.
     pub pending: BTreeMap<String, u64>,
+    /// Whether `pending` is a running worker's (else its last stop's).
+    pub live: bool,
 }
 
 /// Reads every partition's log and done marker.
@@ -100,8 +102,10 @@ pub async fn partitions(
             None => false,
         };
         let mut pending = BTreeMap::new();
+        let mut live = false;
         if let Some(body) = bucket.get(&commits::status_key(index)).await? {
             if let Ok(r) = serde_json::from_slice::<crate::observe::status::StatusReport>(&body) {
+                live = r.running && !done;
                 for d in r.datasets {
                     pending.insert(d.name, d.pending);
                 }
@@ -121,6 +125,7 @@ pub async fn partitions(
                 done,
                 datasets,
                 pending,
+                live,
             },
             log,
         ));
@@ -465,14 +470,19 @@ impl ClusterStatus {
             "partition", "commits", "done"
         );
         for p in &self.partitions {
-            let per: Vec<String> = p
-                .datasets
-                .iter()
-                .map(|(n, (rows, _, tokens))| {
-                    let pending = p
-                        .pending
-                        .get(n)
-                        .map_or(String::new(), |x| format!(", {x} pending at last stop"));
+            let names: std::collections::BTreeSet<&String> =
+                p.datasets.keys().chain(p.pending.keys()).collect();
+            let per: Vec<String> = names
+                .into_iter()
+                .map(|n| {
+                    let (rows, _, tokens) = p.datasets.get(n).copied().unwrap_or_default();
+                    let pending = p.pending.get(n).map_or(String::new(), |x| {
+                        if p.live {
+                            format!(", {x} pending (running)")
+                        } else {
+                            format!(", {x} pending at last stop")
+                        }
+                    });
                     format!("{n}: {rows} rows, {tokens} tokens{pending}")
                 })
                 .collect();

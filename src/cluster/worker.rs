@@ -32,6 +32,8 @@ use tokio_util::sync::CancellationToken;
 
 /// How often the publisher looks for newly sealed shards during a run.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// How often a running worker copies its live `/status` to the store, for `spool status`.
+const STATUS_EVERY: u32 = 15;
 
 /// Whether `cfg` runs as a cluster worker: its output is an object-store URL, or the job
 /// is partitioned.
@@ -98,6 +100,7 @@ pub async fn run(
         compression_level: cfg.shards.compression_level,
         caps,
         publish_pause: knobs.faults.publish_pause,
+        data_dir: cfg.data_dir.clone(),
     };
     let stop = CancellationToken::new();
     let sweeping = tokio::spawn(publisher.run(stop.clone()));
@@ -327,12 +330,15 @@ struct Publisher {
     caps: std::collections::HashMap<String, u64>,
     /// The fault point between upload and commit (tests: a kill lands there).
     publish_pause: Option<Duration>,
+    /// Where the run writes the address of its metrics endpoint.
+    data_dir: PathBuf,
 }
 
 impl Publisher {
     /// Sweeps every [`SWEEP_EVERY`] until `stop`; a failed sweep is logged and tried again
     /// (the shards stay on the local disk, and the final sweep must succeed).
     async fn run(mut self, stop: CancellationToken) -> Self {
+        let mut ticks = 0u32;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return self,
@@ -342,6 +348,44 @@ impl Publisher {
                 tracing::warn!(partition = self.partition.index, error = %e,
                     "publishing shards failed; trying again");
             }
+            ticks += 1;
+            if ticks % STATUS_EVERY == 1 {
+                self.copy_live_status().await;
+            }
+        }
+    }
+
+    /// Copies the run's own `/status` (when its metrics endpoint is on) to the store, so
+    /// `spool status` of the job shows this partition's pending items while it runs. Best
+    /// effort: the run does not depend on it.
+    async fn copy_live_status(&self) {
+        let Ok(addr) = std::fs::read_to_string(self.data_dir.join(crate::run::job::ENDPOINT_FILE))
+        else {
+            return;
+        };
+        let url = format!("http://{}/status", addr.trim());
+        let Ok(client) = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(2))
+            .build()
+        else {
+            return;
+        };
+        let Ok(answer) = client.get(&url).send().await else {
+            return;
+        };
+        let Ok(body) = answer.bytes().await else {
+            return;
+        };
+        if serde_json::from_slice::<crate::observe::status::StatusReport>(&body).is_err() {
+            return;
+        }
+        if let Err(e) = self
+            .bucket
+            .put(&commits::status_key(self.partition.index), body)
+            .await
+        {
+            tracing::debug!(error = %e, "cannot copy the live status to the store");
         }
     }
 

@@ -478,3 +478,71 @@ async fn inputs_manifest(endpoint: &str) -> serde_json::Value {
         .expect("_manifest.json");
     serde_json::from_slice(&body).unwrap()
 }
+
+/// `spool status` of a cluster job shows a running partition's pending items from the
+/// store (its worker copies its live `/status` there), then where it stood when it was
+/// stopped; a partition that never ran shows nothing pending and not done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_a_running_partition_live_from_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = Mock::start(spool::mock::MockConfig {
+        capacity_tps: 0.5,
+        per_request_tps: 0.2,
+        ..spool::mock::MockConfig::for_tests()
+    })
+    .await;
+    let shared = dir.path().join("shared");
+    let cfg = cluster_config(
+        dir.path(),
+        &mock.url,
+        &format!("file://{}", shared.display()),
+        2,
+        300,
+        100_000,
+    );
+    crate::process::edit_config(
+        &cfg,
+        "metrics_addr = \"\"",
+        "metrics_addr = \"127.0.0.1:0\"",
+    );
+    let mut p = Proc::spawn(&cfg, &["run"], &[("JOB_COMPLETION_INDEX", "0")]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let live = loop {
+        let st: serde_json::Value =
+            serde_json::from_str(&ok(&cfg, &["status", "--json", "-q"], &[])).unwrap();
+        let p0 = st["partitions"][0].clone();
+        if p0["live"] == true && p0["pending"]["alpha"].as_u64().is_some_and(|n| n > 0) {
+            break st;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never live: {st}\n{}",
+            p.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(live["partitions"][1]["done"], false);
+    assert_eq!(live["partitions"][1]["commits"], 0);
+    assert!(live["partitions"][1]["pending"]
+        .as_object()
+        .unwrap()
+        .is_empty());
+    let table = ok(&cfg, &["status"], &[]);
+    assert!(table.contains("pending (running)"), "{table}");
+    p.signal(libc::SIGTERM);
+    let (status, _) = p.wait(Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Some(130), "{}", p.stderr());
+    let st: serde_json::Value =
+        serde_json::from_str(&ok(&cfg, &["status", "--json", "-q"], &[])).unwrap();
+    let p0 = &st["partitions"][0];
+    assert_eq!(p0["live"], false, "{st}");
+    assert_eq!(
+        p0["done"], false,
+        "an interrupted partition is not done: {st}"
+    );
+    assert!(
+        p0["pending"]["alpha"].as_u64().is_some_and(|n| n > 0),
+        "{st}"
+    );
+    mock.stop().await;
+}
