@@ -236,11 +236,21 @@ pub(crate) struct Published {
     pub tokens: HashMap<String, u64>,
 }
 
+/// Whether `p` has exited, without reaping it (a zombie can still be signalled, and
+/// `Proc::wait` reaps it).
+fn exited(p: &Proc) -> bool {
+    std::fs::read_to_string(format!("/proc/{}/stat", p.pid())).map_or(true, |stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+    })
+}
+
 /// Polls until `p` has logged `needle` `n` times, or has exited.
 async fn wait_for_or_exit(p: &mut Proc, needle: &str, n: usize) {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while p.count(needle) < n && std::time::Instant::now() < deadline {
-        if let Ok(Some(_)) = p.child.try_wait() {
+        if exited(p) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
