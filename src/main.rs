@@ -458,16 +458,19 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             keep_empty,
             think_markers,
         } => {
-            let cfg = Config::load(&cli.config, &overrides(&cli))?;
-            if spool::output::bucket::is_url(&cfg.output_dir.to_string_lossy()) {
-                return Err(Error::from(spool::config::ConfigError::Invalid {
-                    path: cfg.source.clone(),
-                    key: "output_dir".into(),
-                    detail: format!(
-                        "{}: export reads shards from a local folder; copy the published dataset folders down (or use a worker's data_dir/out) and pass --output-dir",
-                        cfg.output_dir.display()
-                    ),
-                }));
+            let mut cfg = Config::load(&cli.config, &overrides(&cli))?;
+            // A cluster job's output: the published shards, fetched (and checked against
+            // the manifest) into a scratch folder that is read like an output folder.
+            let mut scratch = None;
+            if cluster_count(&cli, &cfg)?.is_some() {
+                let bucket = spool::cluster::worker::open_bucket(&cfg)?;
+                let dir = std::env::temp_dir().join(format!("spool-export-{}", std::process::id()));
+                let wanted: Vec<String> = dataset.iter().cloned().collect();
+                runtime()?.block_on(spool::cluster::manifest::download_published(
+                    &bucket, &dir, &wanted,
+                ))?;
+                cfg.output_dir = dir.clone();
+                scratch = Some(dir);
             }
             // A dataset the config does not name is the user's to fix; what export itself
             // reports (files, shards) is a runtime failure.
@@ -482,7 +485,7 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             }
             // The queue's counts for the item-level accounting: from the running process,
             // else from the queue; an export goes on without them.
-            let status = if cfg.data_dir.is_dir() {
+            let status = if cfg.data_dir.is_dir() && scratch.is_none() {
                 runtime()?
                     .block_on(status_report(&cfg, &knobs.faults))
                     .map_err(|e| eprintln!("spool: export without the queue's counts: {e}"))
@@ -505,7 +508,11 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                 },
                 status,
             };
-            let r = spool::output::export::export(&cfg, &opts).map_err(Error::runtime)?;
+            let r = spool::output::export::export(&cfg, &opts).map_err(Error::runtime);
+            if let Some(dir) = scratch {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            let r = r?;
             let acc = &r.accounting;
             println!("{}", opts.gates.describe());
             for line in acc.lines() {

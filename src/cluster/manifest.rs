@@ -509,3 +509,46 @@ impl ClusterStatus {
         s
     }
 }
+
+/// Downloads the published shards of `datasets` (all when empty), as `_manifest.json` lists
+/// them, into `dir/<dataset>/part-NNNNNN.parquet` (numbered in manifest order), so the local
+/// readers (`spool export`) read them as an output folder. Each download is checked
+/// against the manifest's sha256.
+pub async fn download_published(
+    bucket: &Arc<Bucket>,
+    dir: &std::path::Path,
+    datasets: &[String],
+) -> Result<Manifest, Error> {
+    let Some(body) = bucket.get(MANIFEST).await? else {
+        return Err(Error::msg(format!(
+            "{}: no {MANIFEST}: the job is not published yet (run `spool finalize`)",
+            bucket.url()
+        )));
+    };
+    let manifest: Manifest = serde_json::from_slice(&body)
+        .map_err(|e| Error::msg(format!("{}/{MANIFEST}: {e}", bucket.url())))?;
+    for (name, d) in &manifest.datasets {
+        if !datasets.is_empty() && !datasets.contains(name) {
+            continue;
+        }
+        let folder = dir.join(name);
+        std::fs::create_dir_all(&folder)
+            .with_context(|| format!("cannot create {}", folder.display()))?;
+        for (k, s) in d.shards.iter().enumerate() {
+            let local = folder.join(crate::output::shard::shard_file_name(k as u64));
+            bucket.download(&s.path, &local).await?;
+            let mut h = Sha256::new();
+            std::io::copy(&mut std::fs::File::open(&local)?, &mut h)?;
+            let sha = crate::config::hex(&h.finalize());
+            if sha != s.sha256 {
+                return Err(Error::msg(format!(
+                    "{}/{}: sha256 {sha}, the manifest says {}",
+                    bucket.url(),
+                    s.path,
+                    s.sha256
+                )));
+            }
+        }
+    }
+    Ok(manifest)
+}

@@ -216,6 +216,39 @@ async fn four_partitions_publish_every_item_exactly_once() {
     );
     let verify = ok(&cfg, &["verify"], &[]);
     assert!(verify.contains("verify: clean"), "{verify}");
+    // Exports read the published shards (fetched and checked against the manifest).
+    let out = dir.path().join("alpha.jsonl").display().to_string();
+    let said = ok(
+        &cfg,
+        &[
+            "export",
+            "--format",
+            "sharegpt",
+            "--dataset",
+            "alpha",
+            "--out",
+            &out,
+        ],
+        &[],
+    );
+    assert!(said.contains(&format!("{n} row(s)")), "{said}");
+    let mut exported: Vec<String> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    exported.sort();
+    let mut want = ids("a", n);
+    want.sort();
+    assert_eq!(
+        exported, want,
+        "the export holds every published alpha item once"
+    );
     let status: serde_json::Value =
         serde_json::from_str(&ok(&cfg, &["status", "--json", "-q"], &[])).unwrap();
     assert_eq!(status["finalized"], true);
