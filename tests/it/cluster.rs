@@ -589,3 +589,87 @@ async fn status_shows_a_running_partition_live_from_the_store() {
     );
     mock.stop().await;
 }
+
+/// Store credentials never leave the environment: a worker logging at trace level, its
+/// `data_dir`, `finalize`, `status` and every object it wrote hold no trace of the secret
+/// key or the session token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_credentials_are_never_logged_or_written() {
+    use crate::s3::Moto;
+    let dir = tempfile::tempdir().unwrap();
+    let moto = Moto::start();
+    moto.create_bucket("spool-secrets");
+    let mock = Mock::start(crate::support::fast_mock()).await;
+    let cfg = cluster_config(
+        dir.path(),
+        &mock.url,
+        "s3://spool-secrets/run",
+        1,
+        30,
+        100_000,
+    );
+    let secret = "SeCrEt-7f3a9c1e5b2d4f6a8c0e";
+    let token = "ToKeN-1b2c3d4e5f60718293a4";
+    let mut env: Vec<(String, String)> = Moto::env(&moto.endpoint)
+        .into_iter()
+        .filter(|(k, _)| k != "AWS_SECRET_ACCESS_KEY")
+        .collect();
+    env.push(("AWS_SECRET_ACCESS_KEY".into(), secret.into()));
+    env.push(("AWS_SESSION_TOKEN".into(), token.into()));
+    env.push(("RUST_LOG".into(), "trace".into()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut p = Proc::spawn(&cfg, &["run", "-vv", "--partition", "0"], &env);
+    let (status, _) = p.wait(Duration::from_secs(120)).await;
+    assert!(status.success(), "{}", p.stderr());
+    let mut said = p.stderr();
+    assert!(
+        said.contains("shard committed"),
+        "the worker published nothing"
+    );
+    for args in [
+        &["finalize", "-vv"][..],
+        &["status", "--json"],
+        &["verify", "-vv"],
+    ] {
+        let out = spool(&cfg, args, &env);
+        said.push_str(&String::from_utf8_lossy(&out.stdout));
+        said.push_str(&String::from_utf8_lossy(&out.stderr));
+    }
+    for needle in [secret, token] {
+        assert!(!said.contains(needle), "a credential in the output");
+    }
+    let mut files = vec![dir.path().to_path_buf()];
+    let mut read = 0;
+    while let Some(f) = files.pop() {
+        if f.is_dir() {
+            files.extend(std::fs::read_dir(&f).unwrap().map(|e| e.unwrap().path()));
+        } else {
+            let bytes = std::fs::read(&f).unwrap();
+            read += 1;
+            for needle in [secret, token] {
+                assert!(
+                    !bytes.windows(needle.len()).any(|w| w == needle.as_bytes()),
+                    "a credential in {}",
+                    f.display()
+                );
+            }
+        }
+    }
+    assert!(read > 10, "only {read} files looked at");
+    let b = crate::s3::s3_bucket(&moto.endpoint, "s3://spool-secrets/run");
+    let objects = b.list("").await.unwrap();
+    assert!(
+        objects.iter().any(|(k, _)| k == "_manifest.json"),
+        "{objects:?}"
+    );
+    for (key, _) in &objects {
+        let body = b.get(key).await.unwrap().unwrap();
+        for needle in [secret, token] {
+            assert!(
+                !body.windows(needle.len()).any(|w| w == needle.as_bytes()),
+                "a credential in {key}"
+            );
+        }
+    }
+    mock.stop().await;
+}
