@@ -106,6 +106,17 @@ impl Bucket {
     /// Opens `s3://bucket/prefix` (settings from `AWS_*` then `opts`), `file:///dir` (created
     /// if missing) or `memory://`.
     pub fn open(url: &str, opts: &BucketOptions) -> Result<Bucket, BucketError> {
+        let env: Vec<(String, String)> = std::env::vars().collect();
+        Self::open_with_env(url, opts, &env)
+    }
+
+    /// As [`Bucket::open`], with the `AWS_*` settings taken from `env` rather than the
+    /// process environment (tests each talk to their own endpoint).
+    pub fn open_with_env(
+        url: &str,
+        opts: &BucketOptions,
+        env: &[(String, String)],
+    ) -> Result<Bucket, BucketError> {
         let bad = |detail: &str| BucketError::Url {
             url: url.into(),
             detail: detail.into(),
@@ -124,18 +135,25 @@ impl Bucket {
             }
             // The store's HTTP client is reqwest over rustls with no provider of its own.
             crate::upstream::tls::install_provider();
-            let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+            let mut b = object_store::aws::AmazonS3Builder::new();
+            for (k, v) in env.iter().filter(|(k, _)| k.starts_with("AWS_")) {
+                if let Ok(key) = k.to_ascii_lowercase().parse() {
+                    b = b.with_config(key, v);
+                }
+            }
+            let mut b = b.with_bucket_name(bucket);
             if let Some(e) = &opts.endpoint {
                 b = b.with_endpoint(e);
             }
             if let Some(r) = &opts.region {
                 b = b.with_region(r);
             }
+            let var = |name: &str| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
             let endpoint = opts
                 .endpoint
                 .clone()
-                .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
-                .or_else(|| std::env::var("AWS_ENDPOINT").ok());
+                .or_else(|| var("AWS_ENDPOINT_URL"))
+                .or_else(|| var("AWS_ENDPOINT"));
             let http = endpoint.is_some_and(|e| e.starts_with("http://"));
             let retry = object_store::RetryConfig {
                 max_retries: opts.max_retries.unwrap_or(10),
