@@ -197,11 +197,10 @@ fn load(cli: &Cli) -> Result<Config, Error> {
 /// The partition count of a cluster job's output, for the commands that read all
 /// partitions: `None` for a one-machine output folder.
 fn cluster_count(cli: &Cli, cfg: &Config) -> Result<Option<u32>, Error> {
-    let count = cli.partitions.or(cfg.run.partitions).or_else(|| {
-        std::env::var("SLURM_ARRAY_TASK_COUNT")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-    });
+    let count =
+        spool::cluster::partition::Partition::count(cli.partitions.or(cfg.run.partitions), |k| {
+            std::env::var(k).ok()
+        })?;
     let url = spool::output::bucket::is_url(&cfg.output_dir.to_string_lossy());
     match count {
         Some(0) => Err(spool::cluster::partition::PartitionError::Zero.into()),
@@ -567,27 +566,9 @@ fn shorten(v: &mut serde_json::Value, width: usize) {
 /// A remote run's `/status`; an endpoint that does not answer, or answers something else,
 /// is an error naming the URL.
 async fn remote_status(url: &str) -> Result<StatusReport, Error> {
-    let base = url.trim_end_matches('/');
-    let base = base.strip_suffix("/status").unwrap_or(base);
-    let endpoint = format!("{base}/status");
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(std::time::Duration::from_secs(10))
-        .build()?;
-    let r = client
-        .get(&endpoint)
-        .send()
+    spool::observe::status::fetch(url, std::time::Duration::from_secs(10))
         .await
-        .map_err(|e| Error::msg(format!("{endpoint}: no answer: {e}")))?;
-    if !r.status().is_success() {
-        return Err(Error::msg(format!("{endpoint}: answered {}", r.status())));
-    }
-    let body = r
-        .bytes()
-        .await
-        .map_err(|e| Error::msg(format!("{endpoint}: {e}")))?;
-    serde_json::from_slice(&body)
-        .map_err(|e| Error::msg(format!("{endpoint}: not a spool status report: {e}")))
+        .map_err(Error::msg)
 }
 
 /// The running process's `/status` when it answers, else the queue alone.

@@ -18,7 +18,6 @@ use crate::error::{Context, Error};
 use crate::output::bucket::Bucket;
 use crate::output::reader;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -286,12 +285,7 @@ pub async fn verify(
                 Some(_) => {}
             }
             bucket.download(&s.path, &local).await?;
-            let sha = {
-                let mut h = Sha256::new();
-                let mut f = std::fs::File::open(&local)?;
-                std::io::copy(&mut f, &mut h)?;
-                crate::config::hex(&h.finalize())
-            };
+            let sha = crate::output::bucket::sha256_file(&local)?;
             if sha != s.sha256 {
                 problems.push(problem(
                     &s.path,
@@ -537,9 +531,7 @@ pub async fn download_published(
         for (k, s) in d.shards.iter().enumerate() {
             let local = folder.join(crate::output::shard::shard_file_name(k as u64));
             bucket.download(&s.path, &local).await?;
-            let mut h = Sha256::new();
-            std::io::copy(&mut std::fs::File::open(&local)?, &mut h)?;
-            let sha = crate::config::hex(&h.finalize());
+            let sha = crate::output::bucket::sha256_file(&local)?;
             if sha != s.sha256 {
                 return Err(Error::msg(format!(
                     "{}/{}: sha256 {sha}, the manifest says {}",

@@ -62,10 +62,7 @@ impl Partition {
                     }),
             }
         };
-        let count = match configured {
-            Some(n) => Some(n),
-            None => number("SLURM_ARRAY_TASK_COUNT")?.map(|n| n.min(u64::from(u32::MAX)) as u32),
-        };
+        let count = Self::count(configured, &env)?;
         let Some(count) = count else {
             // Not partitioned, unless an index was asked for explicitly.
             return match flag {
@@ -102,6 +99,28 @@ impl Partition {
             index: index as u32,
             count,
         }))
+    }
+
+    /// The job's partition count: `configured` (the config or `--partitions`), else
+    /// `SLURM_ARRAY_TASK_COUNT`; `None` when the job is not partitioned.
+    pub fn count(
+        configured: Option<u32>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<u32>, PartitionError> {
+        if configured.is_some() {
+            return Ok(configured);
+        }
+        match env("SLURM_ARRAY_TASK_COUNT").map(|v| v.trim().to_string()) {
+            None => Ok(None),
+            Some(v) if v.is_empty() => Ok(None),
+            Some(v) => v
+                .parse::<u64>()
+                .map(|n| Some(n.min(u64::from(u32::MAX)) as u32))
+                .map_err(|_| PartitionError::NotANumber {
+                    source_name: "SLURM_ARRAY_TASK_COUNT".into(),
+                    value: v,
+                }),
+        }
     }
 
     /// Whether this partition owns item `id` of `dataset`.

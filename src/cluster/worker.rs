@@ -363,26 +363,20 @@ impl Publisher {
         else {
             return;
         };
-        let url = format!("http://{}/status", addr.trim());
-        let Ok(client) = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(2))
-            .build()
+        let Ok(report) = crate::observe::status::fetch(
+            &format!("http://{}", addr.trim()),
+            Duration::from_secs(2),
+        )
+        .await
         else {
             return;
         };
-        let Ok(answer) = client.get(&url).send().await else {
+        let Ok(body) = serde_json::to_vec_pretty(&report) else {
             return;
         };
-        let Ok(body) = answer.bytes().await else {
-            return;
-        };
-        if serde_json::from_slice::<crate::observe::status::StatusReport>(&body).is_err() {
-            return;
-        }
         if let Err(e) = self
             .bucket
-            .put(&commits::status_key(self.partition.index), body)
+            .put(&commits::status_key(self.partition.index), body.into())
             .await
         {
             tracing::debug!(error = %e, "cannot copy the live status to the store");
@@ -496,7 +490,12 @@ impl Publisher {
                 spool_version: env!("CARGO_PKG_VERSION").to_string(),
             };
             if !kept.is_empty() {
-                let sha = sha256_file(&file).await?;
+                let sha = {
+                    let file = file.clone();
+                    tokio::task::spawn_blocking(move || crate::output::bucket::sha256_file(&file))
+                        .await
+                        .map_err(Error::runtime)??
+                };
                 let key =
                     commits::shard_key(self.partition.index, &self.writer, dataset, index, &sha);
                 let up = self.bucket.upload(&key, &file).await?;
@@ -621,20 +620,6 @@ impl Publisher {
         );
         Ok(())
     }
-}
-
-/// The hex sha256 of a file, read in the blocking pool.
-async fn sha256_file(path: &Path) -> Result<String, Error> {
-    let path = path.to_path_buf();
-    tokio::task::spawn_blocking(move || -> Result<String, Error> {
-        let mut f = std::fs::File::open(&path)
-            .with_context(|| format!("cannot open {}", path.display()))?;
-        let mut h = Sha256::new();
-        std::io::copy(&mut f, &mut h).with_context(|| format!("cannot read {}", path.display()))?;
-        Ok(crate::config::hex(&h.finalize()))
-    })
-    .await
-    .map_err(Error::runtime)?
 }
 
 #[cfg(test)]

@@ -10,6 +10,30 @@ use crate::store::queue::{Queue, QueueError};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// A running process's `/status` (`url` is its endpoint, with or without `/status`): for
+/// `spool status --url` and for a cluster worker copying its own to the store. The error
+/// names the endpoint.
+pub async fn fetch(url: &str, timeout: std::time::Duration) -> Result<StatusReport, String> {
+    let base = url.trim_end_matches('/');
+    let base = base.strip_suffix("/status").unwrap_or(base);
+    let endpoint = format!("{base}/status");
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(timeout)
+        .build()
+        .map_err(|e| format!("{endpoint}: {e}"))?;
+    let r = client
+        .get(&endpoint)
+        .send()
+        .await
+        .map_err(|e| format!("{endpoint}: no answer: {e}"))?;
+    if !r.status().is_success() {
+        return Err(format!("{endpoint}: answered {}", r.status()));
+    }
+    let body = r.bytes().await.map_err(|e| format!("{endpoint}: {e}"))?;
+    serde_json::from_slice(&body).map_err(|e| format!("{endpoint}: not a spool status report: {e}"))
+}
+
 /// Where a dataset stands: the one vocabulary of `spool status`, `/status`, and the
 /// progress bars, so a state reads the same on every screen and in the JSON.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -45,6 +45,17 @@ pub enum BucketError {
     },
 }
 
+/// The hex sha256 of a file: what an upload reports and a manifest records.
+pub fn sha256_file(path: &Path) -> Result<String, BucketError> {
+    let io = |source| BucketError::Io {
+        path: path.into(),
+        source,
+    };
+    let mut h = Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path).map_err(io)?, &mut h).map_err(io)?;
+    Ok(crate::config::hex(&h.finalize()))
+}
+
 /// Whether a configured location is an object-store URL rather than a path.
 pub fn is_url(s: &str) -> bool {
     s.starts_with("s3://") || s.starts_with("file://") || s.starts_with("memory://")
