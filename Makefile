@@ -8,11 +8,14 @@ build:
 demo:
 	bash scripts/demo.sh
 
-## The whole test suite (unit + integration, real sled, real Parquet read back by pyarrow/DuckDB).
-## Also needs `prometheus` and `promtool` (Debian's `prometheus` package) for tests/it/observability.rs
-## and `strace` for tests/it/power.rs (.ci/run installs both).
+## The whole test suite (unit + integration, real sled, real Parquet read back by pyarrow/DuckDB),
+## set up first by scripts/test_env.sh: a project-local .venv/ from tests/requirements*.txt
+## (reused while they are unchanged) and Debian's prometheus, strace and systemd (installed
+## when root, else named). This is all CI runs.
 test:
-	@if cargo nextest --version >/dev/null 2>&1; then \
+	@bash scripts/test_env.sh
+	@export PATH="$(CURDIR)/.venv/bin:$$PATH" SPOOL_TEST_REQUIRE_DUCKDB=1; \
+	if cargo nextest --version >/dev/null 2>&1; then \
 		cargo nextest run --no-fail-fast --status-level fail --final-status-level slow; \
 	else \
 		cargo test --no-fail-fast; \
