@@ -26,7 +26,9 @@ use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
 use serde_json::{Map, Value as JsonValue};
 
 use super::error::{load_error, TemplateError};
-use super::python::{json_to_value, message_to_value, py_str, tojson_filter, OrderedMap};
+use super::python::{
+    is_iterable, is_sequence, json_to_value, message_to_value, py_str, tojson_filter, OrderedMap,
+};
 use super::sha256_hex;
 
 /// Name under which the one template lives in its environment; it shows in error
@@ -337,6 +339,8 @@ fn new_environment() -> Environment<'static> {
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.set_formatter(|out, _state, value| out.write_str(&py_str(value)).map_err(Error::from));
     env.add_filter("tojson", tojson_filter);
+    env.add_test("iterable", is_iterable);
+    env.add_test("sequence", is_sequence);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     env

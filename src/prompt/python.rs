@@ -87,19 +87,65 @@ pub(super) fn json_to_value(value: &JsonValue) -> Value {
     }
 }
 
-/// A message as a template value: like [`json_to_value`], minus null-valued keys.
+/// Names a message's reasoning may come under, in the order transformers looks for it.
+const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
+
+/// A message as transformers' `apply_chat_template` hands it to the template: null-valued
+/// keys dropped (`_normalize_chat_messages`), then the reasoning aliased
+/// (`_alias_reasoning_fields`): when any of `reasoning_content`, `thinking`, `reasoning` is
+/// set, the first of them becomes both `thinking` (first key, unless the message has its own)
+/// and `reasoning_content` (in its place, else last), so every template finds it.
 pub(super) fn message_to_value(message: &JsonValue) -> Value {
-    match message {
-        JsonValue::Object(map) => {
-            let entries = map
-                .iter()
-                .filter(|(_, v)| !v.is_null())
-                .map(|(k, v)| (Value::from(k.as_str()), json_to_value(v)))
-                .collect();
-            Value::from_object(OrderedMap { entries })
-        }
-        other => json_to_value(other),
+    let JsonValue::Object(map) = message else {
+        return json_to_value(message);
+    };
+    let present = |(_, v): &(&String, &JsonValue)| !v.is_null();
+    let reasoning = REASONING_FIELDS
+        .iter()
+        .find_map(|key| map.get(*key).filter(|v| !v.is_null()));
+    let mut entries: Vec<(Value, Value)> = Vec::with_capacity(map.len() + 2);
+    if let Some(reasoning) = reasoning {
+        let thinking = map
+            .get("thinking")
+            .filter(|v| !v.is_null())
+            .unwrap_or(reasoning);
+        entries.push((Value::from("thinking"), json_to_value(thinking)));
     }
+    for (key, value) in map.iter().filter(present) {
+        match (key.as_str(), reasoning) {
+            ("thinking", Some(_)) => {}
+            ("reasoning_content", Some(reasoning)) => {
+                entries.push((Value::from(key.as_str()), json_to_value(reasoning)))
+            }
+            _ => entries.push((Value::from(key.as_str()), json_to_value(value))),
+        }
+    }
+    if let Some(reasoning) = reasoning {
+        if map.get("reasoning_content").is_none_or(JsonValue::is_null) {
+            entries.push((Value::from("reasoning_content"), json_to_value(reasoning)));
+        }
+    }
+    Value::from_object(OrderedMap { entries })
+}
+
+/// jinja2's `iterable` test (`iter(value)` succeeds): strings, lists, dicts and undefined
+/// are; `none` is not, where minijinja would iterate it as empty.
+pub(super) fn is_iterable(value: &Value) -> bool {
+    value.is_undefined()
+        || matches!(
+            value.kind(),
+            ValueKind::String | ValueKind::Seq | ValueKind::Map | ValueKind::Iterable
+        )
+}
+
+/// jinja2's `sequence` test (`len(value)` and `value.__getitem__` exist): strings, lists,
+/// dicts and undefined are; `none`, numbers and generators are not.
+pub(super) fn is_sequence(value: &Value) -> bool {
+    value.is_undefined()
+        || matches!(
+            value.kind(),
+            ValueKind::String | ValueKind::Seq | ValueKind::Map
+        )
 }
 
 /// Python's `repr(float)` (shortest round-trip digits, exponent outside 1e-4..1e16).
