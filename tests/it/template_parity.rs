@@ -54,6 +54,12 @@ const FAMILIES: &[(&str, &str, Option<&str>)] = &[
         None,
     ),
     ("gpt-oss", "templates/gpt-oss/chat_template.jinja", None),
+    // spool's own: jinja2 behaviours real templates lean on, one probe per expression.
+    (
+        "jinja-probes",
+        "templates/jinja-probes/chat_template.jinja",
+        None,
+    ),
 ];
 
 /// The fewest conversations every template must be tried on.

@@ -13,7 +13,11 @@ Each pair is rendered exactly as `PreTrainedTokenizerBase.apply_chat_template(me
 tools=tools, add_generation_prompt=..., tokenize=False, **kwargs)` does it: messages go
 through `_normalize_chat_messages` (keys whose value is None are dropped), the special tokens
 (`special_tokens_map`: the named attributes that are set) come first and kwargs override them,
-then `render_jinja_template` renders. Writes one JSON line per pair to stdout: `template`,
+then `render_jinja_template` renders. Where the config's `auto_map` names Moonshot's
+`tokenization_kimi.TikTokenTokenizer`, tools first go through that tokenizer's own step: its
+`apply_chat_template` override calls `deep_sort_dict(tools)` (every dict's keys sorted, at
+every depth, lists kept in order) before transformers' — restated here as
+`kimi_deep_sort`, since Moonshot's file cannot be shipped with the tests. Writes one JSON line per pair to stdout: `template`,
 `id`, and either `rendered` (and `input_ids`) or `error` (the exception's message) with
 `error_type`.
 """
@@ -46,14 +50,30 @@ def special_tokens(config):
     return out
 
 
+def kimi_deep_sort(obj):
+    """Moonshot's `deep_sort_dict` (tokenization_kimi.py), as it reads."""
+    if isinstance(obj, dict):
+        return {k: kimi_deep_sort(v) for k, v in sorted(obj.items())}
+    if isinstance(obj, list):
+        return [kimi_deep_sort(item) for item in obj]
+    return obj
+
+
+def is_kimi_tokenizer(config):
+    names = (config.get("auto_map") or {}).get("AutoTokenizer") or []
+    names = [names] if isinstance(names, str) else names
+    return any(isinstance(n, str) and n.startswith("tokenization_kimi.") for n in names)
+
+
 def load_template(path):
+    """The template source, the special tokens, and whether tools are deep-sorted first."""
     path = Path(path)
     if path.suffix == ".json":
         config = json.loads(path.read_text(encoding="utf-8"))
-        return config["chat_template"], special_tokens(config)
+        return config["chat_template"], special_tokens(config), is_kimi_tokenizer(config)
     config_path = path.with_name("tokenizer_config.json")
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
-    return path.read_text(encoding="utf-8"), special_tokens(config)
+    return path.read_text(encoding="utf-8"), special_tokens(config), is_kimi_tokenizer(config)
 
 
 def load_tokenizer(path):
@@ -66,12 +86,15 @@ def load_tokenizer(path):
     return lambda text: tokenizer.encode(text, add_special_tokens=False).ids
 
 
-def render(source, tokens, row):
+def render(source, tokens, sort_tools, row):
     messages = _normalize_chat_messages(row["messages"])
+    tools = row.get("tools")
+    if sort_tools:
+        tools = kimi_deep_sort(tools)
     template_kwargs = {**tokens, **row.get("kwargs", {})}
     rendered, _ = render_jinja_template(
         conversations=[messages],
-        tools=row.get("tools"),
+        tools=tools,
         chat_template=source,
         add_generation_prompt=row["add_generation_prompt"],
         **template_kwargs,
@@ -85,12 +108,12 @@ def main():
     out.write(json.dumps({"transformers": transformers.__version__, "jinja2": __import__("jinja2").__version__}) + "\n")
     for spec in sys.argv[2:]:
         name, path, *tokenizer_path = spec.split("=")
-        source, tokens = load_template(path)
+        source, tokens, sort_tools = load_template(path)
         encode = load_tokenizer(tokenizer_path[0]) if tokenizer_path else None
         for row in conversations:
             record = {"template": name, "id": row["id"]}
             try:
-                record["rendered"] = render(source, tokens, row)
+                record["rendered"] = render(source, tokens, sort_tools, row)
                 if encode is not None:
                     record["input_ids"] = encode(record["rendered"])
             except Exception as e:  # the oracle's verdict, whatever the kind
