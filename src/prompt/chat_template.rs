@@ -9,12 +9,26 @@
 //! - Every error names the template file; `raise_exception` is its own variant
 //!   ([`TemplateError::Raised`]) so callers can reject just that row.
 //! - A template is `Send + Sync` and cheap to clone (shared through `Arc`).
+//! - Messages reach the template as transformers' `apply_chat_template` passes them:
+//!   null-valued keys dropped and the reasoning aliased to `thinking` and
+//!   `reasoning_content` (see [`super::python`]); nothing else is changed.
+//! - jinja2's semantics where minijinja's differ: dict literals keep their order
+//!   (`preserve_order`), `none` is neither `iterable` nor a `sequence` (strings and dicts
+//!   are both), values print as Python prints them (`~`, `|string`), and `str.title()`
+//!   upper-cases after any non-letter. `tests/it/template_parity.rs` checks all of it against
+//!   transformers on the frontier models' templates and a probe template.
 //!
-//! Known differences from jinja2, none of which the shipped goldens exercise: dict
-//! literals written inside a template iterate in sorted key order (minijinja without
-//! `preserve_order`), `~` and `|string` print `none`/`true` rather than `None`/`True`,
-//! `{% generation %}` blocks (transformers' assistant-mask extension) are rendered as
-//! plain blocks, so a `set` inside them leaks to the enclosing scope.
+//! Known differences from jinja2. Failing loudly (the row is refused): `'…' % args` string
+//! formatting, the `wordcount`, `center` and `truncate` filters and the rarer `str` methods
+//! (`zfill`, …) are missing. Rendering differently: tuples print as lists (`(1, 2)` and
+//! `d | items | list` show `[…]`). transformers' sandbox refuses `list.append`; minijinja
+//! has no such method, so both refuse. `{% generation %}` blocks (transformers' assistant-mask extension) render as plain
+//! blocks, so a `set` inside them leaks to the enclosing scope. Model code outside the
+//! template is not run, with two exceptions taken from Moonshot's `tokenization_kimi.py`: with
+//! its tokenizer named in `tokenizer_config.json`, tool keys are sorted at every depth as it
+//! does; and a template that reads `tools_ts_str` (Kimi K2.5: tools as TypeScript
+//! declarations, computed by that Python code) refuses rows with tools unless the caller
+//! passes `tools_ts_str`, as such rows must be rendered on the server.
 
 use std::borrow::Cow;
 use std::fmt::{self, Write as _};
@@ -26,12 +40,19 @@ use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
 use serde_json::{Map, Value as JsonValue};
 
 use super::error::{load_error, TemplateError};
-use super::python::{json_to_value, message_to_value, py_str, tojson_filter, OrderedMap};
+use super::python::{
+    is_iterable, is_sequence, json_to_value, message_to_value, py_str, tojson_filter,
+    unknown_method, OrderedMap,
+};
 use super::sha256_hex;
 
 /// Name under which the one template lives in its environment; it shows in error
 /// locations (`in chat_template:12`), whose line numbers count from the template's start.
 const TEMPLATE_NAME: &str = "chat_template";
+
+/// The variable in which Kimi K2.5's `tokenization_kimi.py` passes tools as TypeScript
+/// declarations (its `tool_declaration_ts.py`); its template prefers it to `tools`.
+const TOOLS_TS_STR: &str = "tools_ts_str";
 
 /// The special-token attributes transformers passes to every template render.
 const SPECIAL_TOKEN_KEYS: [&str; 7] = [
@@ -58,6 +79,8 @@ struct TemplateInner {
     /// Special tokens as plain strings, in the order read.
     special_tokens: Map<String, JsonValue>,
     origin: PathBuf,
+    /// The model's tokenizer sorts tool schema keys before rendering (Kimi K2).
+    sort_tool_keys: bool,
 }
 
 impl fmt::Debug for ChatTemplate {
@@ -86,8 +109,10 @@ impl ChatTemplate {
             .extension()
             .is_some_and(|ext| ext.eq_ignore_ascii_case("json"));
         if !is_json {
-            let tokens = sibling_special_tokens(path);
-            return Self::from_source(&text, tokens, path.to_path_buf());
+            let config = sibling_config(path);
+            let tokens = special_tokens_from_config(&config);
+            return Ok(Self::from_source(&text, tokens, path.to_path_buf())?
+                .sorting_tool_keys(sorts_tool_keys(&config)));
         }
         let config: JsonValue = serde_json::from_str(&text)
             .map_err(|e| load_error(path, format!("not valid JSON: {e}")))?;
@@ -95,7 +120,8 @@ impl ChatTemplate {
             return Err(load_error(path, "not a JSON object"));
         };
         let tokens = special_tokens_from_config(config);
-        match config.get("chat_template") {
+        let sort = sorts_tool_keys(config);
+        let template = match config.get("chat_template") {
             Some(JsonValue::String(source)) => {
                 Self::from_source(source, tokens, path.to_path_buf())
             }
@@ -122,7 +148,17 @@ impl ChatTemplate {
                     json_kind(other)
                 ),
             )),
+        };
+        Ok(template?.sorting_tool_keys(sort))
+    }
+
+    /// Sorts the keys of `tools` at every depth before rendering, as Moonshot's
+    /// `tokenization_kimi.py` does in `apply_chat_template` (`deep_sort_dict`).
+    fn sorting_tool_keys(mut self, on: bool) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.sort_tool_keys = on;
         }
+        self
     }
 
     /// Builds a template from its source. `special_tokens` become top-level variables
@@ -153,6 +189,7 @@ impl ChatTemplate {
                 source: source.to_owned(),
                 special_tokens,
                 origin,
+                sort_tool_keys: false,
             }),
         })
     }
@@ -186,7 +223,25 @@ impl ChatTemplate {
         ctx.insert("tools", Value::from(()));
         ctx.insert("documents", Value::from(()));
         for (key, value) in extra {
-            ctx.insert(key.as_str(), json_to_value(value));
+            match key.as_str() {
+                "tools" if inner.sort_tool_keys => {
+                    ctx.insert("tools", json_to_value(&deep_sorted(value)))
+                }
+                key => ctx.insert(key, json_to_value(value)),
+            }
+        }
+        let has_tools = extra
+            .get("tools")
+            .is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()));
+        if has_tools && !extra.contains_key(TOOLS_TS_STR) && inner.source.contains(TOOLS_TS_STR) {
+            return Err(TemplateError::Render {
+                template: inner.origin.clone(),
+                detail: format!(
+                    "this template declares tools from `{TOOLS_TS_STR}`, which the model's own \
+                     tokenizer code (Kimi's tokenization_kimi.py) computes and spool cannot: \
+                     render rows with tools on the server"
+                ),
+            });
         }
         ctx.insert("messages", Value::from(messages));
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
@@ -279,8 +334,45 @@ fn special_tokens_from_config(config: &Map<String, JsonValue>) -> Map<String, Js
         .collect()
 }
 
-/// Special tokens of the `tokenizer_config.json` next to a template file, if readable.
-fn sibling_special_tokens(template: &Path) -> Map<String, JsonValue> {
+/// Whether the config's tokenizer is Moonshot's `TikTokenTokenizer`, whose
+/// `apply_chat_template` sorts tool keys (`auto_map.AutoTokenizer` names
+/// `tokenization_kimi.…`).
+fn sorts_tool_keys(config: &Map<String, JsonValue>) -> bool {
+    let names = |v: &JsonValue| match v {
+        JsonValue::String(s) => s.starts_with("tokenization_kimi."),
+        JsonValue::Array(list) => list.iter().any(|v| {
+            v.as_str()
+                .is_some_and(|s| s.starts_with("tokenization_kimi."))
+        }),
+        _ => false,
+    };
+    config
+        .get("auto_map")
+        .and_then(|m| m.get("AutoTokenizer"))
+        .is_some_and(names)
+}
+
+/// `value` with every object's keys in sorted order, at every depth (Python's
+/// `sorted(dict.items())` compares keys by code point, as `str::cmp` does).
+fn deep_sorted(value: &JsonValue) -> JsonValue {
+    match value {
+        JsonValue::Object(map) => {
+            let mut entries: Vec<(&String, &JsonValue)> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            JsonValue::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k.clone(), deep_sorted(v)))
+                    .collect(),
+            )
+        }
+        JsonValue::Array(items) => JsonValue::Array(items.iter().map(deep_sorted).collect()),
+        other => other.clone(),
+    }
+}
+
+/// The `tokenizer_config.json` next to a template file, if readable (else empty).
+fn sibling_config(template: &Path) -> Map<String, JsonValue> {
     let config_path = template.with_file_name("tokenizer_config.json");
     let Ok(text) = std::fs::read_to_string(&config_path) else {
         return Map::new();
@@ -288,7 +380,7 @@ fn sibling_special_tokens(template: &Path) -> Map<String, JsonValue> {
     match serde_json::from_str::<JsonValue>(text.trim_start_matches('\u{feff}')) {
         Ok(JsonValue::Object(config)) => {
             tracing::debug!(config = %config_path.display(), "special tokens for the chat template");
-            special_tokens_from_config(&config)
+            config
         }
         _ => {
             tracing::warn!(
@@ -334,9 +426,11 @@ fn new_environment() -> Environment<'static> {
     env.set_undefined_behavior(UndefinedBehavior::Lenient);
     env.set_auto_escape_callback(|_| AutoEscape::None);
     env.set_debug(false);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_unknown_method_callback(unknown_method);
     env.set_formatter(|out, _state, value| out.write_str(&py_str(value)).map_err(Error::from));
     env.add_filter("tojson", tojson_filter);
+    env.add_test("iterable", is_iterable);
+    env.add_test("sequence", is_sequence);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     env
@@ -697,6 +791,54 @@ mod tests {
             )
             .unwrap();
         assert_eq!(out, r#"False|X|[{"b": 1, "a": 2}]"#);
+    }
+
+    /// With Moonshot's tokenizer named in the config, tool keys are sorted at every depth
+    /// before rendering (its `deep_sort_dict`); other configs keep the row's order. A template
+    /// that reads `tools_ts_str` refuses rows with tools unless the caller passes it.
+    #[test]
+    fn kimi_tool_keys_are_sorted_and_tools_ts_str_is_required() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chat_template.jinja");
+        std::fs::write(&path, "{{ tools | tojson }}").unwrap();
+        let tools = json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": [{"y": 2, "b": 3}]}}}]});
+        let render = |t: &ChatTemplate| {
+            t.render(&json!([]), false, tools.as_object().unwrap())
+                .unwrap()
+        };
+        let plain = ChatTemplate::from_file(&path).unwrap();
+        assert_eq!(
+            render(&plain),
+            r#"[{"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": [{"y": 2, "b": 3}]}}}]"#
+        );
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            r#"{"auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", null]}}"#,
+        )
+        .unwrap();
+        let kimi = ChatTemplate::from_file(&path).unwrap();
+        assert_eq!(
+            render(&kimi),
+            r#"[{"function": {"name": "f", "parameters": {"a": [{"b": 3, "y": 2}], "z": 1}}, "type": "function"}]"#
+        );
+
+        let k25 = template(
+            "{% if tools %}{{ tools_ts_str if tools_ts_str else tools | tojson }}{% endif %}",
+        );
+        let err = k25
+            .render(&json!([]), false, tools.as_object().unwrap())
+            .unwrap_err();
+        assert!(
+            err.is_row_error() && err.to_string().contains("tools_ts_str"),
+            "{err}"
+        );
+        let mut extra = tools.as_object().unwrap().clone();
+        extra.insert("tools_ts_str".into(), json!("type f = () => any;"));
+        assert_eq!(
+            k25.render(&json!([]), false, &extra).unwrap(),
+            "type f = () => any;"
+        );
+        assert_eq!(k25.render(&json!([]), false, &Map::new()).unwrap(), "");
     }
 
     /// `{% generation %}` blocks render as their content, modifiers kept, and the word

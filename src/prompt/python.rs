@@ -9,7 +9,7 @@ use std::fmt::{self, Write as _};
 use std::sync::Arc;
 
 use minijinja::value::{Kwargs, Object, ObjectExt, ObjectRepr, Value, ValueKind};
-use minijinja::{Error, ErrorKind};
+use minijinja::{Error, ErrorKind, State};
 use serde_json::Value as JsonValue;
 
 /// A map that keeps insertion order (minijinja's own maps sort their keys unless built
@@ -87,19 +87,99 @@ pub(super) fn json_to_value(value: &JsonValue) -> Value {
     }
 }
 
-/// A message as a template value: like [`json_to_value`], minus null-valued keys.
+/// Names a message's reasoning may come under, in the order transformers looks for it.
+const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
+
+/// A message as transformers' `apply_chat_template` hands it to the template: null-valued
+/// keys dropped (`_normalize_chat_messages`), then the reasoning aliased
+/// (`_alias_reasoning_fields`): when any of `reasoning_content`, `thinking`, `reasoning` is
+/// set, the first of them becomes both `thinking` (first key, unless the message has its own)
+/// and `reasoning_content` (in its place, else last), so every template finds it.
 pub(super) fn message_to_value(message: &JsonValue) -> Value {
-    match message {
-        JsonValue::Object(map) => {
-            let entries = map
-                .iter()
-                .filter(|(_, v)| !v.is_null())
-                .map(|(k, v)| (Value::from(k.as_str()), json_to_value(v)))
-                .collect();
-            Value::from_object(OrderedMap { entries })
-        }
-        other => json_to_value(other),
+    let JsonValue::Object(map) = message else {
+        return json_to_value(message);
+    };
+    let present = |(_, v): &(&String, &JsonValue)| !v.is_null();
+    let reasoning = REASONING_FIELDS
+        .iter()
+        .find_map(|key| map.get(*key).filter(|v| !v.is_null()));
+    let mut entries: Vec<(Value, Value)> = Vec::with_capacity(map.len() + 2);
+    if let Some(reasoning) = reasoning {
+        let thinking = map
+            .get("thinking")
+            .filter(|v| !v.is_null())
+            .unwrap_or(reasoning);
+        entries.push((Value::from("thinking"), json_to_value(thinking)));
     }
+    for (key, value) in map.iter().filter(present) {
+        match (key.as_str(), reasoning) {
+            ("thinking", Some(_)) => {}
+            ("reasoning_content", Some(reasoning)) => {
+                entries.push((Value::from(key.as_str()), json_to_value(reasoning)))
+            }
+            _ => entries.push((Value::from(key.as_str()), json_to_value(value))),
+        }
+    }
+    if let Some(reasoning) = reasoning {
+        if map.get("reasoning_content").is_none_or(JsonValue::is_null) {
+            entries.push((Value::from("reasoning_content"), json_to_value(reasoning)));
+        }
+    }
+    Value::from_object(OrderedMap { entries })
+}
+
+/// jinja2's `iterable` test (`iter(value)` succeeds): strings, lists, dicts and undefined
+/// are; `none` is not, where minijinja would iterate it as empty.
+pub(super) fn is_iterable(value: &Value) -> bool {
+    value.is_undefined()
+        || matches!(
+            value.kind(),
+            ValueKind::String | ValueKind::Seq | ValueKind::Map | ValueKind::Iterable
+        )
+}
+
+/// jinja2's `sequence` test (`len(value)` and `value.__getitem__` exist): strings, lists,
+/// dicts and undefined are; `none`, numbers and generators are not.
+pub(super) fn is_sequence(value: &Value) -> bool {
+    value.is_undefined()
+        || matches!(
+            value.kind(),
+            ValueKind::String | ValueKind::Seq | ValueKind::Map
+        )
+}
+
+/// String methods as Python has them, where minijinja-contrib's `pycompat` differs; every
+/// other method goes to `pycompat`.
+pub(super) fn unknown_method(
+    state: &mut State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
+    if let (Some(s), "title", []) = (value.as_str(), method, args) {
+        return Ok(Value::from(py_title(s)));
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// Python's `str.title()`: a cased character is upper-cased after an uncased one (any
+/// non-letter, not just whitespace: `</think>` becomes `</Think>`), lower-cased after a cased
+/// one.
+fn py_title(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut after_cased = false;
+    for c in s.chars() {
+        let cased = c.is_lowercase() || c.is_uppercase();
+        if cased && after_cased {
+            out.extend(c.to_lowercase());
+        } else if cased {
+            out.extend(c.to_uppercase());
+        } else {
+            out.push(c);
+        }
+        after_cased = cased;
+    }
+    out
 }
 
 /// Python's `repr(float)` (shortest round-trip digits, exponent outside 1e-4..1e16).
@@ -551,6 +631,54 @@ mod tests {
             render_expr("{% for k, v in x.items() %}{{ k }};{% endfor %}", vars),
             "name;b;a;"
         );
+    }
+
+    /// `str.title()` upper-cases after any uncased character, as Python does; `none` is
+    /// neither iterable nor a sequence, strings and dicts are both, undefined is both.
+    #[test]
+    fn title_and_jinja2_tests_follow_python() {
+        assert_eq!(
+            py_title("</think> it's 1st ÉTÉ 中文x"),
+            "</Think> It'S 1St Été 中文X"
+        );
+        let vars = json!({"n": null, "s": "x", "d": {"a": 1}, "l": [1]});
+        assert_eq!(
+            render_expr(
+                "{{ n is iterable }}{{ n is sequence }}{{ s is iterable }}{{ s is sequence }}{{ d is sequence }}{{ l is sequence }}{{ nope is iterable }}{{ nope is sequence }}|{{ '{\"k\": 1}'.title() }}",
+                vars
+            ),
+            "FalseFalseTrueTrueTrueTrueTrueTrue|{\"K\": 1}"
+        );
+    }
+
+    /// Null keys are dropped, and the first reasoning field found becomes `thinking` (first
+    /// key) and `reasoning_content` (in its place, else last), as transformers aliases them.
+    #[test]
+    fn messages_drop_nulls_and_alias_reasoning() {
+        let keys = |message: JsonValue| {
+            let value = message_to_value(&message);
+            let mut out = Vec::new();
+            for key in value.try_iter().unwrap() {
+                let item = value.get_item(&key).unwrap();
+                out.push(format!("{}={}", key, py_str(&item)));
+            }
+            out.join(" ")
+        };
+        assert_eq!(
+            keys(json!({"role": "assistant", "content": "a", "reasoning": "r", "name": null})),
+            "thinking=r role=assistant content=a reasoning=r reasoning_content=r"
+        );
+        assert_eq!(
+            keys(
+                json!({"role": "assistant", "reasoning_content": "rc", "thinking": "t", "content": "a"})
+            ),
+            "thinking=t role=assistant reasoning_content=rc content=a"
+        );
+        assert_eq!(
+            keys(json!({"role": "assistant", "reasoning_content": null, "thinking": "t"})),
+            "thinking=t role=assistant reasoning_content=t"
+        );
+        assert_eq!(keys(json!({"role": "user", "content": null})), "role=user");
     }
 
     /// Values print as Python's `str()` prints them, floats as its `repr()`.

@@ -30,5 +30,6 @@ mod security;
 mod shard_read;
 mod signals;
 mod template_golden;
+mod template_parity;
 mod tls;
 mod verify;
