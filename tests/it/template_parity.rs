@@ -26,9 +26,10 @@ const FAMILIES: &[(&str, &str, Option<&str>)] = &[
         Some("tokenizers/qwen3/tokenizer.json"),
     ),
     ("kimi-k2", "templates/kimi-k2/chat_template.jinja", None),
+    // llama.cpp's edit of K2-Instruct-0905's template (no public copy of Moonshot's own).
     (
-        "kimi-k2-instruct",
-        "templates/kimi-k2-instruct/chat_template.jinja",
+        "kimi-k2-instruct-llamacpp",
+        "templates/kimi-k2-instruct-llamacpp/chat_template.jinja",
         None,
     ),
     (
@@ -36,6 +37,8 @@ const FAMILIES: &[(&str, &str, Option<&str>)] = &[
         "templates/kimi-k2-thinking/chat_template.jinja",
         None,
     ),
+    // Its tools are declared by Moonshot's tokenization_kimi.py (tools_ts_str).
+    ("kimi-k2.5", "templates/kimi-k2.5/chat_template.jinja", None),
     (
         "deepseek-v3.1",
         "templates/deepseek-v3.1/chat_template.jinja",
@@ -218,7 +221,7 @@ fn templates_render_as_transformers_renders_them() {
             }
         }
         table.push(format!(
-            "{name:<18} rendered {:>3}  refused {:>3}  agreeing {:>3} / {}",
+            "{name:<25} rendered {:>3}  refused {:>3}  agreeing {:>3} / {}",
             counts.rendered,
             counts.refused,
             counts.agreeing,
