@@ -3,7 +3,9 @@
 //! own `render_jinja_template` (tests/python/render_templates.py, the oracle) and once with
 //! spool's `ChatTemplate`. Every pair the oracle renders, spool renders to the same text (and,
 //! where the family has a tokenizer here, to the same ids); every pair the oracle refuses,
-//! spool refuses too, with the template's own message when the template raised it.
+//! spool refuses too, with the template's own message when the template raised it. Where a
+//! template's `tokenizer_config.json` names Moonshot's tokenizer, the oracle runs Moonshot's
+//! own `apply_chat_template` code first (tests/fixtures/moonshot/), as loading the model does.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
