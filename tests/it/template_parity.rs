@@ -31,7 +31,7 @@ const FAMILIES: &[(&str, &str, Option<&str>)] = &[
     // llama.cpp's edit of K2-Instruct-0905's template (no public copy of Moonshot's own).
     (
         "kimi-k2-instruct-llamacpp",
-        "templates/kimi-k2-instruct-llamacpp/chat_template.jinja",
+        "templates/kimi-k2-instruct/chat_template.jinja",
         None,
     ),
     (
@@ -51,8 +51,17 @@ const FAMILIES: &[(&str, &str, Option<&str>)] = &[
         "templates/deepseek-v3.2/chat_template.jinja",
         None,
     ),
-    ("glm-4.5", "templates/glm-4.5/chat_template.jinja", None),
-    ("glm-4.6", "templates/glm-4.6/chat_template.jinja", None),
+    // llama.cpp's edits of Z.ai's templates (no public copy of Z.ai's own).
+    (
+        "glm-4.5-llamacpp",
+        "templates/glm-4.5/chat_template.jinja",
+        None,
+    ),
+    (
+        "glm-4.6-llamacpp",
+        "templates/glm-4.6/chat_template.jinja",
+        None,
+    ),
     (
         "minimax-m2",
         "templates/minimax-m2/chat_template.jinja",
