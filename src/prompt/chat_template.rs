@@ -23,12 +23,28 @@
 //! (`zfill`, …) are missing. Rendering differently: tuples print as lists (`(1, 2)` and
 //! `d | items | list` show `[…]`). transformers' sandbox refuses `list.append`; minijinja
 //! has no such method, so both refuse. `{% generation %}` blocks (transformers' assistant-mask extension) render as plain
-//! blocks, so a `set` inside them leaks to the enclosing scope. Model code outside the
-//! template is not run, with two exceptions taken from Moonshot's `tokenization_kimi.py`: with
-//! its tokenizer named in `tokenizer_config.json`, tool keys are sorted at every depth as it
-//! does; and a template that reads `tools_ts_str` (Kimi K2.5: tools as TypeScript
-//! declarations, computed by that Python code) refuses rows with tools unless the caller
-//! passes `tools_ts_str`, as such rows must be rendered on the server.
+//! blocks, so a `set` inside them leaks to the enclosing scope.
+//!
+//! Model code outside the template: transformers runs a model's own tokenizer class, and
+//! only Moonshot's `tokenization_kimi.py` (named in `tokenizer_config.json` as
+//! `auto_map.AutoTokenizer = tokenization_kimi.TikTokenTokenizer`) changes what the template
+//! gets. spool reproduces its `apply_chat_template` override, in its two versions:
+//! - K2, K2-Instruct, K2-Thinking: `tools` with every object's keys sorted, at every depth
+//!   (`deep_sort_dict`).
+//! - K2.5 / K2.6, recognised by a template that reads `tools_ts_str`: the sorted tools, and
+//!   `tools_ts_str` = `encode_tools_to_typescript_style(tools)` of Moonshot's
+//!   `tool_declaration_ts.py` ([`super::kimi_tools`]) whenever `tools` is non-empty. When the
+//!   encoder fails (Python raises on schemas it cannot declare), `tools_ts_str` is left out and
+//!   the template declares the tools as compact JSON, as the vendor code does; a successful
+//!   encoding replaces any `tools_ts_str` the caller passed. The override's defaults apply:
+//!   `thinking = true` and `preserve_thinking = false` are template variables unless the run's
+//!   or the row's template variables (`chat_template_kwargs`, `kwargs`) set them. Its other defaults are moot here:
+//!   `add_generation_prompt = True` is what spool always renders with, `tokenize = False` is
+//!   how spool renders before encoding.
+//!
+//! A template that reads `tools_ts_str` without Moonshot's tokenizer named beside it refuses
+//! rows with tools (unless the caller passes `tools_ts_str`): its declarations would depend on
+//! tokenizer code spool cannot see.
 
 use std::borrow::Cow;
 use std::fmt::{self, Write as _};
@@ -40,8 +56,9 @@ use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior};
 use serde_json::{Map, Value as JsonValue};
 
 use super::error::{load_error, TemplateError};
+use super::kimi_tools::encode_tools_to_typescript_style;
 use super::python::{
-    is_iterable, is_sequence, json_to_value, message_to_value, py_str, tojson_filter,
+    is_iterable, is_sequence, json_to_value, json_truthy, message_to_value, py_str, tojson_filter,
     unknown_method, OrderedMap,
 };
 use super::sha256_hex;
@@ -79,8 +96,21 @@ struct TemplateInner {
     /// Special tokens as plain strings, in the order read.
     special_tokens: Map<String, JsonValue>,
     origin: PathBuf,
-    /// The model's tokenizer sorts tool schema keys before rendering (Kimi K2).
-    sort_tool_keys: bool,
+    /// What the model's own tokenizer code does before the template renders.
+    model_code: ModelCode,
+}
+
+/// The Python-side rendering a model's `tokenization_*.py` adds to transformers' own, which
+/// spool reproduces (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ModelCode {
+    /// transformers' `apply_chat_template` as is.
+    None,
+    /// Moonshot's K2 `tokenization_kimi.py`: tool keys sorted at every depth.
+    KimiSortedTools,
+    /// Moonshot's K2.5 / K2.6 `tokenization_kimi.py`: tool keys sorted, `tools_ts_str`
+    /// computed from them, `thinking = true` and `preserve_thinking = false` by default.
+    KimiTypeScriptTools,
 }
 
 impl fmt::Debug for ChatTemplate {
@@ -112,7 +142,7 @@ impl ChatTemplate {
             let config = sibling_config(path);
             let tokens = special_tokens_from_config(&config);
             return Ok(Self::from_source(&text, tokens, path.to_path_buf())?
-                .sorting_tool_keys(sorts_tool_keys(&config)));
+                .with_model_code(is_kimi_tokenizer(&config)));
         }
         let config: JsonValue = serde_json::from_str(&text)
             .map_err(|e| load_error(path, format!("not valid JSON: {e}")))?;
@@ -120,7 +150,7 @@ impl ChatTemplate {
             return Err(load_error(path, "not a JSON object"));
         };
         let tokens = special_tokens_from_config(config);
-        let sort = sorts_tool_keys(config);
+        let kimi = is_kimi_tokenizer(config);
         let template = match config.get("chat_template") {
             Some(JsonValue::String(source)) => {
                 Self::from_source(source, tokens, path.to_path_buf())
@@ -149,14 +179,19 @@ impl ChatTemplate {
                 ),
             )),
         };
-        Ok(template?.sorting_tool_keys(sort))
+        Ok(template?.with_model_code(kimi))
     }
 
-    /// Sorts the keys of `tools` at every depth before rendering, as Moonshot's
-    /// `tokenization_kimi.py` does in `apply_chat_template` (`deep_sort_dict`).
-    fn sorting_tool_keys(mut self, on: bool) -> Self {
+    /// With Moonshot's tokenizer named in the config, renders as its `tokenization_kimi.py`
+    /// does: the K2.5 / K2.6 version where the template reads `tools_ts_str` (only that
+    /// version computes it), else the K2 version (tool keys sorted).
+    fn with_model_code(mut self, kimi_tokenizer: bool) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.sort_tool_keys = on;
+            inner.model_code = match (kimi_tokenizer, inner.source.contains(TOOLS_TS_STR)) {
+                (false, _) => ModelCode::None,
+                (true, false) => ModelCode::KimiSortedTools,
+                (true, true) => ModelCode::KimiTypeScriptTools,
+            };
         }
         self
     }
@@ -189,7 +224,7 @@ impl ChatTemplate {
                 source: source.to_owned(),
                 special_tokens,
                 origin,
-                sort_tool_keys: false,
+                model_code: ModelCode::None,
             }),
         })
     }
@@ -198,9 +233,10 @@ impl ChatTemplate {
     /// `add_generation_prompt` and `extra` top-level variables (`tools`,
     /// `enable_thinking`, …). Errors name the template file.
     ///
-    /// Variables: the special tokens, then `tools = documents = none`, then `extra`
-    /// (which overrides them), then `messages` and `add_generation_prompt`. Keys whose
-    /// value is `null` are dropped from each message, as transformers ≥ 5 does.
+    /// Variables: the special tokens, then `tools = documents = none` (and Kimi K2.5's
+    /// defaults, see the module docs), then `extra` (which overrides them), then
+    /// `messages` and `add_generation_prompt`. Keys whose value is `null` are dropped from
+    /// each message, as transformers ≥ 5 does.
     pub fn render(
         &self,
         messages: &JsonValue,
@@ -222,26 +258,57 @@ impl ChatTemplate {
         }
         ctx.insert("tools", Value::from(()));
         ctx.insert("documents", Value::from(()));
+        if inner.model_code == ModelCode::KimiTypeScriptTools {
+            // The defaults of `apply_chat_template(…, thinking=True, preserve_thinking=False)`.
+            ctx.insert("thinking", Value::from(true));
+            ctx.insert("preserve_thinking", Value::from(false));
+        }
+        let mut sorted_tools = None;
         for (key, value) in extra {
             match key.as_str() {
-                "tools" if inner.sort_tool_keys => {
-                    ctx.insert("tools", json_to_value(&deep_sorted(value)))
+                "tools" if inner.model_code != ModelCode::None => {
+                    let sorted = deep_sorted(value);
+                    ctx.insert("tools", json_to_value(&sorted));
+                    sorted_tools = Some(sorted);
                 }
                 key => ctx.insert(key, json_to_value(value)),
             }
         }
-        let has_tools = extra
-            .get("tools")
-            .is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()));
-        if has_tools && !extra.contains_key(TOOLS_TS_STR) && inner.source.contains(TOOLS_TS_STR) {
-            return Err(TemplateError::Render {
-                template: inner.origin.clone(),
-                detail: format!(
-                    "this template declares tools from `{TOOLS_TS_STR}`, which the model's own \
-                     tokenizer code (Kimi's tokenization_kimi.py) computes and spool cannot: \
-                     render rows with tools on the server"
-                ),
-            });
+        match (inner.model_code, &sorted_tools) {
+            (ModelCode::KimiTypeScriptTools, Some(tools)) if json_truthy(tools) => {
+                // As `tokenization_kimi.py`: on any failure of the encoder the template gets
+                // no `tools_ts_str` and declares the tools as JSON; on success the declarations
+                // replace a `tools_ts_str` the caller passed.
+                match encode_tools_to_typescript_style(tools) {
+                    Ok(declarations) => ctx.insert(TOOLS_TS_STR, Value::from(declarations)),
+                    Err(e) => tracing::debug!(
+                        template = %inner.origin.display(),
+                        error = %e,
+                        "tools declared as JSON, as tokenization_kimi.py does when its encoder fails"
+                    ),
+                }
+            }
+            (ModelCode::None, _) => {
+                let has_tools = extra
+                    .get("tools")
+                    .is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()));
+                if has_tools
+                    && !extra.contains_key(TOOLS_TS_STR)
+                    && inner.source.contains(TOOLS_TS_STR)
+                {
+                    return Err(TemplateError::Render {
+                        template: inner.origin.clone(),
+                        detail: format!(
+                            "this template declares tools from `{TOOLS_TS_STR}`, which only \
+                             Moonshot's tokenization_kimi.py computes, and no tokenizer_config.json \
+                             beside the template names that tokenizer (`auto_map`): put the \
+                             model's tokenizer_config.json next to it, or render rows with tools \
+                             on the server"
+                        ),
+                    });
+                }
+            }
+            _ => {}
         }
         ctx.insert("messages", Value::from(messages));
         ctx.insert("add_generation_prompt", Value::from(add_generation_prompt));
@@ -335,9 +402,9 @@ fn special_tokens_from_config(config: &Map<String, JsonValue>) -> Map<String, Js
 }
 
 /// Whether the config's tokenizer is Moonshot's `TikTokenTokenizer`, whose
-/// `apply_chat_template` sorts tool keys (`auto_map.AutoTokenizer` names
+/// `apply_chat_template` adds to transformers' (`auto_map.AutoTokenizer` names
 /// `tokenization_kimi.…`).
-fn sorts_tool_keys(config: &Map<String, JsonValue>) -> bool {
+fn is_kimi_tokenizer(config: &Map<String, JsonValue>) -> bool {
     let names = |v: &JsonValue| match v {
         JsonValue::String(s) => s.starts_with("tokenization_kimi."),
         JsonValue::Array(list) => list.iter().any(|v| {
@@ -839,6 +906,55 @@ mod tests {
             "type f = () => any;"
         );
         assert_eq!(k25.render(&json!([]), false, &Map::new()).unwrap(), "");
+    }
+
+    /// With Moonshot's tokenizer named beside a template that reads `tools_ts_str` (K2.5),
+    /// the template gets the TypeScript declarations of the sorted tools and the override's
+    /// `thinking`/`preserve_thinking` defaults; when the encoder fails it gets no
+    /// `tools_ts_str` (JSON fallback), and a caller's `tools_ts_str` survives only then.
+    #[test]
+    fn kimi_k25_declares_tools_as_typescript_with_vendor_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chat_template.jinja");
+        std::fs::write(
+            &path,
+            "{% if tools_ts_str %}{{ tools_ts_str }}{% else %}{{ tools | tojson }}{% endif %}|{{ thinking }}|{{ preserve_thinking }}",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            r#"{"auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", null]}}"#,
+        )
+        .unwrap();
+        let t = ChatTemplate::from_file(&path).unwrap();
+        let tool = |prop: JsonValue| {
+            json!([{"type": "function", "function": {"parameters":
+                {"properties": {"b": prop, "a": {"type": "string"}}, "type": "object"}, "name": "f"}}])
+        };
+        let render = |extra: JsonValue| {
+            t.render(&json!([]), true, extra.as_object().unwrap())
+                .unwrap()
+        };
+        assert_eq!(
+            render(json!({"tools": tool(json!({"type": "integer"}))})),
+            "# Tools\n\n## functions\nnamespace functions {\ntype f = (_: {\n  a?: string,\n  b?: number\n}) => any;\n}\n|True|False"
+        );
+        // No tools: no declarations; the row's own `thinking` wins over the default.
+        assert_eq!(render(json!({"thinking": false})), "null|False|False");
+        // The encoder fails on a property without a type: the sorted tools as JSON, and the
+        // caller's `tools_ts_str` is what the template sees.
+        let bad = tool(json!({"description": "no type"}));
+        assert_eq!(
+            render(json!({"tools": bad})),
+            r#"[{"function": {"name": "f", "parameters": {"properties": {"a": {"type": "string"}, "b": {"description": "no type"}}, "type": "object"}}, "type": "function"}]|True|False"#
+        );
+        assert_eq!(
+            render(json!({"tools": bad, "tools_ts_str": "mine"})),
+            "mine|True|False"
+        );
+        let good =
+            render(json!({"tools": tool(json!({"type": "string"})), "tools_ts_str": "mine"}));
+        assert!(good.starts_with("# Tools\n"), "{good}");
     }
 
     /// `{% generation %}` blocks render as their content, modifiers kept, and the word

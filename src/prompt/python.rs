@@ -333,6 +333,33 @@ fn write_py_str_repr(out: &mut String, s: &str) {
     out.push(quote);
 }
 
+/// Python's truth value (`bool(value)`) of a JSON value as `json.loads` gives it: `None`,
+/// `False`, zero and empty strings, lists and dicts are false.
+pub(super) fn json_truthy(value: &JsonValue) -> bool {
+    match value {
+        JsonValue::Null => false,
+        JsonValue::Bool(b) => *b,
+        JsonValue::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+        JsonValue::String(s) => !s.is_empty(),
+        JsonValue::Array(a) => !a.is_empty(),
+        JsonValue::Object(m) => !m.is_empty(),
+    }
+}
+
+/// Python's `str(value)` of a JSON value as `json.loads` gives it (`None`, `True`,
+/// `{'a': 1}`, `1.0`), as f-strings in model code print it.
+pub(super) fn py_str_json(value: &JsonValue) -> String {
+    py_str(&json_to_value(value))
+}
+
+/// Python's `json.dumps(value, ensure_ascii=False)` of a JSON value as `json.loads` gives it.
+pub(super) fn json_dumps(value: &JsonValue) -> String {
+    let mut out = String::new();
+    // Values from JSON are always serializable: the writer fails only on other kinds.
+    let _ = write_json(&mut out, &json_to_value(value), &JsonStyle::default(), 0);
+    out
+}
+
 /// Options of Python's `json.dumps`, as transformers' `tojson` passes them.
 struct JsonStyle {
     ensure_ascii: bool,

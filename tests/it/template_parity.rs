@@ -3,7 +3,9 @@
 //! own `render_jinja_template` (tests/python/render_templates.py, the oracle) and once with
 //! spool's `ChatTemplate`. Every pair the oracle renders, spool renders to the same text (and,
 //! where the family has a tokenizer here, to the same ids); every pair the oracle refuses,
-//! spool refuses too, with the template's own message when the template raised it.
+//! spool refuses too, with the template's own message when the template raised it. Where a
+//! template's `tokenizer_config.json` names Moonshot's tokenizer, the oracle runs Moonshot's
+//! own `apply_chat_template` code first (tests/fixtures/moonshot/), as loading the model does.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,8 +28,9 @@ const FAMILIES: &[(&str, &str, Option<&str>)] = &[
         Some("tokenizers/qwen3/tokenizer.json"),
     ),
     ("kimi-k2", "templates/kimi-k2/chat_template.jinja", None),
+    // llama.cpp's edit of K2-Instruct-0905's template (no public copy of Moonshot's own).
     (
-        "kimi-k2-instruct",
+        "kimi-k2-instruct-llamacpp",
         "templates/kimi-k2-instruct/chat_template.jinja",
         None,
     ),
@@ -36,6 +39,8 @@ const FAMILIES: &[(&str, &str, Option<&str>)] = &[
         "templates/kimi-k2-thinking/chat_template.jinja",
         None,
     ),
+    // Its tools are declared by Moonshot's tokenization_kimi.py (tools_ts_str).
+    ("kimi-k2.5", "templates/kimi-k2.5/chat_template.jinja", None),
     (
         "deepseek-v3.1",
         "templates/deepseek-v3.1/chat_template.jinja",
@@ -46,8 +51,17 @@ const FAMILIES: &[(&str, &str, Option<&str>)] = &[
         "templates/deepseek-v3.2/chat_template.jinja",
         None,
     ),
-    ("glm-4.5", "templates/glm-4.5/chat_template.jinja", None),
-    ("glm-4.6", "templates/glm-4.6/chat_template.jinja", None),
+    // llama.cpp's edits of Z.ai's templates (no public copy of Z.ai's own).
+    (
+        "glm-4.5-llamacpp",
+        "templates/glm-4.5/chat_template.jinja",
+        None,
+    ),
+    (
+        "glm-4.6-llamacpp",
+        "templates/glm-4.6/chat_template.jinja",
+        None,
+    ),
     (
         "minimax-m2",
         "templates/minimax-m2/chat_template.jinja",
@@ -218,7 +232,7 @@ fn templates_render_as_transformers_renders_them() {
             }
         }
         table.push(format!(
-            "{name:<18} rendered {:>3}  refused {:>3}  agreeing {:>3} / {}",
+            "{name:<25} rendered {:>3}  refused {:>3}  agreeing {:>3} / {}",
             counts.rendered,
             counts.refused,
             counts.agreeing,

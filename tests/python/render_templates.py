@@ -14,20 +14,28 @@ tools=tools, add_generation_prompt=..., tokenize=False, **kwargs)` does it: mess
 through `_normalize_chat_messages` (keys whose value is None are dropped), the special tokens
 (`special_tokens_map`: the named attributes that are set) come first and kwargs override them,
 then `render_jinja_template` renders. Where the config's `auto_map` names Moonshot's
-`tokenization_kimi.TikTokenTokenizer`, tools first go through that tokenizer's own step: its
-`apply_chat_template` override calls `deep_sort_dict(tools)` (every dict's keys sorted, at
-every depth, lists kept in order) before transformers' — restated here as
-`kimi_deep_sort`, since Moonshot's file cannot be shipped with the tests. Writes one JSON line per pair to stdout: `template`,
-`id`, and either `rendered` (and `input_ids`) or `error` (the exception's message) with
-`error_type`.
+`tokenization_kimi.TikTokenTokenizer`, Moonshot's own code (vendored in
+tests/fixtures/moonshot/) runs first, as transformers would run it: for a template that
+reads `tools_ts_str` (K2.5 / K2.6), that tokenizer's `apply_chat_template` override itself
+(tools deep-sorted, `tools_ts_str` from `tool_declaration_ts.py`, `thinking=True` and
+`preserve_thinking=False` defaults) in front of the transformers steps above; for the K2
+templates, the K2 override's one step, its `deep_sort_dict(tools)`. Writes one JSON line per
+pair to stdout: `template`, `id`, and either `rendered` (and `input_ids`) or `error` (the
+exception's message) with `error_type`.
 """
 
+import contextlib
 import json
 import sys
 from pathlib import Path
 
 import transformers
 from transformers.utils.chat_template_utils import _normalize_chat_messages, render_jinja_template
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures" / "moonshot"))
+
+# Moonshot's code: its tokenizer's chat rendering and the tool encoder it imports.
+from tokenization_kimi_chat import TikTokenTokenizer, deep_sort_dict  # noqa: E402
 
 # `PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES`: what `special_tokens_map` can hold.
 SPECIAL_TOKEN_KEYS = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"]
@@ -50,30 +58,30 @@ def special_tokens(config):
     return out
 
 
-def kimi_deep_sort(obj):
-    """Moonshot's `deep_sort_dict` (tokenization_kimi.py), as it reads."""
-    if isinstance(obj, dict):
-        return {k: kimi_deep_sort(v) for k, v in sorted(obj.items())}
-    if isinstance(obj, list):
-        return [kimi_deep_sort(item) for item in obj]
-    return obj
-
-
 def is_kimi_tokenizer(config):
     names = (config.get("auto_map") or {}).get("AutoTokenizer") or []
     names = [names] if isinstance(names, str) else names
     return any(isinstance(n, str) and n.startswith("tokenization_kimi.") for n in names)
 
 
+def model_code(config, source):
+    """Which of Moonshot's `apply_chat_template` overrides runs: None, "k2" or "k2.5"."""
+    if not is_kimi_tokenizer(config):
+        return None
+    return "k2.5" if "tools_ts_str" in source else "k2"
+
+
 def load_template(path):
-    """The template source, the special tokens, and whether tools are deep-sorted first."""
+    """The template source, the special tokens, and the model code that runs before it."""
     path = Path(path)
     if path.suffix == ".json":
         config = json.loads(path.read_text(encoding="utf-8"))
-        return config["chat_template"], special_tokens(config), is_kimi_tokenizer(config)
-    config_path = path.with_name("tokenizer_config.json")
-    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
-    return path.read_text(encoding="utf-8"), special_tokens(config), is_kimi_tokenizer(config)
+        source = config["chat_template"]
+    else:
+        config_path = path.with_name("tokenizer_config.json")
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
+        source = path.read_text(encoding="utf-8")
+    return source, special_tokens(config), model_code(config, source)
 
 
 def load_tokenizer(path):
@@ -86,20 +94,44 @@ def load_tokenizer(path):
     return lambda text: tokenizer.encode(text, add_special_tokens=False).ids
 
 
-def render(source, tokens, sort_tools, row):
-    messages = _normalize_chat_messages(row["messages"])
+class Transformers:
+    """`PreTrainedTokenizerBase.apply_chat_template(tokenize=False)` for one conversation."""
+
+    def __init__(self, source, tokens):
+        self.source = source
+        self.tokens = tokens
+
+    def apply_chat_template(self, conversation, tools=None, tokenize=False, add_generation_prompt=False, **kwargs):
+        messages = _normalize_chat_messages(conversation)
+        template_kwargs = {**self.tokens, **kwargs}
+        rendered, _ = render_jinja_template(
+            conversations=[messages],
+            tools=tools,
+            chat_template=self.source,
+            add_generation_prompt=add_generation_prompt,
+            **template_kwargs,
+        )
+        return rendered[0]
+
+
+class KimiK25(TikTokenTokenizer, Transformers):
+    """Moonshot's K2.5 / K2.6 override in front of transformers', as the model loads."""
+
+
+def render(source, tokens, code, row):
     tools = row.get("tools")
-    if sort_tools:
-        tools = kimi_deep_sort(tools)
-    template_kwargs = {**tokens, **row.get("kwargs", {})}
-    rendered, _ = render_jinja_template(
-        conversations=[messages],
-        tools=tools,
-        chat_template=source,
-        add_generation_prompt=row["add_generation_prompt"],
-        **template_kwargs,
+    kwargs = row.get("kwargs", {})
+    if code == "k2.5":
+        # The override prints when its encoder fails; stdout is this script's answer.
+        with contextlib.redirect_stdout(sys.stderr):
+            return KimiK25(source, tokens).apply_chat_template(
+                row["messages"], tools=tools, add_generation_prompt=row["add_generation_prompt"], **kwargs
+            )
+    if code == "k2":
+        tools = deep_sort_dict(tools)
+    return Transformers(source, tokens).apply_chat_template(
+        row["messages"], tools=tools, add_generation_prompt=row["add_generation_prompt"], **kwargs
     )
-    return rendered[0]
 
 
 def main():
@@ -108,12 +140,12 @@ def main():
     out.write(json.dumps({"transformers": transformers.__version__, "jinja2": __import__("jinja2").__version__}) + "\n")
     for spec in sys.argv[2:]:
         name, path, *tokenizer_path = spec.split("=")
-        source, tokens, sort_tools = load_template(path)
+        source, tokens, code = load_template(path)
         encode = load_tokenizer(tokenizer_path[0]) if tokenizer_path else None
         for row in conversations:
             record = {"template": name, "id": row["id"]}
             try:
-                record["rendered"] = render(source, tokens, sort_tools, row)
+                record["rendered"] = render(source, tokens, code, row)
                 if encode is not None:
                     record["input_ids"] = encode(record["rendered"])
             except Exception as e:  # the oracle's verdict, whatever the kind
