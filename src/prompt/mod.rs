@@ -19,6 +19,7 @@ pub mod error;
 pub mod pretokenize;
 mod python;
 pub mod reasoning;
+pub mod syntax;
 pub mod tokenizer;
 pub mod tool_text;
 
