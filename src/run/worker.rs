@@ -26,8 +26,7 @@ use crate::input::batch::RowSampling;
 use crate::observe::metrics::DatasetMetrics;
 use crate::prompt::conversation::replies_before;
 use crate::prompt::draw::{Draw, Drawer};
-use crate::prompt::reasoning::ThinkMarkers;
-use crate::prompt::tool_text::ToolCallSyntax;
+use crate::prompt::syntax::Syntax;
 use crate::prompt::PromptBuilder;
 use crate::run::scheduler::{Lease, Scheduler};
 use crate::run::servers::Servers;
@@ -69,10 +68,8 @@ pub(crate) struct Ctx {
     pub(crate) gens: Vec<GenerationSpec>,
     /// Per lane: the per-generation draws.
     pub(crate) drawers: Vec<Drawer>,
-    /// The template's thinking markers, to split raw completions.
-    pub(crate) markers: Option<ThinkMarkers>,
-    /// The template's tool-call syntax, to take calls out of raw completions.
-    pub(crate) tool_syntax: Option<ToolCallSyntax>,
+    /// How raw completions are split into reasoning, answer and tool calls.
+    pub(crate) syntax: RunSyntax,
     /// Cancelled on shutdown (signal or fatal error): no new attempt starts; a worker
     /// waiting between attempts gives its lease back.
     pub(crate) stop: CancellationToken,
@@ -82,6 +79,52 @@ pub(crate) struct Ctx {
     pub(crate) nonce: AtomicU64,
     /// Panics a test injects (none in a plain run).
     pub(crate) faults: FaultPoints,
+}
+
+/// A run's [`Syntax`] with the stop-token ids its split drops from the end of the ids.
+pub(crate) struct RunSyntax {
+    pub(crate) syntax: Syntax,
+    /// End-of-turn ids a server's output ids end with (the matched stop token), dropped
+    /// before the ids are decoded for the split, as SGLang's detokenizer drops them.
+    stop_ids: Vec<u32>,
+}
+
+impl RunSyntax {
+    /// The stop ids of `syntax`'s family in `tokenizer`'s vocabulary. gpt-oss keeps its
+    /// `<|call|>`: SGLang leaves it in the text for its tool parser.
+    pub(crate) fn new(syntax: Syntax, tokenizer: Option<&crate::prompt::Tokenizer>) -> RunSyntax {
+        let mut stop_ids = Vec::new();
+        if let (Some(f), Some(t)) = (syntax.family(), tokenizer) {
+            let (end, after_call) = f.end_of_turn();
+            let keep_call = f == crate::prompt::syntax::Family::GptOss;
+            for tok in [Some(end), after_call.filter(|_| !keep_call)]
+                .into_iter()
+                .flatten()
+            {
+                stop_ids.extend(t.token_to_id(tok));
+            }
+        }
+        RunSyntax { syntax, stop_ids }
+    }
+
+    /// The text the split reads: the server's, or for families whose markers are special
+    /// tokens, the completion's ids decoded with special tokens kept (less a final stop
+    /// token), as SGLang's chat server decodes them for its parsers.
+    fn text_of<'a>(
+        &self,
+        text: &'a str,
+        ids: Option<&[u32]>,
+        tok: Option<&crate::prompt::Tokenizer>,
+    ) -> std::borrow::Cow<'a, str> {
+        let (Some(ids), Some(tok), true) = (ids, tok, self.syntax.reads_token_text()) else {
+            return text.into();
+        };
+        let ids = match ids.split_last() {
+            Some((last, rest)) if self.stop_ids.contains(last) => rest,
+            _ => ids,
+        };
+        tok.decode(ids).map_or(text.into(), Into::into)
+    }
 }
 
 /// The injected panics of [`crate::knobs::Faults`]: `panic_in_request` and `panic_in_row`.
@@ -647,23 +690,35 @@ pub(crate) fn to_row(
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0);
-    // Thinking the server split off is kept as sent; raw text is split at the template's
-    // markers unless the dataset keeps it raw.
-    let (reasoning, completion) = match (g.reasoning, &ctx.markers) {
-        (Some(r), _) => (Some(r), g.text),
-        (None, Some(m)) if ctx.gens[lease.lane].reasoning == Reasoning::Save => m.split(&g.text),
-        (None, _) => (None, g.text),
+    // Thinking the server split off is kept as sent; raw text is split by the run's
+    // syntax unless the dataset keeps it raw.
+    let syntax = &ctx.syntax.syntax;
+    let mode = ctx.gens[lease.lane].reasoning;
+    let splits = g.reasoning.is_none()
+        && g.tool_calls.is_none()
+        && (syntax.reasoning.is_some() || (syntax.tools.is_some() && req.tools.is_some()))
+        && mode != Reasoning::Raw;
+    let raw = if splits {
+        ctx.syntax
+            .text_of(&g.text, completion_ids.as_deref(), tok)
+            .into_owned()
+    } else {
+        g.text
+    };
+    let (reasoning, completion) = match (g.reasoning, &syntax.reasoning) {
+        (Some(r), _) => (Some(r), raw),
+        (None, Some(r)) if mode == Reasoning::Save => r.split(&raw, &req.prompt),
+        (None, _) => (None, raw),
     };
     // Calls a server's parser did not take out are taken out of raw text when tools were
-    // offered and the template teaches a syntax for them.
-    let (completion, tool_calls) = match (g.tool_calls, &ctx.tool_syntax) {
-        (Some(t), _) => (completion, Some(t)),
-        (None, Some(syntax))
-            if req.tools.is_some() && ctx.gens[lease.lane].reasoning != Reasoning::Raw =>
-        {
-            syntax.split(&completion)
+    // offered and the syntax has a parser for them.
+    let offered = req.tools.as_ref().and_then(|t| t.as_array());
+    let (completion, tool_calls) = match (g.tool_calls, syntax.tools, offered) {
+        (Some(t), _, _) => (completion, Some(t)),
+        (None, Some(parser), Some(tools)) if mode != Reasoning::Raw => {
+            parser.split(&completion, tools)
         }
-        (None, _) => (completion, None),
+        (None, _, _) => (completion, None),
     };
     let sampling = Some(req.draw.record).filter(|r| r != "{}");
     (

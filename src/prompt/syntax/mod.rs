@@ -305,7 +305,15 @@ pub struct Syntax {
 
 /// Template markers that name a family, tried in order (SGLang's template detection
 /// rules, reduced to the text of the template).
-const DETECTION: &[(&str, &[&str], Option<&str>, Option<&str>)] = &[
+/// (family, markers that must all be in the template, reasoning parser, tool parser).
+type Rule = (
+    &'static str,
+    &'static [&'static str],
+    Option<&'static str>,
+    Option<&'static str>,
+);
+
+const DETECTION: &[Rule] = &[
     (
         "gpt-oss",
         &["<|channel|>"],
