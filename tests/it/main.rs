@@ -29,6 +29,7 @@ mod s3;
 mod security;
 mod shard_read;
 mod signals;
+mod syntax;
 mod template_golden;
 mod tls;
 mod verify;
