@@ -18,7 +18,7 @@
 //!
 //! A generation's request is built by [`prepare`] (the sample's draw, the template with
 //! the row's tools, unless the intake's rendering holds) and its row by [`to_row`]
-//! (thinking split at the template's markers, tool calls taken out of raw text); items of
+//! (thinking and tool calls split out of raw text by the run's [`RunSyntax`]); items of
 //! several generations run their turns in [`crate::run::turns`].
 
 use crate::config::{Api, Config, GenerationSpec, Reasoning};
