@@ -433,9 +433,11 @@ pub(crate) fn prepare(
             if let Some(t) = &tools {
                 extra.insert("tools".into(), t.clone());
             }
+            // Tool-call arguments reach the template as objects, as the servers pass them.
+            let objects = crate::prompt::syntax::arguments_as_objects(m);
             let built = ctx
                 .builder
-                .build_chat_with(m, &extra)
+                .build_chat_with(objects.as_ref().unwrap_or(m), &extra)
                 .map_err(|e| e.to_string())?;
             (built.text, built.token_ids)
         }

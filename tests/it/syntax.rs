@@ -35,17 +35,10 @@ struct Family {
     ),
 }
 
+/// Kimi K2-Thinking's own template (llama.cpp's copy of Moonshot's).
 const KIMI: Family = Family {
     name: "kimi",
-    template: "{%- for m in messages -%}\
-{%- if m.role == 'assistant' -%}<|im_assistant|>assistant<|im_middle|>\
-{%- if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif -%}\
-{{ m.content }}\
-{%- if m.tool_calls %}<|tool_calls_section_begin|>{% for tc in m.tool_calls %}<|tool_call_begin|>{{ tc.id }}<|tool_call_argument_begin|>{{ tc.function.arguments }}<|tool_call_end|>{% endfor %}<|tool_calls_section_end|>{% endif -%}\
-<|im_end|>\
-{%- elif m.role == 'tool' -%}<|im_system|>tool<|im_middle|>## Return of {{ m.tool_call_id }}\n{{ m.content }}<|im_end|>\
-{%- else -%}<|im_user|>{{ m.role }}<|im_middle|>{{ m.content }}<|im_end|>{%- endif -%}\
-{%- endfor -%}{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}",
+    template: "file:parsers/templates/moonshotai-Kimi-K2-Thinking.jinja",
     call_reply: "<think>The user wants a lookup.</think>Let me look.<|tool_calls_section_begin|><|tool_call_begin|>functions.search:0<|tool_call_argument_begin|>{\"q\": \"sled\"}<|tool_call_end|><|tool_calls_section_end|>",
     final_reply: "<think>Got it.</think>Sled is an embedded database.",
     specials: &["<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|tool_calls_section_end|>"],
@@ -75,7 +68,7 @@ const GPT_OSS: Family = Family {
     template: "{%- for m in messages -%}\
 {%- if m.role == 'assistant' -%}\
 {%- if m.reasoning_content %}<|start|>assistant<|channel|>analysis<|message|>{{ m.reasoning_content }}<|end|>{% endif -%}\
-{%- for tc in m.tool_calls or [] %}<|start|>assistant<|channel|>commentary to=functions.{{ tc.function.name }} <|constrain|>json<|message|>{{ tc.function.arguments }}<|call|>{% endfor -%}\
+{%- for tc in m.tool_calls or [] %}<|start|>assistant<|channel|>commentary to=functions.{{ tc.function.name }} <|constrain|>json<|message|>{{ tc.function.arguments | tojson }}<|call|>{% endfor -%}\
 {%- if m.content %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>{% endif -%}\
 {%- elif m.role == 'tool' -%}<|start|>functions.search to=assistant<|channel|>commentary<|message|>{{ m.content }}<|end|>\
 {%- else -%}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{%- endif -%}\
@@ -186,7 +179,11 @@ fn write_rows(path: &Path, multi: bool) {
 
 fn config(dir: &Path, url: &str, api: &str, family: &Family, keys: &str) -> PathBuf {
     let tpl = dir.join("chat_template.jinja");
-    std::fs::write(&tpl, family.template).unwrap();
+    let source = match family.template.strip_prefix("file:") {
+        Some(f) => std::fs::read_to_string(fixtures().join(f)).unwrap(),
+        None => family.template.to_owned(),
+    };
+    std::fs::write(&tpl, source).unwrap();
     let table = format!(
         "[tokenizer]\npath = \"{}\"\nchat_template = \"{}\"\n",
         fixtures().join("tokenizers/qwen3/tokenizer.json").display(),
@@ -277,8 +274,9 @@ async fn each_familys_raw_reply_lands_split_in_the_shard() {
 }
 
 /// With `turns = "all"` and `history_reasoning = "keep"`, the split reply goes back as
-/// the next turn's history and the family's template renders it as the model wrote it:
-/// the second prompt holds the raw reply verbatim, then the cached tool result.
+/// the next turn's history and the family's template (Kimi K2-Thinking's own; GLM- and
+/// gpt-oss-style ones that read the arguments as a mapping) renders it as the model wrote
+/// it: the second prompt holds the raw reply verbatim, then the cached tool result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_split_reply_re_renders_as_history() {
     for family in [&KIMI, &GPT_OSS] {

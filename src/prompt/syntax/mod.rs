@@ -257,6 +257,37 @@ impl Tools {
     }
 }
 
+/// `messages` as SGLang's and vLLM's chat servers hand them to a template: an assistant
+/// tool call's `arguments` text that is a JSON object becomes that object (the servers
+/// parse it before rendering; templates such as GLM's and Qwen3-Coder's iterate it, and
+/// `tojson` writes it back as Python does). `None` when nothing changes.
+pub fn arguments_as_objects(messages: &Value) -> Option<Value> {
+    let needs = |m: &Value| {
+        m.get("role").and_then(Value::as_str) == Some("assistant")
+            && m.get("tool_calls")
+                .and_then(Value::as_array)
+                .is_some_and(|calls| calls.iter().any(|c| object_text(c).is_some()))
+    };
+    if !messages.as_array()?.iter().any(needs) {
+        return None;
+    }
+    let mut out = messages.clone();
+    for m in out.as_array_mut()?.iter_mut().filter(|m| needs(m)) {
+        for call in m["tool_calls"].as_array_mut().into_iter().flatten() {
+            if let Some(obj) = object_text(call) {
+                call["function"]["arguments"] = obj;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The object a call's `function.arguments` text encodes, if it is one.
+fn object_text(call: &Value) -> Option<Value> {
+    let text = call.get("function")?.get("arguments")?.as_str()?;
+    values::loads(text).filter(Value::is_object)
+}
+
 /// The model families whose end of turn exports know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {

@@ -189,3 +189,26 @@ fn call_ids_are_stable_and_distinct() {
     assert_ne!(a[0]["id"], a[1]["id"]);
     assert_eq!(Tools::Glm45.split("plain", &tools), ("plain".into(), None));
 }
+
+/// Assistant tool-call arguments that are JSON objects become objects for the template;
+/// other messages, and arguments that are not objects, stay as written.
+#[test]
+fn history_arguments_become_objects() {
+    let m = json!([
+        {"role": "user", "content": "{\"a\": 1}"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{\"q\": \"x\"}"}},
+            {"id": "2", "type": "function", "function": {"name": "g", "arguments": "[1]"}}]},
+    ]);
+    let out = arguments_as_objects(&m).unwrap();
+    assert_eq!(
+        out[1]["tool_calls"][0]["function"]["arguments"],
+        json!({"q": "x"})
+    );
+    assert_eq!(out[1]["tool_calls"][1]["function"]["arguments"], "[1]");
+    assert_eq!(out[0], m[0]);
+    assert_eq!(
+        arguments_as_objects(&json!([{"role": "user", "content": "x"}])),
+        None
+    );
+}
