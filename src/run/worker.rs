@@ -709,7 +709,9 @@ pub(crate) fn to_row(
     };
     let (reasoning, completion) = match (g.reasoning, &syntax.reasoning) {
         (Some(r), _) => (Some(r), raw),
-        (None, Some(r)) if mode == Reasoning::Save => r.split(&raw, &req.prompt),
+        (None, Some(r)) if mode == Reasoning::Save => {
+            r.split(&raw, &req.prompt, &req.draw.chat_template_kwargs)
+        }
         (None, _) => (None, raw),
     };
     // Calls a server's parser did not take out are taken out of raw text when tools were

@@ -22,7 +22,7 @@ pub mod values;
 
 use super::reasoning::ThinkMarkers;
 use super::tool_text::ToolCallSyntax;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use think::ThinkBlock;
 
 /// One call a parser took out of the text.
@@ -151,10 +151,30 @@ impl Reasoning {
         })
     }
 
-    /// (reasoning, answer) of a raw completion generated after `prompt` (a prompt that
-    /// ends by opening the thinking block makes the reply start inside it, as SGLang's
-    /// `force_reasoning` assumes).
-    pub fn split(&self, text: &str, prompt: &str) -> (Option<String>, String) {
+    /// Whether the reply starts inside its thinking block, as SGLang's chat server decides
+    /// (`force_reasoning`): when the prompt ends by opening the block, and otherwise by the
+    /// parser's default and the request's thinking switch — Kimi K2 and GLM-4.5 think unless
+    /// `thinking` / `enable_thinking` is `false`, DeepSeek V3 only when `thinking` is `true`,
+    /// MiniMax always.
+    fn forced(&self, open: &str, prompt: &str, kwargs: &Map<String, Value>) -> bool {
+        let off = |k: &str| kwargs.get(k) == Some(&Value::Bool(false));
+        prompt.trim_end().ends_with(open)
+            || match self {
+                Reasoning::KimiK2 => !off("thinking"),
+                Reasoning::Glm45 => !off("enable_thinking"),
+                Reasoning::DeepSeekV3 => kwargs.get("thinking") == Some(&Value::Bool(true)),
+                _ => false,
+            }
+    }
+
+    /// (reasoning, answer) of a raw completion generated after `prompt` with the template
+    /// variables `kwargs`; reasoning `None` when there is none.
+    pub fn split(
+        &self,
+        text: &str,
+        prompt: &str,
+        kwargs: &Map<String, Value>,
+    ) -> (Option<String>, String) {
         match self {
             Reasoning::Markers(m) => m.split(text),
             Reasoning::GptOss => harmony::split_reasoning(text),
@@ -163,8 +183,7 @@ impl Reasoning {
                 let Some(block) = other.block() else {
                     return (None, text.to_owned());
                 };
-                let forced = prompt.trim_end().ends_with(block.open);
-                let (r, a) = block.split(text, forced);
+                let (r, a) = block.split(text, other.forced(block.open, prompt, kwargs));
                 (r.filter(|r| !r.is_empty()), a)
             }
         }
@@ -369,6 +388,13 @@ const DETECTION: &[Rule] = &[
         Some("deepseek-v3"),
         Some("deepseekv32"),
     ),
+    // Templates that build the tags from a `dsml_token` variable (llama.cpp's V3.2).
+    (
+        "deepseek_v32",
+        &["｜DSML｜", "function_calls>"],
+        Some("deepseek-v3"),
+        Some("deepseekv32"),
+    ),
     (
         "deepseek_v31",
         &["<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>"],
@@ -396,6 +422,11 @@ impl Syntax {
         for (family, markers, reasoning, tools) in DETECTION {
             if markers.iter().all(|m| source.contains(m)) {
                 let mut reasoning = reasoning.and_then(Reasoning::named);
+                // Kimi K2 Instruct does not think: its parser would call the whole reply
+                // reasoning.
+                if *family == "kimi_k2" && !source.contains("<think>") {
+                    reasoning = None;
+                }
                 if reasoning.is_none() {
                     reasoning = ThinkMarkers::of_source(source).map(Reasoning::Markers);
                 }

@@ -43,7 +43,10 @@ fn every_golden_splits_as_sglang_does() {
             tools
         };
         let (reasoning, answer) = match g["reasoning_parser"].as_str() {
-            Some(r) => Reasoning::named(r).unwrap().split(text, prompt),
+            Some(r) => {
+                let kwargs = g["kwargs"].as_object().cloned().unwrap_or_default();
+                Reasoning::named(r).unwrap().split(text, prompt, &kwargs)
+            }
             None => (None, text.to_owned()),
         };
         let (answer, calls) = match g["tool_parser"].as_str() {
