@@ -215,3 +215,58 @@ fn history_arguments_become_objects() {
         None
     );
 }
+
+fn real_template(name: &str) -> crate::prompt::ChatTemplate {
+    crate::prompt::ChatTemplate::from_file(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/parsers/templates")
+            .join(name),
+    )
+    .unwrap()
+}
+
+/// The real Kimi K2-Thinking and GLM-4.6 templates choose their families' parsers and
+/// ends of turn.
+#[test]
+fn real_templates_choose_their_family() {
+    let kimi = Syntax::of_template(real_template("moonshotai-Kimi-K2-Thinking.jinja").source());
+    assert_eq!(
+        (kimi.reasoning.clone(), kimi.tools),
+        (Some(Reasoning::KimiK2), Some(Tools::KimiK2))
+    );
+    assert_eq!(kimi.family(), Some(Family::Kimi));
+    assert!(kimi.reads_token_text());
+    let glm = Syntax::of_template(real_template("GLM-4.6.jinja").source());
+    assert_eq!(
+        (glm.reasoning.clone(), glm.tools),
+        (Some(Reasoning::Glm45), Some(Tools::Glm45))
+    );
+    assert_eq!(glm.family(), Some(Family::Glm));
+}
+
+/// A GLM reply split here goes back into GLM-4.6's own template as history: with its
+/// arguments as objects (as the servers pass them) the call renders as the model wrote
+/// it; as JSON text the template cannot iterate them.
+#[test]
+fn a_split_glm_call_re_renders_in_glms_template() {
+    let tpl = real_template("GLM-4.6.jinja");
+    let raw = "\n<think>Need to search.</think>\n<tool_call>search\n<arg_key>q</arg_key>\n<arg_value>sled</arg_value>\n</tool_call>";
+    let tools = vec![json!({"type": "function", "function": {"name": "search",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}})];
+    let (reasoning, answer) = Reasoning::Glm45.split(raw, "<|assistant|>", &Map::new());
+    let (content, calls) = Tools::Glm45.split(&answer, &tools);
+    let messages = json!([
+        {"role": "user", "content": "What is sled?"},
+        {"role": "assistant", "content": content, "reasoning_content": reasoning,
+         "tool_calls": calls.unwrap()},
+        {"role": "tool", "tool_call_id": "c", "content": "CACHED"},
+    ]);
+    let none = Map::new();
+    let objects = arguments_as_objects(&messages).unwrap();
+    let text = tpl.render(&objects, true, &none).unwrap();
+    assert!(
+        text.contains(&format!("<|assistant|>{raw}<|observation|>")),
+        "{text:?}"
+    );
+    assert!(tpl.render(&messages, true, &none).is_err());
+}

@@ -2,8 +2,11 @@
 //! its `kimi_k2`, `deepseek-r1`, `deepseek-v3`, `glm45`, `qwen3` and `minimax` parsers
 //! share, each with its own markers, tool-start token and forcing.
 //!
-//! Invariant: nothing is trimmed; reasoning plus answer is the text less the markers the
-//! detector removes (leading open markers, the first close marker).
+//! Invariant: reasoning plus answer is the text less the markers the detector removes
+//! (leading open markers, the first close marker) and, unlike SGLang, whitespace before a
+//! leading open marker: GLM writes `\n<think>` and re-renders `\n<think>` + the stripped
+//! reasoning, so SGLang's `\n<think>…` reasoning would come back as `<think><think>`
+//! (vLLM drops that prefix too). Nothing else is trimmed.
 
 /// One parser's markers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,7 +26,10 @@ impl ThinkBlock {
         if !in_reasoning {
             return (None, text.to_owned());
         }
-        let mut rest = text;
+        let mut rest = match text.trim_start() {
+            t if t.starts_with(self.open) => t,
+            _ => text,
+        };
         while let Some(r) = rest.strip_prefix(self.open) {
             rest = r;
         }
