@@ -46,18 +46,12 @@ const KIMI: Family = Family {
     expect: ("The user wants a lookup.", "Let me look.", "search", "{\"q\": \"sled\"}", Some("functions.search:0")),
 };
 
+/// GLM-4.6's own template (llama.cpp's copy of Z.ai's); GLM writes `\n<think>`.
 const GLM: Family = Family {
     name: "glm",
-    template: "[gMASK]<sop>{%- for m in messages -%}\
-{%- if m.role == 'assistant' -%}<|assistant|>\
-{%- if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif -%}\
-{{ m.content }}\
-{%- for tc in m.tool_calls or [] %}<tool_call>{{ tc.function.name }}\n{% if tc.function.arguments is mapping %}{% for k, v in tc.function.arguments.items() %}<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v }}</arg_value>\n{% endfor %}{% endif %}</tool_call>{% endfor -%}\
-{%- elif m.role == 'tool' -%}<|observation|><tool_response>{{ m.content }}</tool_response>\
-{%- else -%}<|{{ m.role }}|>{{ m.content }}{%- endif -%}\
-{%- endfor -%}{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}",
-    call_reply: "<think>Need to search.</think><tool_call>search\n<arg_key>q</arg_key>\n<arg_value>sled</arg_value>\n</tool_call>",
-    final_reply: "<think>Done.</think>Sled is an embedded database.",
+    template: "file:parsers/templates/GLM-4.6.jinja",
+    call_reply: "\n<think>Need to search.</think>\n<tool_call>search\n<arg_key>q</arg_key>\n<arg_value>sled</arg_value>\n</tool_call>",
+    final_reply: "\n<think>Done.</think>\nSled is an embedded database.",
     specials: &[],
     stop: None,
     expect: ("Need to search.", "", "search", "{\"q\": \"sled\"}", None),
@@ -274,9 +268,10 @@ async fn each_familys_raw_reply_lands_split_in_the_shard() {
 }
 
 /// With `turns = "all"` and `history_reasoning = "keep"`, the split reply goes back as
-/// the next turn's history and the family's template (Kimi K2-Thinking's own; GLM- and
-/// gpt-oss-style ones that read the arguments as a mapping) renders it as the model wrote
-/// it: the second prompt holds the raw reply verbatim, then the cached tool result.
+/// the next turn's history and the family's template (Kimi K2-Thinking's and GLM-4.6's
+/// own, a gpt-oss-style one) renders it as the model wrote it, the arguments reaching
+/// GLM's template as the mapping it iterates: the second prompt holds the raw reply
+/// verbatim, then the cached tool result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_split_reply_re_renders_as_history() {
     for family in [&KIMI, &GPT_OSS] {
