@@ -97,8 +97,12 @@ impl RunSyntax {
         if let (Some(f), Some(t)) = (syntax.family(), tokenizer) {
             let (end, after_call) = f.end_of_turn();
             let keep_call = f == crate::prompt::syntax::Family::GptOss;
+            // The families' other end-of-sequence tokens (GLM's and Qwen's `<|endoftext|>`,
+            // Kimi's `[EOS]`) end a reply too.
+            let others = [Some("<|endoftext|>"), Some("[EOS]")];
             for tok in [Some(end), after_call.filter(|_| !keep_call)]
                 .into_iter()
+                .chain(others)
                 .flatten()
             {
                 stop_ids.extend(t.token_to_id(tok));
@@ -757,8 +761,35 @@ pub(crate) fn to_row(
 
 #[cfg(test)]
 mod tests {
-    use super::backoff;
+    use super::{backoff, RunSyntax};
+    use crate::prompt::syntax::Syntax;
+    use crate::prompt::Tokenizer;
     use std::time::Duration;
+
+    /// For a family whose markers are special tokens the split reads the ids' text, less a
+    /// final stop token; spool's own Qwen3 split keeps reading the server's text.
+    #[test]
+    fn the_split_reads_the_ids_text_for_marker_families() {
+        let tok = Tokenizer::from_file(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/tokenizers/qwen3/tokenizer.json"),
+        )
+        .unwrap();
+        let raw = "<think>a</think>b<|tool_calls_section_begin|>";
+        let mut ids = tok.encode(raw, false).unwrap();
+        ids.push(tok.token_to_id("<|im_end|>").unwrap());
+        let kimi = RunSyntax::new(
+            Syntax::of_template("<|tool_calls_section_begin|><think>"),
+            Some(&tok),
+        );
+        assert_eq!(kimi.text_of("ab", Some(&ids), Some(&tok)), raw);
+        assert_eq!(kimi.text_of("ab", None, Some(&tok)), "ab");
+        let qwen = RunSyntax::new(
+            Syntax::of_template("<think></think><tool_call></tool_call>"),
+            Some(&tok),
+        );
+        assert_eq!(qwen.text_of("ab", Some(&ids), Some(&tok)), "ab");
+    }
 
     /// Each attempt's backoff lies in half to all of 0.5 s doubled per attempt, capped at
     /// 60 s, and is jittered.
