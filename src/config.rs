@@ -182,6 +182,12 @@ pub struct TokenizerConfig {
     pub path: PathBuf,
     #[serde(default)]
     pub chat_template: Option<PathBuf>,
+    /// SGLang's `--reasoning-parser` name, in place of the one the template implies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_parser: Option<String>,
+    /// SGLang's `--tool-call-parser` name, in place of the one the template implies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_parser: Option<String>,
 }
 
 /// Sampling parameters; `[sampling]` gives defaults, `[dataset.sampling]` overrides per key.
@@ -668,6 +674,24 @@ impl Config {
         if self.datasets.is_empty() {
             return Err(self.invalid("dataset", "no [[dataset]] given"));
         }
+        if let Some(t) = &self.tokenizer {
+            use crate::prompt::syntax::{REASONING_PARSERS, TOOL_PARSERS};
+            for (key, name, known) in [
+                (
+                    "tokenizer.reasoning_parser",
+                    &t.reasoning_parser,
+                    REASONING_PARSERS,
+                ),
+                ("tokenizer.tool_parser", &t.tool_parser, TOOL_PARSERS),
+            ] {
+                if let Some(n) = name.as_deref().filter(|n| !known.contains(n)) {
+                    return Err(self.invalid(
+                        key,
+                        format!("unknown parser `{n}`; known: {}", known.join(", ")),
+                    ));
+                }
+            }
+        }
         let mut seen = std::collections::HashSet::new();
         for (i, d) in self.datasets.iter().enumerate() {
             let key = format!("dataset[{i}].name");
@@ -848,6 +872,37 @@ mod tests {
         let p = dir.path().join("spool.toml");
         std::fs::write(&p, text).unwrap();
         Config::load(&p, &Overrides::default())
+    }
+
+    /// An unknown parser name is refused at load, naming the key and listing the names
+    /// it takes; a known one loads.
+    #[test]
+    fn parser_names_are_checked() {
+        let cfg = |k: &str, v: &str| {
+            format!(
+                "[server]\nurls=['http://127.0.0.1:1']\n[tokenizer]\npath='t.json'\n{k} = '{v}'\n\
+                 [[dataset]]\nname='a'\npath='a.jsonl'\n"
+            )
+        };
+        let e = load_str(&cfg("tool_parser", "kimi"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tokenizer.tool_parser") && e.contains("kimi_k2, minimax-m2"),
+            "{e}"
+        );
+        let e = load_str(&cfg("reasoning_parser", "glm4"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tokenizer.reasoning_parser") && e.contains("glm45"),
+            "{e}"
+        );
+        let ok = load_str(&cfg("reasoning_parser", "kimi_k2")).unwrap();
+        assert_eq!(
+            ok.tokenizer.unwrap().reasoning_parser.as_deref(),
+            Some("kimi_k2")
+        );
     }
 
     /// A misspelt key is an error naming the key and the file, not a setting silently ignored.

@@ -20,6 +20,7 @@ pub mod kimi_tools;
 pub mod pretokenize;
 mod python;
 pub mod reasoning;
+pub mod syntax;
 pub mod tokenizer;
 pub mod tool_text;
 

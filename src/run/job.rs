@@ -28,8 +28,7 @@ use crate::output::schema::{
 };
 use crate::output::shard::ShardLimits;
 use crate::prompt::draw::Drawer;
-use crate::prompt::reasoning::ThinkMarkers;
-use crate::prompt::tool_text::ToolCallSyntax;
+use crate::prompt::syntax::Syntax;
 use crate::prompt::{ChatTemplate, PromptBuilder, Tokenizer};
 use crate::run::archiver::{output_failure, Archiver, Archiving, ToArchive};
 use crate::run::committer::{self, CommitReceiver, Committer};
@@ -162,8 +161,7 @@ async fn run_job(
                 })
             })
             .collect::<Result<_, _>>()?,
-        markers: builder.template().and_then(ThinkMarkers::of_template),
-        tool_syntax: builder.template().and_then(ToolCallSyntax::of_template),
+        syntax: job.syntax(&builder),
         cfg: job.cfg.clone(),
         queue: queue.clone(),
         sched: sched.clone(),
@@ -241,6 +239,25 @@ struct Intake {
 }
 
 impl Job {
+    /// The reasoning and tool-call syntax raw completions are split by: the template's,
+    /// unless `[tokenizer]` names parsers; logged once with why.
+    fn syntax(&self, builder: &PromptBuilder) -> crate::run::worker::RunSyntax {
+        let t = self.cfg.tokenizer.as_ref();
+        let syntax = builder
+            .template()
+            .map(|tpl| Syntax::of_template(tpl.source()))
+            .unwrap_or_else(|| Syntax {
+                why: "no chat template".into(),
+                ..Syntax::default()
+            })
+            .overridden(
+                t.and_then(|t| t.reasoning_parser.as_deref()),
+                t.and_then(|t| t.tool_parser.as_deref()),
+            );
+        tracing::info!(syntax = %syntax.describe(), "raw completions are split by this syntax");
+        crate::run::worker::RunSyntax::new(syntax, builder.tokenizer())
+    }
+
     /// Creates the output folder and opens the queue.
     fn open_store(&self) -> Result<Arc<Queue>, Error> {
         let out = &self.cfg.output_dir;

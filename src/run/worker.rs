@@ -18,7 +18,7 @@
 //!
 //! A generation's request is built by [`prepare`] (the sample's draw, the template with
 //! the row's tools, unless the intake's rendering holds) and its row by [`to_row`]
-//! (thinking split at the template's markers, tool calls taken out of raw text); items of
+//! (thinking and tool calls split out of raw text by the run's [`RunSyntax`]); items of
 //! several generations run their turns in [`crate::run::turns`].
 
 use crate::config::{Api, Config, GenerationSpec, Reasoning};
@@ -26,8 +26,7 @@ use crate::input::batch::RowSampling;
 use crate::observe::metrics::DatasetMetrics;
 use crate::prompt::conversation::replies_before;
 use crate::prompt::draw::{Draw, Drawer};
-use crate::prompt::reasoning::ThinkMarkers;
-use crate::prompt::tool_text::ToolCallSyntax;
+use crate::prompt::syntax::Syntax;
 use crate::prompt::PromptBuilder;
 use crate::run::scheduler::{Lease, Scheduler};
 use crate::run::servers::Servers;
@@ -69,10 +68,8 @@ pub(crate) struct Ctx {
     pub(crate) gens: Vec<GenerationSpec>,
     /// Per lane: the per-generation draws.
     pub(crate) drawers: Vec<Drawer>,
-    /// The template's thinking markers, to split raw completions.
-    pub(crate) markers: Option<ThinkMarkers>,
-    /// The template's tool-call syntax, to take calls out of raw completions.
-    pub(crate) tool_syntax: Option<ToolCallSyntax>,
+    /// How raw completions are split into reasoning, answer and tool calls.
+    pub(crate) syntax: RunSyntax,
     /// Cancelled on shutdown (signal or fatal error): no new attempt starts; a worker
     /// waiting between attempts gives its lease back.
     pub(crate) stop: CancellationToken,
@@ -82,6 +79,56 @@ pub(crate) struct Ctx {
     pub(crate) nonce: AtomicU64,
     /// Panics a test injects (none in a plain run).
     pub(crate) faults: FaultPoints,
+}
+
+/// A run's [`Syntax`] with the stop-token ids its split drops from the end of the ids.
+pub(crate) struct RunSyntax {
+    pub(crate) syntax: Syntax,
+    /// End-of-turn ids a server's output ids end with (the matched stop token), dropped
+    /// before the ids are decoded for the split, as SGLang's detokenizer drops them.
+    stop_ids: Vec<u32>,
+}
+
+impl RunSyntax {
+    /// The stop ids of `syntax`'s family in `tokenizer`'s vocabulary. gpt-oss keeps its
+    /// `<|call|>`: SGLang leaves it in the text for its tool parser.
+    pub(crate) fn new(syntax: Syntax, tokenizer: Option<&crate::prompt::Tokenizer>) -> RunSyntax {
+        let mut stop_ids = Vec::new();
+        if let (Some(f), Some(t)) = (syntax.family(), tokenizer) {
+            let (end, after_call) = f.end_of_turn();
+            let keep_call = f == crate::prompt::syntax::Family::GptOss;
+            // The families' other end-of-sequence tokens (GLM's and Qwen's `<|endoftext|>`,
+            // Kimi's `[EOS]`) end a reply too.
+            let others = [Some("<|endoftext|>"), Some("[EOS]")];
+            for tok in [Some(end), after_call.filter(|_| !keep_call)]
+                .into_iter()
+                .chain(others)
+                .flatten()
+            {
+                stop_ids.extend(t.token_to_id(tok));
+            }
+        }
+        RunSyntax { syntax, stop_ids }
+    }
+
+    /// The text the split reads: the server's, or for families whose markers are special
+    /// tokens, the completion's ids decoded with special tokens kept (less a final stop
+    /// token), as SGLang's chat server decodes them for its parsers.
+    fn text_of<'a>(
+        &self,
+        text: &'a str,
+        ids: Option<&[u32]>,
+        tok: Option<&crate::prompt::Tokenizer>,
+    ) -> std::borrow::Cow<'a, str> {
+        let (Some(ids), Some(tok), true) = (ids, tok, self.syntax.reads_token_text()) else {
+            return text.into();
+        };
+        let ids = match ids.split_last() {
+            Some((last, rest)) if self.stop_ids.contains(last) => rest,
+            _ => ids,
+        };
+        tok.decode(ids).map_or(text.into(), Into::into)
+    }
 }
 
 /// The injected panics of [`crate::knobs::Faults`]: `panic_in_request` and `panic_in_row`.
@@ -390,9 +437,11 @@ pub(crate) fn prepare(
             if let Some(t) = &tools {
                 extra.insert("tools".into(), t.clone());
             }
+            // Tool-call arguments reach the template as objects, as the servers pass them.
+            let objects = crate::prompt::syntax::arguments_as_objects(m);
             let built = ctx
                 .builder
-                .build_chat_with(m, &extra)
+                .build_chat_with(objects.as_ref().unwrap_or(m), &extra)
                 .map_err(|e| e.to_string())?;
             (built.text, built.token_ids)
         }
@@ -647,23 +696,37 @@ pub(crate) fn to_row(
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0);
-    // Thinking the server split off is kept as sent; raw text is split at the template's
-    // markers unless the dataset keeps it raw.
-    let (reasoning, completion) = match (g.reasoning, &ctx.markers) {
-        (Some(r), _) => (Some(r), g.text),
-        (None, Some(m)) if ctx.gens[lease.lane].reasoning == Reasoning::Save => m.split(&g.text),
-        (None, _) => (None, g.text),
+    // Thinking the server split off is kept as sent; raw text is split by the run's
+    // syntax unless the dataset keeps it raw.
+    let syntax = &ctx.syntax.syntax;
+    let mode = ctx.gens[lease.lane].reasoning;
+    let splits = g.reasoning.is_none()
+        && g.tool_calls.is_none()
+        && (syntax.reasoning.is_some() || (syntax.tools.is_some() && req.tools.is_some()))
+        && mode != Reasoning::Raw;
+    let raw = if splits {
+        ctx.syntax
+            .text_of(&g.text, completion_ids.as_deref(), tok)
+            .into_owned()
+    } else {
+        g.text
+    };
+    let (reasoning, completion) = match (g.reasoning, &syntax.reasoning) {
+        (Some(r), _) => (Some(r), raw),
+        (None, Some(r)) if mode == Reasoning::Save => {
+            r.split(&raw, &req.prompt, &req.draw.chat_template_kwargs)
+        }
+        (None, _) => (None, raw),
     };
     // Calls a server's parser did not take out are taken out of raw text when tools were
-    // offered and the template teaches a syntax for them.
-    let (completion, tool_calls) = match (g.tool_calls, &ctx.tool_syntax) {
-        (Some(t), _) => (completion, Some(t)),
-        (None, Some(syntax))
-            if req.tools.is_some() && ctx.gens[lease.lane].reasoning != Reasoning::Raw =>
-        {
-            syntax.split(&completion)
+    // offered and the syntax has a parser for them.
+    let offered = req.tools.as_ref().and_then(|t| t.as_array());
+    let (completion, tool_calls) = match (g.tool_calls, syntax.tools, offered) {
+        (Some(t), _, _) => (completion, Some(t)),
+        (None, Some(parser), Some(tools)) if mode != Reasoning::Raw => {
+            parser.split(&completion, tools)
         }
-        (None, _) => (completion, None),
+        (None, _, _) => (completion, None),
     };
     let sampling = Some(req.draw.record).filter(|r| r != "{}");
     (
@@ -698,8 +761,35 @@ pub(crate) fn to_row(
 
 #[cfg(test)]
 mod tests {
-    use super::backoff;
+    use super::{backoff, RunSyntax};
+    use crate::prompt::syntax::Syntax;
+    use crate::prompt::Tokenizer;
     use std::time::Duration;
+
+    /// For a family whose markers are special tokens the split reads the ids' text, less a
+    /// final stop token; spool's own Qwen3 split keeps reading the server's text.
+    #[test]
+    fn the_split_reads_the_ids_text_for_marker_families() {
+        let tok = Tokenizer::from_file(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/tokenizers/qwen3/tokenizer.json"),
+        )
+        .unwrap();
+        let raw = "<think>a</think>b<|tool_calls_section_begin|>";
+        let mut ids = tok.encode(raw, false).unwrap();
+        ids.push(tok.token_to_id("<|im_end|>").unwrap());
+        let kimi = RunSyntax::new(
+            Syntax::of_template("<|tool_calls_section_begin|><think>"),
+            Some(&tok),
+        );
+        assert_eq!(kimi.text_of("ab", Some(&ids), Some(&tok)), raw);
+        assert_eq!(kimi.text_of("ab", None, Some(&tok)), "ab");
+        let qwen = RunSyntax::new(
+            Syntax::of_template("<think></think><tool_call></tool_call>"),
+            Some(&tok),
+        );
+        assert_eq!(qwen.text_of("ab", Some(&ids), Some(&tok)), "ab");
+    }
 
     /// Each attempt's backoff lies in half to all of 0.5 s doubled per attempt, capped at
     /// 60 s, and is jittered.

@@ -30,6 +30,7 @@ mod s3;
 mod security;
 mod shard_read;
 mod signals;
+mod syntax;
 mod template_golden;
 mod template_parity;
 mod tls;
