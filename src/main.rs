@@ -19,7 +19,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser, Debug)]
 #[command(
     name = "spool",
-    version,
+    version = spool::knobs::VERSION,
     about = "Prompt datasets → LLM completions → zstd Parquet shards, crash-safe and resumable"
 )]
 struct Cli {
