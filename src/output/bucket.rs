@@ -5,7 +5,8 @@
 //! multipart upload completed only after every part; aborted on failure); a conditional
 //! create whose answer was lost and that finds its own bytes in place reports them as its
 //! own, never as someone else's; credentials come from the environment or the store's
-//! own chain and are never in a `Debug`, an error or a log (only the URL as given is).
+//! own chain and are never in a `Debug`, an error or a log (only the URL as given is); an
+//! object is read into memory only up to a stated size ([`Bucket::get_capped`]).
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -42,6 +43,12 @@ pub enum BucketError {
     Io {
         path: PathBuf,
         source: std::io::Error,
+    },
+    #[error("{url}: {key}: more than {limit} bytes, more than spool ever writes there; not read")]
+    TooLarge {
+        url: String,
+        key: String,
+        limit: u64,
     },
 }
 
@@ -358,6 +365,56 @@ impl Bucket {
         }
     }
 
+    /// The object's bytes, or `None` when there is none; an object larger than `limit` is
+    /// [`BucketError::TooLarge`], refused before (or while) it is read, never held whole.
+    pub async fn get_capped(&self, key: &str, limit: u64) -> Result<Option<Bytes>, BucketError> {
+        let r = match self.store.get(&self.path(key)).await {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.err("get", key)(e)),
+        };
+        let too_large = || BucketError::TooLarge {
+            url: self.url.clone(),
+            key: key.into(),
+            limit,
+        };
+        if r.meta.size > limit {
+            return Err(too_large());
+        }
+        let mut out = Vec::with_capacity(r.meta.size as usize);
+        let mut stream = r.into_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(self.err("get", key))?;
+            if (out.len() + chunk.len()) as u64 > limit {
+                return Err(too_large());
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(Some(Bytes::from(out)))
+    }
+
+    /// The size and sha256 of the object's bytes as the store serves them (streamed, not
+    /// held), or `None` when there is none.
+    pub async fn checksum(&self, key: &str) -> Result<Option<Uploaded>, BucketError> {
+        let r = match self.store.get(&self.path(key)).await {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.err("checksum", key)(e)),
+        };
+        let mut hash = Sha256::new();
+        let mut n = 0u64;
+        let mut stream = r.into_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(self.err("checksum", key))?;
+            hash.update(&chunk);
+            n += chunk.len() as u64;
+        }
+        Ok(Some(Uploaded {
+            bytes: n,
+            sha256: crate::config::hex(&hash.finalize()),
+        }))
+    }
+
     /// The object's size and ETag, or `None` when there is none.
     pub async fn head(&self, key: &str) -> Result<Option<(u64, Option<String>)>, BucketError> {
         match self.store.head(&self.path(key)).await {
@@ -464,6 +521,24 @@ mod tests {
                 b.create("k", Bytes::from("b")).await.unwrap(),
                 Created::Theirs(Bytes::from("a"))
             );
+        });
+    }
+
+    /// `get_capped` refuses an object larger than asked without holding it.
+    #[test]
+    fn capped_reads_refuse_large_objects() {
+        rt().block_on(async {
+            let b = Bucket::open("memory://", &BucketOptions::default()).unwrap();
+            b.put("k", Bytes::from(vec![1u8; 1000])).await.unwrap();
+            assert_eq!(b.get_capped("k", 1000).await.unwrap().unwrap().len(), 1000);
+            assert!(matches!(
+                b.get_capped("k", 999).await,
+                Err(BucketError::TooLarge { .. })
+            ));
+            assert_eq!(b.get_capped("none", 1).await.unwrap(), None);
+            let sum = b.checksum("k").await.unwrap().unwrap();
+            assert_eq!(sum.bytes, 1000);
+            assert_eq!(sum.sha256, crate::config::hex(&Sha256::digest([1u8; 1000])));
         });
     }
 

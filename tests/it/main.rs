@@ -20,6 +20,7 @@ mod export_specforge;
 mod export_speculators;
 mod fast_bpe;
 mod faults;
+mod forged;
 mod hostile;
 mod inputs;
 mod mock_server;
