@@ -428,8 +428,6 @@ pub async fn verify(
             .find(|(i, _)| *i == partition)
             .and_then(|(_, l)| l.commits().get(seq as usize))
     };
-    std::fs::create_dir_all(scratch)
-        .with_context(|| format!("cannot create {}", scratch.display()))?;
     let mut listed: HashSet<String> = HashSet::new();
     for (name, d) in &manifest.datasets {
         let mut seen: HashMap<(String, u32, u32), String> = HashMap::new();
@@ -687,7 +685,7 @@ impl ClusterStatus {
 /// them, into `dir/<dataset>/part-NNNNNN.parquet` (numbered in manifest order), so the local
 /// readers (`spool export`) read them as an output folder. A manifest that fails
 /// [`check_manifest`] is refused before anything is written; each download is checked
-/// against the manifest's sha256.
+/// against the manifest's sha256; folders made here are private (0700).
 pub async fn download_published(
     bucket: &Arc<Bucket>,
     dir: &std::path::Path,
@@ -713,7 +711,7 @@ pub async fn download_published(
             continue;
         }
         let folder = dir.join(name);
-        std::fs::create_dir_all(&folder)
+        crate::output::files::create_dir_all(&folder, crate::output::files::PRIVATE_DIR_MODE)
             .with_context(|| format!("cannot create {}", folder.display()))?;
         for (k, s) in d.shards.iter().enumerate() {
             let local = folder.join(crate::output::shard::shard_file_name(k as u64));

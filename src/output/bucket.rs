@@ -6,7 +6,9 @@
 //! create whose answer was lost and that finds its own bytes in place reports them as its
 //! own, never as someone else's; credentials come from the environment or the store's
 //! own chain and are never in a `Debug`, an error or a log (only the URL as given is); an
-//! object is read into memory only up to a stated size ([`Bucket::get_capped`]).
+//! object is read into memory only up to a stated size ([`Bucket::get_capped`]); a
+//! download never writes through a name someone else planted (created exclusively,
+//! without following a symlink, 0600).
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -451,7 +453,9 @@ impl Bucket {
             .map_err(self.err("copy", from))
     }
 
-    /// Streams `key` into `local` (a temporary name beside it, synced, then renamed).
+    /// Streams `key` into `local` (a temporary name beside it, synced, then renamed). The
+    /// temporary file is private (0600) and made exclusively: a name planted there, a
+    /// symlink included, is removed rather than written through.
     pub async fn download(&self, key: &str, local: &Path) -> Result<u64, BucketError> {
         let name = local
             .file_name()
@@ -468,7 +472,8 @@ impl Bucket {
             .await
             .map_err(self.err("download", key))?;
         let mut stream = r.into_stream();
-        let mut file = std::fs::File::create(&tmp).map_err(io)?;
+        let mut file = crate::output::files::replace(&tmp, crate::output::files::PRIVATE_FILE_MODE)
+            .map_err(io)?;
         let mut n = 0u64;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(self.err("download", key))?;
@@ -539,6 +544,27 @@ mod tests {
             let sum = b.checksum("k").await.unwrap().unwrap();
             assert_eq!(sum.bytes, 1000);
             assert_eq!(sum.sha256, crate::config::hex(&Sha256::digest([1u8; 1000])));
+        });
+    }
+
+    /// A download does not write through a symlink planted at its temporary name: the
+    /// victim keeps its bytes, the download lands, and the file is the owner's alone.
+    #[test]
+    fn a_download_does_not_follow_a_planted_symlink() {
+        use std::os::unix::fs::PermissionsExt;
+        rt().block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let b = Bucket::open("memory://", &BucketOptions::default()).unwrap();
+            b.put("k", Bytes::from("shard bytes")).await.unwrap();
+            let victim = dir.path().join("victim");
+            std::fs::write(&victim, b"precious").unwrap();
+            std::os::unix::fs::symlink(&victim, dir.path().join(".shard.parquet.part")).unwrap();
+            let local = dir.path().join("shard.parquet");
+            b.download("k", &local).await.unwrap();
+            assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+            assert_eq!(std::fs::read(&local).unwrap(), b"shard bytes");
+            let m = std::fs::symlink_metadata(&local).unwrap();
+            assert!(m.is_file() && m.permissions().mode() & 0o077 == 0);
         });
     }
 

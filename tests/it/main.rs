@@ -26,6 +26,7 @@ mod inputs;
 mod mock_server;
 mod observability;
 mod power;
+mod private_files;
 mod s3;
 mod security;
 mod shard_read;
