@@ -5,10 +5,12 @@
 //! multipart upload completed only after every part; aborted on failure); a conditional
 //! create whose answer was lost and that finds its own bytes in place reports them as its
 //! own, never as someone else's; credentials come from the environment or the store's
-//! own chain and are never in a `Debug`, an error or a log (only the URL as given is); an
-//! object is read into memory only up to a stated size ([`Bucket::get_capped`]); a
-//! download never writes through a name someone else planted (created exclusively,
-//! without following a symlink, 0600).
+//! own chain and are never in a `Debug`, an error or a log (only the URL as given is): the
+//! store's error text (which may echo the request: S3's `SignatureDoesNotMatch` carries the
+//! key id and the canonical request with the session token) is redacted
+//! ([`crate::secrets`]) before it becomes a [`BucketError`]; an object is read into memory
+//! only up to a stated size ([`Bucket::get_capped`]); a download never writes through a
+//! name someone else planted (created exclusively, without following a symlink, 0600).
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -34,12 +36,14 @@ const CREATE_TRIES: u32 = 8;
 pub enum BucketError {
     #[error("{url}: {detail}")]
     Url { url: String, detail: String },
-    #[error("{url}: {op} {key}: {source}")]
+    /// The store's error, as text with every credential redacted (not the error itself:
+    /// its chain would print what the store echoed).
+    #[error("{url}: {op} {key}: {detail}")]
     Store {
         url: String,
         op: &'static str,
         key: String,
-        source: Box<object_store::Error>,
+        detail: String,
     },
     #[error("{path}: {source}")]
     Io {
@@ -52,6 +56,40 @@ pub enum BucketError {
         key: String,
         limit: u64,
     },
+}
+
+/// A credential's value shorter than this is not looked for in the store's text (it would
+/// mangle ordinary words); AWS's key ids (20), secrets (40) and session tokens are longer,
+/// and credential-shaped fields are redacted whatever their length.
+const MIN_SECRET_CHARS: usize = 8;
+
+/// The values among the `AWS_*` settings that are credentials.
+fn store_secrets(env: &[(String, String)]) -> crate::secrets::Secrets {
+    crate::secrets::Secrets::new(
+        env.iter()
+            .filter(|(k, v)| {
+                k.starts_with("AWS_")
+                    && (k.contains("KEY") || k.contains("SECRET") || k.contains("TOKEN"))
+                    && !k.ends_with("_FILE")
+                    && v.chars().count() >= MIN_SECRET_CHARS
+            })
+            .map(|(_, v)| v),
+    )
+}
+
+/// An object-store error's text and its causes, redacted.
+fn redacted(secrets: &crate::secrets::Secrets, e: &object_store::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = std::error::Error::source(e);
+    while let Some(c) = cur {
+        let c_text = c.to_string();
+        if !s.contains(&c_text) {
+            s.push_str(": ");
+            s.push_str(&c_text);
+        }
+        cur = c.source();
+    }
+    secrets.redact(&s)
 }
 
 /// The hex sha256 of a file: what an upload reports and a manifest records.
@@ -114,6 +152,8 @@ pub struct Bucket {
     store: Arc<dyn ObjectStore>,
     root: String,
     url: String,
+    /// The credentials from the environment, redacted from every error.
+    secrets: crate::secrets::Secrets,
 }
 
 impl std::fmt::Debug for Bucket {
@@ -141,11 +181,12 @@ impl Bucket {
             url: url.into(),
             detail: detail.into(),
         };
-        let store_err = |source| BucketError::Store {
+        let secrets = store_secrets(env);
+        let store_err = |source: object_store::Error| BucketError::Store {
             url: url.into(),
             op: "open",
             key: String::new(),
-            source: Box::new(source),
+            detail: redacted(&secrets, &source),
         };
         let trimmed = url.trim_end_matches('/');
         if let Some(rest) = trimmed.strip_prefix("s3://") {
@@ -194,6 +235,7 @@ impl Bucket {
                 store: Arc::new(store),
                 root: prefix.trim_matches('/').to_string(),
                 url: url.into(),
+                secrets,
             })
         } else if let Some(dir) = trimmed.strip_prefix("file://") {
             if !dir.starts_with('/') {
@@ -209,12 +251,14 @@ impl Bucket {
                 store: Arc::new(store),
                 root: String::new(),
                 url: url.into(),
+                secrets,
             })
         } else if url.starts_with("memory://") {
             Ok(Bucket {
                 store: Arc::new(object_store::memory::InMemory::new()),
                 root: String::new(),
                 url: url.into(),
+                secrets,
             })
         } else {
             Err(bad("not an object-store URL (s3://, file:// or memory://)"))
@@ -244,7 +288,7 @@ impl Bucket {
             url: self.url.clone(),
             op,
             key: key.into(),
-            source: Box::new(source),
+            detail: redacted(&self.secrets, &source),
         }
     }
 
@@ -341,7 +385,7 @@ impl Bucket {
                 Err(e) => {
                     // The request may or may not have landed: try again; finding our
                     // own bytes there then means it did.
-                    tracing::warn!(url = %self.url, key, tries, error = %e,
+                    tracing::warn!(url = %self.url, key, tries, error = %redacted(&self.secrets, &e),
                         "conditional create failed in transit; trying again");
                     tokio::time::sleep(Duration::from_millis(100 << tries.min(6))).await;
                 }
@@ -527,6 +571,37 @@ mod tests {
                 Created::Theirs(Bytes::from("a"))
             );
         });
+    }
+
+    /// A store error that echoes the request (S3's `SignatureDoesNotMatch`: the key id,
+    /// the signature, the canonical request with the session token) reaches the error and
+    /// its log line redacted; short settings are left alone.
+    #[test]
+    fn store_errors_are_redacted() {
+        let env: Vec<(String, String)> = [
+            ("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEKEY123456"),
+            (
+                "AWS_SECRET_ACCESS_KEY",
+                "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            ),
+            ("AWS_SESSION_TOKEN", "FwoGZXIvYXdzEJr//////////wEaDToken"),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ALLOW_HTTP", "true"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let secrets = store_secrets(&env);
+        let echo = object_store::Error::Generic {
+            store: "S3",
+            source: "<AWSAccessKeyId>AKIAEXAMPLEKEY123456</AWSAccessKeyId><CanonicalRequest>x-amz-security-token:FwoGZXIvYXdzEJr//////////wEaDToken\nx-amz-date:1</CanonicalRequest> secret wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY us-east-1"
+                .into(),
+        };
+        let shown = redacted(&secrets, &echo);
+        for gone in ["AKIAEXAMPLE", "FwoGZXIv", "wJalrXUtn"] {
+            assert!(!shown.contains(gone), "{gone} in {shown}");
+        }
+        assert!(shown.contains("us-east-1"), "{shown}");
     }
 
     /// `get_capped` refuses an object larger than asked without holding it.

@@ -28,6 +28,7 @@ mod observability;
 mod power;
 mod private_files;
 mod s3;
+mod secrets;
 mod security;
 mod shard_read;
 mod signals;
