@@ -335,6 +335,20 @@ impl From<crate::output::bucket::BucketError> for Error {
     }
 }
 
+/// Something at `export --out` that an export must not replace is the user's to settle.
+impl From<crate::output::export::OutError> for Error {
+    fn from(e: crate::output::export::OutError) -> Error {
+        use crate::output::export::OutError;
+        let kind = match &e {
+            OutError::NotAnExport { .. }
+            | OutError::Folder { .. }
+            | OutError::NotAFolder { .. } => Kind::Usage,
+            OutError::Io { .. } => Kind::Runtime,
+        };
+        Error::new(kind, e)
+    }
+}
+
 /// A partition the job cannot have is the user's to fix (exit 2).
 impl From<crate::cluster::partition::PartitionError> for Error {
     fn from(e: crate::cluster::partition::PartitionError) -> Error {

@@ -19,7 +19,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser, Debug)]
 #[command(
     name = "spool",
-    version,
+    version = spool::knobs::VERSION,
     about = "Prompt datasets → LLM completions → zstd Parquet shards, crash-safe and resumable"
 )]
 struct Cli {
@@ -111,6 +111,10 @@ enum Command {
         /// Output file, or folder for `hf` (written under a temporary name, renamed when complete).
         #[arg(long)]
         out: PathBuf,
+        /// Move aside what is at `--out` when it is not an earlier export (a folder of other
+        /// files; a folder where a file goes), instead of refusing.
+        #[arg(long)]
+        force: bool,
         /// Only this dataset (default: every dataset of the config).
         #[arg(long)]
         dataset: Option<String>,
@@ -138,6 +142,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Before any thread: what spool and its crates create is never more than 0640/0750.
+    spool::output::files::restrict_umask();
     let cli = Cli::parse();
     init_logging(cli.quiet, cli.verbose);
     spool::upstream::tls::install_provider();
@@ -237,6 +243,66 @@ async fn first_signal() {
     });
 }
 
+/// What the signal handler of [`remove_on_signal`] removes.
+static ON_SIGNAL: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Removes what [`ON_SIGNAL`] holds and exits 130 on the first SIGINT or SIGTERM: a command
+/// holding scratch or a temporary output leaves nothing behind when stopped (a normal end
+/// removes them itself). Returns once the handler is in place, so a path is added to
+/// [`ON_SIGNAL`] before the path exists.
+fn remove_on_signal() {
+    let (ready, wait) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            let _ = ready.send(());
+            return;
+        };
+        rt.block_on(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
+                let _ = ready.send(());
+                return;
+            };
+            let _ = ready.send(());
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            let paths = ON_SIGNAL.lock().map(|p| p.clone()).unwrap_or_default();
+            for p in &paths {
+                let _ = std::fs::remove_dir_all(p).or_else(|_| std::fs::remove_file(p));
+            }
+            eprintln!("spool: interrupted; its scratch and temporary files are removed");
+            std::process::exit(i32::from(exit::INTERRUPTED));
+        });
+    });
+    let _ = wait.recv();
+}
+
+/// Adds `path` to what a signal removes ([`remove_on_signal`]).
+fn remove_on_signal_too(path: PathBuf) {
+    if let Ok(mut p) = ON_SIGNAL.lock() {
+        p.push(path);
+    }
+}
+
+/// A scratch folder made by `make`, added to what a signal removes with no moment between
+/// (the handler waits for the list while the folder is made).
+fn scratch_removed_on_signal(
+    make: impl FnOnce() -> std::io::Result<spool::output::files::Scratch>,
+) -> std::io::Result<spool::output::files::Scratch> {
+    let mut paths = ON_SIGNAL.lock().unwrap_or_else(|e| e.into_inner());
+    let scratch = make()?;
+    paths.push(scratch.to_path_buf());
+    Ok(scratch)
+}
+
 async fn wait_signal() {
     #[cfg(unix)]
     {
@@ -317,11 +383,15 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
             if let Some(count) = cluster_count(&cli, &cfg)? {
                 let bucket = spool::cluster::worker::open_bucket(&cfg)?;
+                // Private, fresh, removed on every exit: shards are downloaded there.
+                remove_on_signal();
                 let scratch =
-                    std::env::temp_dir().join(format!("spool-verify-{}", std::process::id()));
-                let (manifest, problems) = runtime()?
-                    .block_on(spool::cluster::manifest::verify(&bucket, count, &scratch))?;
-                let _ = std::fs::remove_dir_all(&scratch);
+                    scratch_removed_on_signal(|| spool::output::files::Scratch::new("verify"))
+                        .context("cannot make a scratch folder in $TMPDIR")?;
+                let (manifest, problems) = runtime()?.block_on(
+                    spool::cluster::manifest::verify(&bucket, count, scratch.path()),
+                )?;
+                drop(scratch);
                 if let Some(m) = &manifest {
                     for (name, d) in &m.datasets {
                         println!(
@@ -449,6 +519,7 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
         Command::Export {
             format,
             out,
+            force,
             dataset,
             per_turn,
             draft_vocab,
@@ -458,17 +529,36 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             think_markers,
         } => {
             let mut cfg = Config::load(&cli.config, &overrides(&cli))?;
+            // What is at --out: an earlier export is replaced, anything else kept.
+            let aside = spool::output::export::claim_out(out, *format, *force)?;
+            if let Some(aside) = &aside {
+                println!("moved {} aside to {}", out.display(), aside.display());
+            }
+            let parent = match out.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            remove_on_signal();
+            remove_on_signal_too(spool::output::export::temp_path(out));
             // A cluster job's output: the published shards, fetched (and checked against
-            // the manifest) into a scratch folder that is read like an output folder.
+            // the manifest) into a private scratch folder beside --out (its file system),
+            // read like an output folder, removed on every exit.
             let mut scratch = None;
             if cluster_count(&cli, &cfg)?.is_some() {
                 let bucket = spool::cluster::worker::open_bucket(&cfg)?;
-                let dir = std::env::temp_dir().join(format!("spool-export-{}", std::process::id()));
+                spool::output::files::create_dir_all(&parent, spool::output::files::DIR_MODE)
+                    .with_context(|| format!("cannot create {}", parent.display()))?;
+                let dir = scratch_removed_on_signal(|| {
+                    spool::output::files::Scratch::new_in(&parent, "export")
+                })
+                .with_context(|| format!("cannot make a scratch folder in {}", parent.display()))?;
                 let wanted: Vec<String> = dataset.iter().cloned().collect();
                 runtime()?.block_on(spool::cluster::manifest::download_published(
-                    &bucket, &dir, &wanted,
+                    &bucket,
+                    dir.path(),
+                    &wanted,
                 ))?;
-                cfg.output_dir = dir.clone();
+                cfg.output_dir = dir.to_path_buf();
                 scratch = Some(dir);
             }
             // A dataset the config does not name is the user's to fix; what export itself
@@ -508,9 +598,7 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                 status,
             };
             let r = spool::output::export::export(&cfg, &opts).map_err(Error::runtime);
-            if let Some(dir) = scratch {
-                let _ = std::fs::remove_dir_all(dir);
-            }
+            drop(scratch);
             let r = r?;
             let acc = &r.accounting;
             println!("{}", opts.gates.describe());

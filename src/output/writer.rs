@@ -21,7 +21,7 @@
 //!   kind `StorageFull` ("injected write error (SPOOL_FAULT_SHARD_WRITE_ERROR)"), as a full
 //!   disk would; the writer is then unusable and dropping it removes the temporary file.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -134,11 +134,8 @@ impl ShardWriter {
         {
             return Err(ShardError::Exists { path: final_path });
         }
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&temp_path)
+        // A stale temporary file from a crash is replaced, never written through.
+        let file = crate::output::files::replace(&temp_path, crate::output::files::FILE_MODE)
             .map_err(|e| ShardError::io(&temp_path, e))?;
 
         let props = PLAIN_COLUMNS

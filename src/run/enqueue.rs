@@ -15,6 +15,7 @@ use crate::prompt::{BuiltPrompt, PromptBuilder};
 use crate::store::blocks;
 use crate::store::queue::{EncodedItem, Item, Queue, QueueError, ScanMark};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Takes in new rows of `d` (the queue's dataset `ds`) and checks the old ones; rejected
@@ -207,6 +208,8 @@ impl RejectLog {
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
+                .mode(crate::output::files::FILE_MODE)
+                .custom_flags(libc::O_NOFOLLOW)
                 .open(&self.path)
                 .map_err(err)?;
             if !existed {

@@ -95,6 +95,8 @@ pub struct Upstream {
     dialect: &'static dyn Dialect,
     model: String,
     api_key: Option<String>,
+    /// The API key, for redacting what servers say back.
+    secrets: crate::secrets::Secrets,
     stream: bool,
     max_response_bytes: u64,
     /// `Some(context)`: clamp `max_tokens` to what fits (see [`Upstream::with_max_tokens_clamp`]).
@@ -159,6 +161,7 @@ impl Upstream {
             api: o.api,
             dialect: dialect::of(o.api),
             model: o.model,
+            secrets: crate::secrets::Secrets::new(o.api_key.iter()),
             api_key: o.api_key,
             stream: o.stream,
             max_response_bytes: o.max_response_bytes,
@@ -392,12 +395,10 @@ impl Upstream {
         read_capped(resp, 1 << 20).await
     }
 
-    /// The error without the API key (a server may echo it back in an error body).
+    /// The error without the API key or any credential-shaped field (a server may echo
+    /// the request's headers back in an error body), its server text then cut.
     fn redact(&self, e: UpstreamError) -> UpstreamError {
-        match &self.api_key {
-            Some(k) => e.redacted(k),
-            None => e,
-        }
+        e.redacted(&self.secrets)
     }
 
     fn clamped_sampling(&self, req: &GenerateRequest<'_>) -> Option<Sampling> {
@@ -494,7 +495,7 @@ mod tests {
             message: format!("bad header: Authorization: Bearer {key}"),
             retry_after: None,
         };
-        let shown = echoed.redacted(key).to_string();
+        let shown = echoed.redacted(&up.secrets).to_string();
         assert!(
             !shown.contains(key) && shown.contains("Bearer ***"),
             "{shown}"

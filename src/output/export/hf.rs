@@ -52,6 +52,9 @@ pub const ROW_GROUP_BYTES: usize = 64 << 20;
 /// A split's file is closed once it holds this many bytes (what `push_to_hub` uses).
 pub const FILE_BYTES: u64 = 500 << 20;
 
+/// The line of the card that marks a folder as an `hf` export (an export may replace it).
+pub const CARD_MARK: &str = "Written by `spool export --format hf`";
+
 /// The keys of a message kept in the `messages` column.
 const MESSAGE_KEYS: [&str; 6] = [
     "role",
@@ -377,7 +380,7 @@ impl HfSink {
     /// Creates the folder `dir` (and `dir/data`); a split's file closes past `file_bytes`.
     pub fn create(dir: &Path, ctx: &ExportContext, file_bytes: u64) -> Result<Self> {
         let data = dir.join("data");
-        std::fs::create_dir_all(&data)
+        crate::output::files::create_dir_all(&data, crate::output::files::DIR_MODE)
             .with_context(|| format!("cannot create {}", data.display()))?;
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -396,8 +399,8 @@ impl HfSink {
             self.dir
                 .join("data")
                 .join(format!(".{}-{:05}.tmp", cur.stats.split, cur.files.len()));
-        let file =
-            File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+        let file = crate::output::files::replace(&path, crate::output::files::FILE_MODE)
+            .with_context(|| format!("cannot create {}", path.display()))?;
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
@@ -498,7 +501,7 @@ impl HfSink {
         let models: Vec<&str> = models.into_iter().collect();
         let _ = writeln!(
             s,
-            "Written by `spool export --format hf` (spool {}). Model: `{}`.\n",
+            "{CARD_MARK} (spool {}). Model: `{}`.\n",
             env!("CARGO_PKG_VERSION"),
             models.join("`, `")
         );
@@ -630,7 +633,8 @@ impl Sink for HfSink {
     fn finish(mut self: Box<Self>, acc: &Accounting) -> Result<()> {
         self.close_split()?;
         let card = self.dir.join("README.md");
-        std::fs::write(&card, self.card(acc))
+        crate::output::files::replace(&card, crate::output::files::FILE_MODE)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, self.card(acc).as_bytes()))
             .with_context(|| format!("cannot write {}", card.display()))?;
         for d in [self.dir.join("data"), self.dir.clone()] {
             File::open(&d)

@@ -12,7 +12,10 @@
 //! - Memory does not grow with the number of rows: a sink holds at most one item's rows
 //!   (an item's rows are contiguous in its shard) or a fixed-size table.
 //! - The output appears under `--out` only complete: it is written under a hidden
-//!   temporary name beside it (a file, or a folder for `hf`), synced, then renamed.
+//!   temporary name beside it (a file, or a folder for `hf`), synced, then renamed, and the
+//!   folder holding it synced; its summary likewise.
+//! - An export replaces only what an export wrote: a folder at `--out` that is not an
+//!   earlier `hf` export (nor empty) is refused ([`claim_out`]), or moved aside when asked.
 //! - Only sealed `part-*.parquet` files are read, so an export may run while `run` works.
 //! - `kept + dropped = rows read`, and at the item level the queue's own counts are
 //!   checked against what the shards hold (see [`gates::Accounting::check`]).
@@ -180,8 +183,8 @@ pub struct Jsonl {
 
 impl Jsonl {
     pub fn create(path: &Path) -> Result<Self> {
-        let file =
-            File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        let file = crate::output::files::replace(path, crate::output::files::FILE_MODE)
+            .with_context(|| format!("cannot create {}", path.display()))?;
         Ok(Self {
             w: BufWriter::with_capacity(1 << 20, file),
         })
@@ -198,6 +201,100 @@ impl Jsonl {
         file.sync_all()?;
         Ok(())
     }
+}
+
+/// Why `--out` cannot be written as asked: the user's to settle.
+#[derive(Debug, thiserror::Error)]
+pub enum OutError {
+    #[error("--out {}: a folder holding files that are not a spool `hf` export; export to a new or empty folder, or pass --force to move it aside", path.display())]
+    NotAnExport { path: PathBuf },
+    #[error("--out {}: a folder, and --format {format} writes a file; name a file, or pass --force to move the folder aside", path.display())]
+    Folder { path: PathBuf, format: &'static str },
+    #[error("--out {}: not a folder, and --format hf writes one; name a folder, or pass --force to move it aside", path.display())]
+    NotAFolder { path: PathBuf },
+    #[error("cannot move {} aside: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Whether `dir` holds nothing but an earlier `hf` export (its card and Parquet files), or
+/// nothing at all: what an export may replace.
+pub fn is_spool_export(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    for e in entries {
+        let Ok(e) = e else { return false };
+        let Ok(kind) = e.file_type() else {
+            return false;
+        };
+        let name = e.file_name();
+        let ok = match name.to_str() {
+            Some("README.md") if kind.is_file() => {
+                std::fs::metadata(e.path()).is_ok_and(|m| m.len() < 64 << 20)
+                    && std::fs::read_to_string(e.path())
+                        .is_ok_and(|card| card.contains(hf::CARD_MARK))
+            }
+            Some("data") if kind.is_dir() => std::fs::read_dir(e.path()).is_ok_and(|files| {
+                files.into_iter().all(|f| {
+                    f.is_ok_and(|f| {
+                        f.file_type().is_ok_and(|t| t.is_file())
+                            && f.file_name().to_string_lossy().ends_with(".parquet")
+                    })
+                })
+            }),
+            _ => false,
+        };
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+/// Makes `out` ready for an export in `format`: nothing to do when it is absent, a file
+/// (for a file format), or an earlier `hf` export or empty folder (for `hf`; replaced once
+/// the new export is complete). Anything else is refused, or with `force` moved aside to
+/// `<out>.old-<unix seconds>`, which is returned.
+pub fn claim_out(out: &Path, format: Format, force: bool) -> Result<Option<PathBuf>, OutError> {
+    let Ok(meta) = std::fs::symlink_metadata(out) else {
+        return Ok(None);
+    };
+    let refused = match (format, meta.is_dir()) {
+        (Format::Hf, true) if is_spool_export(out) => return Ok(None),
+        (Format::Hf, true) => OutError::NotAnExport { path: out.into() },
+        (Format::Hf, false) => OutError::NotAFolder { path: out.into() },
+        (_, true) => OutError::Folder {
+            path: out.into(),
+            format: format.name(),
+        },
+        (_, false) => return Ok(None),
+    };
+    if !force {
+        return Err(refused);
+    }
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "export".into());
+    let mut aside = out.with_file_name(format!("{name}.old-{secs}"));
+    let mut n = 2;
+    while std::fs::symlink_metadata(&aside).is_ok() {
+        aside = out.with_file_name(format!("{name}.old-{secs}-{n}"));
+        n += 1;
+    }
+    std::fs::rename(out, &aside)
+        .and_then(|()| crate::store::blocks::sync_parent(out))
+        .map_err(|source| OutError::Io {
+            path: out.into(),
+            source,
+        })?;
+    Ok(Some(aside))
 }
 
 /// Where the output goes while it is written.
@@ -258,8 +355,10 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
     let ctx = rows::context(cfg, names.clone())?;
     let out = &opts.out;
     if let Some(dir) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        crate::output::files::create_dir_all(dir, crate::output::files::DIR_MODE)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
     }
+    claim_out(out, opts.format, false)?;
     let tmp = temp_path(out);
     remove_path(&tmp)?;
     let res = (|| {
@@ -306,14 +405,20 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
         }
     };
     if opts.format == Format::Hf && out.is_dir() {
-        // A folder cannot be renamed over a non-empty one: the old export goes first.
+        // A folder cannot be renamed over a non-empty one: the old export goes first, and
+        // only an export (checked again: it may have changed while this one ran).
+        if let Err(e) = claim_out(out, opts.format, false) {
+            let _ = remove_path(&tmp);
+            return Err(e.into());
+        }
         std::fs::remove_dir_all(out)
             .with_context(|| format!("cannot replace {}", out.display()))?;
     }
     std::fs::rename(&tmp, out)
+        .and_then(|()| crate::store::blocks::sync_parent(out))
         .with_context(|| format!("cannot rename {} to {}", tmp.display(), out.display()))?;
     let summary = summary_path(out);
-    std::fs::write(&summary, report.accounting.summary_json(out)?)
+    crate::output::files::write_durably(&summary, report.accounting.summary_json(out)?.as_bytes())
         .with_context(|| format!("cannot write {}", summary.display()))?;
     Ok(report)
 }

@@ -244,8 +244,8 @@ fn write_safetensors(
 ) -> Result<()> {
     let bytes = safetensors::serialize(tensors.iter().map(|(n, t)| (*n, t)), Some(metadata))
         .with_context(|| format!("cannot serialise {}", path.display()))?;
-    let mut f =
-        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut f = crate::output::files::replace(path, crate::output::files::FILE_MODE)
+        .with_context(|| format!("cannot create {}", path.display()))?;
     f.write_all(&bytes)
         .and_then(|()| f.sync_all())
         .with_context(|| format!("cannot write {}", path.display()))?;
