@@ -16,6 +16,7 @@ pub mod chat_template;
 pub mod conversation;
 pub mod draw;
 pub mod error;
+mod merge;
 pub mod pretokenize;
 mod python;
 pub mod reasoning;
