@@ -32,8 +32,13 @@ pub(super) struct Classes {
     bmp: Vec<Class>,
     /// Sorted, disjoint ranges above the BMP that are not `Other`.
     astral: Vec<(u32, u32, Class)>,
-    /// Case-insensitive variants of the contraction letters `s t r e v m l d`, in that
-    /// order (`s` also matches `S` and `ſ`).
+    contractions: Contractions,
+}
+
+/// `(?i:'s|'t|'re|'ve|'m|'ll|'d)`: the case-insensitive variants of the contraction
+/// letters `s t r e v m l d`, in that order (`s` also matches `S` and `ſ`), from
+/// `regex-syntax`'s case folding.
+pub(super) struct Contractions {
     folds: [Vec<char>; 8],
 }
 
@@ -46,7 +51,7 @@ const FOLD_M: usize = 5;
 const FOLD_L: usize = 6;
 const FOLD_D: usize = 7;
 
-fn unicode_class(pattern: &str) -> Result<Vec<(u32, u32)>, String> {
+pub(super) fn unicode_class(pattern: &str) -> Result<Vec<(u32, u32)>, String> {
     use regex_syntax::hir::{Class as HirClass, HirKind};
     let hir = regex_syntax::ParserBuilder::new()
         .build()
@@ -94,16 +99,11 @@ impl Classes {
         if astral.windows(2).any(|w| w[0].1 >= w[1].0) {
             return Err("overlapping astral classes".to_string());
         }
-        let mut folds: [Vec<char>; 8] = Default::default();
-        for (slot, letter) in folds
-            .iter_mut()
-            .zip(['s', 't', 'r', 'e', 'v', 'm', 'l', 'd'])
-        {
-            for (lo, hi) in unicode_class(&format!("(?i:{letter})"))? {
-                slot.extend((lo..=hi).filter_map(char::from_u32));
-            }
-        }
-        Ok(Self { bmp, astral, folds })
+        Ok(Self {
+            bmp,
+            astral,
+            contractions: Contractions::new()?,
+        })
     }
 
     #[inline]
@@ -125,16 +125,53 @@ impl Classes {
             Err(_) => Class::Other,
         }
     }
+}
+
+impl Contractions {
+    pub(super) fn new() -> Result<Self, String> {
+        let mut folds: [Vec<char>; 8] = Default::default();
+        for (slot, letter) in folds
+            .iter_mut()
+            .zip(['s', 't', 'r', 'e', 'v', 'm', 'l', 'd'])
+        {
+            for (lo, hi) in unicode_class(&format!("(?i:{letter})"))? {
+                slot.extend((lo..=hi).filter_map(char::from_u32));
+            }
+        }
+        Ok(Self { folds })
+    }
 
     #[inline]
     fn folds(&self, c: Option<(char, usize)>, letter: usize) -> bool {
         c.is_some_and(|(c, _)| self.folds[letter].contains(&c))
     }
+
+    /// The end of a contraction (`'s`, `'T`, `'re`, …) whose letters start at `i`, just
+    /// after the apostrophe.
+    pub(super) fn end(&self, s: &str, i: usize) -> Option<usize> {
+        let c1 = char_at(s, i);
+        let (_, l1) = c1?;
+        if self.folds(c1, FOLD_S)
+            || self.folds(c1, FOLD_T)
+            || self.folds(c1, FOLD_M)
+            || self.folds(c1, FOLD_D)
+        {
+            return Some(i + l1);
+        }
+        let c2 = char_at(s, i + l1);
+        let two = (self.folds(c1, FOLD_R) && self.folds(c2, FOLD_E))
+            || (self.folds(c1, FOLD_V) && self.folds(c2, FOLD_E))
+            || (self.folds(c1, FOLD_L) && self.folds(c2, FOLD_L));
+        match (two, c2) {
+            (true, Some((_, l2))) => Some(i + l1 + l2),
+            _ => None,
+        }
+    }
 }
 
 /// The character starting at byte `i` of `s` and its length in bytes.
 #[inline]
-fn char_at(s: &str, i: usize) -> Option<(char, usize)> {
+pub(super) fn char_at(s: &str, i: usize) -> Option<(char, usize)> {
     let b = *s.as_bytes().get(i)?;
     if b < 0x80 {
         return Some((b as char, 1));
@@ -145,7 +182,7 @@ fn char_at(s: &str, i: usize) -> Option<(char, usize)> {
 
 /// The end of `[\r\n]*` from `i`.
 #[inline]
-fn skip_newlines(s: &str, mut i: usize) -> usize {
+pub(super) fn skip_newlines(s: &str, mut i: usize) -> usize {
     let bytes = s.as_bytes();
     while i < bytes.len() && (bytes[i] == b'\r' || bytes[i] == b'\n') {
         i += 1;
@@ -166,27 +203,6 @@ impl Classes {
         i
     }
 
-    /// The end of a contraction (`'s`, `'T`, `'re`, …) whose letters start at `i`.
-    fn contraction(&self, s: &str, i: usize) -> Option<usize> {
-        let c1 = char_at(s, i);
-        let (_, l1) = c1?;
-        if self.folds(c1, FOLD_S)
-            || self.folds(c1, FOLD_T)
-            || self.folds(c1, FOLD_M)
-            || self.folds(c1, FOLD_D)
-        {
-            return Some(i + l1);
-        }
-        let c2 = char_at(s, i + l1);
-        let two = (self.folds(c1, FOLD_R) && self.folds(c2, FOLD_E))
-            || (self.folds(c1, FOLD_V) && self.folds(c2, FOLD_E))
-            || (self.folds(c1, FOLD_L) && self.folds(c2, FOLD_L));
-        match (two, c2) {
-            (true, Some((_, l2))) => Some(i + l1 + l2),
-            _ => None,
-        }
-    }
-
     /// The end of the match of [`PATTERN`] that starts at byte `i` of `s` (`i < s.len()`,
     /// on a character boundary). Every character starts a match of one alternative and
     /// no alternative matches the empty string, so the result is always past `i`.
@@ -197,7 +213,7 @@ impl Classes {
         let i1 = i + l0;
         // (?i:'s|'t|'re|'ve|'m|'ll|'d)
         if c0 == '\'' {
-            if let Some(end) = self.contraction(s, i1) {
+            if let Some(end) = self.contractions.end(s, i1) {
                 return end;
             }
         }
@@ -311,7 +327,7 @@ mod tests {
     #[test]
     fn classes_are_the_regex_classes() {
         let classes = Classes::new().unwrap();
-        assert_eq!(classes.folds[FOLD_S], vec!['S', 's', 'ſ']);
+        assert_eq!(classes.contractions.folds[FOLD_S], vec!['S', 's', 'ſ']);
         let letter = regex::Regex::new(r"^\p{L}$").unwrap();
         let number = regex::Regex::new(r"^\p{N}$").unwrap();
         let space = regex::Regex::new(r"^\s$").unwrap();
