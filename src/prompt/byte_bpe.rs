@@ -412,6 +412,7 @@ impl ByteBpe {
                     out,
                     scratch,
                     cache.as_deref_mut(),
+                    |_| None,
                 );
                 i = e;
             }

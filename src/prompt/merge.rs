@@ -103,13 +103,16 @@ impl Merges {
         })
     }
 
-    /// The ids of one pre-tokenized piece (its UTF-8 bytes).
+    /// The ids of one pre-tokenized piece (its UTF-8 bytes). `whole` gives the id of a
+    /// piece that is one token as it stands, for vocabularies where that comes before
+    /// merging (tiktoken's); it is asked only on a cache miss.
     pub(super) fn piece(
         &self,
         bytes: &[u8],
         out: &mut Vec<u32>,
         scratch: &mut Scratch,
         cache: Option<&mut Words>,
+        whole: impl Fn(&[u8]) -> Option<u32>,
     ) {
         if let [b] = bytes {
             out.push(self.byte_ids[*b as usize]);
@@ -121,7 +124,9 @@ impl Merges {
             return;
         }
         let start = out.len();
-        if bytes.len() <= SCAN_MAX_BYTES {
+        if let Some(id) = whole(bytes) {
+            out.push(id);
+        } else if bytes.len() <= SCAN_MAX_BYTES {
             self.merge_scan(bytes, out, scratch);
         } else {
             self.merge_heap(bytes, out, scratch);

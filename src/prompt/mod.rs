@@ -16,10 +16,13 @@ pub mod chat_template;
 pub mod conversation;
 pub mod draw;
 pub mod error;
+pub mod kimi_pattern;
 mod merge;
+pub mod model_folder;
 pub mod pretokenize;
 mod python;
 pub mod reasoning;
+pub mod tiktoken;
 pub mod tokenizer;
 pub mod tool_text;
 
