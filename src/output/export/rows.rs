@@ -108,7 +108,7 @@ pub fn context(cfg: &Config, names: Vec<String>) -> Result<ExportContext> {
         Some(t) => {
             let tok = Tokenizer::from_file(&t.path)
                 .with_context(|| format!("{}: key `tokenizer.path`", cfg.source.display()))?;
-            let eot = end_of_turn_of(&t.path, &tok)?;
+            let eot = end_of_turn_of(tok.origin(), &tok)?;
             (Some(tok), eot)
         }
         None => (None, None),
