@@ -22,6 +22,7 @@ mod fast_bpe;
 mod faults;
 mod hostile;
 mod inputs;
+mod kimi_tokenizer;
 mod mock_server;
 mod observability;
 mod power;
