@@ -356,6 +356,58 @@ mod tests {
         assert_eq!(tokenizer.token_to_id("<|im_end|>"), Some(151645));
     }
 
+    /// The Kimi folder loads as a tiktoken tokenizer (from the folder or its
+    /// `tiktoken.model`): no prefix, the digest of both files, special tokens matched in
+    /// text; a folder without a tokenizer file, and a tiktoken folder whose config names
+    /// another class, are refused naming the folder or the config.
+    #[test]
+    fn kimi_folders_load_and_bad_folders_are_named() {
+        let kimi = Tokenizer::from_file(&fixture("kimi-k2")).unwrap();
+        assert!(kimi.is_tiktoken() && !kimi.has_fast_encoder());
+        assert_eq!(kimi.origin(), fixture("kimi-k2/tiktoken.model"));
+        assert_eq!(kimi.special_prefix(), "");
+        let mut both = std::fs::read(fixture("kimi-k2/tiktoken.model")).unwrap();
+        both.extend(std::fs::read(fixture("kimi-k2/tokenizer_config.json")).unwrap());
+        assert_eq!(kimi.sha256(), sha256_hex(&both));
+        let ids = kimi.encode("Hello!<|im_end|>", false).unwrap();
+        assert_eq!(ids.last(), Some(&163_586));
+        assert_eq!(kimi.encode_prompt("Hello!<|im_end|>").unwrap(), ids);
+        assert_eq!(kimi.decode(&ids).unwrap(), "Hello!<|im_end|>");
+        assert_eq!(kimi.vocab_size(), 163_840);
+        let file = Tokenizer::from_file(&fixture("kimi-k2/tiktoken.model")).unwrap();
+        assert_eq!(file.sha256(), kimi.sha256());
+        let err = kimi.decode(&[163_840]).unwrap_err().to_string();
+        assert!(
+            err.contains("tiktoken.model") && err.contains("163840"),
+            "{err}"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let err = Tokenizer::from_file(dir.path()).unwrap_err().to_string();
+        assert!(err.contains(&dir.path().display().to_string()), "{err}");
+        assert!(
+            err.contains("tokenizer.json") && err.contains("tiktoken.model"),
+            "{err}"
+        );
+        std::fs::copy(
+            fixture("kimi-k2/tiktoken.model"),
+            dir.path().join("tiktoken.model"),
+        )
+        .unwrap();
+        let err = Tokenizer::from_file(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("needs the `tokenizer_config.json`"), "{err}");
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            r#"{"auto_map": {"AutoTokenizer": ["tokenization_moonshot.TikTokenTokenizer", null]}}"#,
+        )
+        .unwrap();
+        let err = Tokenizer::from_file(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("tokenizer_config.json") && err.contains("tokenization_kimi"),
+            "{err}"
+        );
+    }
+
     /// The fast encoder is chosen for Qwen3 and not for Phi-3, and gives `tokenizers`' ids
     /// for NFC text, with and without special tokens.
     #[test]
