@@ -23,7 +23,7 @@
 //!   `Word::merge_all`).
 //! - A built-in probe set is encoded both ways when the encoder is built; any difference
 //!   makes it [`Unsupported`] (a second line of defence behind the shape check).
-//! - Merging and its per-thread word cache are [`super::merge`]'s.
+//! - Merging and its per-thread word cache are the `merge` module's.
 
 use ahash::AHashMap;
 use serde_json::Value;

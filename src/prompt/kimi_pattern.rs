@@ -2,7 +2,7 @@
 //! of Moonshot's `tokenization_kimi.py`) implemented by hand, so [`super::tiktoken`] need
 //! not run a backtracking regex.
 //!
-//! Invariant: [`KimiClasses::piece_end`] cuts text exactly where [`KIMI_PATTERN`] matches
+//! Invariant: `KimiClasses::piece_end` cuts text exactly where [`KIMI_PATTERN`] matches
 //! it under tiktoken's regex semantics (leftmost-first alternation, greedy runs that give
 //! back characters when the rest of an alternative fails, `\s+(?!\S)`). The character
 //! classes, including the class intersections that keep Han out of the letter runs, come

@@ -19,7 +19,7 @@
 //!   another here, so leftmost-first and leftmost-longest agree); the text between them is
 //!   split by [`KIMI_PATTERN`] ([`super::kimi_pattern`]); a piece that is a token is that
 //!   token, any other is merged from its bytes by the rank of each joined pair
-//!   ([`super::merge`]: the lowest rank first, leftmost among equals).
+//!   (`merge`: the lowest rank first, leftmost among equals).
 //! - Decoding: the bytes of every id concatenated, then UTF-8 with U+FFFD for each
 //!   ill-formed subsequence, as Python's `bytes.decode("utf-8", "replace")`.
 //!
