@@ -8,7 +8,9 @@
 //! classes, including the class intersections that keep Han out of the letter runs, come
 //! from `regex-syntax`, the tables tiktoken's regex is compiled from.
 
-use super::pretokenize::{char_at, skip_newlines, unicode_class, Contractions};
+use super::pretokenize::{
+    char_at, skip_newlines, space_piece_end, unicode_class, CodeTable, Contractions,
+};
 
 /// The `pat_str` of Moonshot's `TikTokenTokenizer` (Kimi K2, K2.5, K2-Thinking), joined
 /// as the vendor joins its eight alternatives.
@@ -46,10 +48,7 @@ const SPACE: u8 = 32;
 /// The classes [`KIMI_PATTERN`] tests, per code point, as bit flags (a code point can be
 /// in several: `Lm`, `Lo` and marks are both head and tail).
 pub(super) struct KimiClasses {
-    /// The flags of every BMP code point.
-    bmp: Vec<u8>,
-    /// Sorted, disjoint ranges above the BMP with nonzero flags.
-    astral: Vec<(u32, u32, u8)>,
+    table: CodeTable<u8>,
     contractions: Contractions,
 }
 
@@ -103,30 +102,14 @@ impl KimiClasses {
             }
         }
         Ok(Self {
-            bmp,
-            astral,
+            table: CodeTable::new(bmp, astral, 0),
             contractions: Contractions::new()?,
         })
     }
 
     #[inline]
     fn of(&self, c: char) -> u8 {
-        let u = c as u32;
-        if let Some(&f) = self.bmp.get(u as usize) {
-            return f;
-        }
-        match self.astral.binary_search_by(|&(lo, hi, _)| {
-            if hi < u {
-                std::cmp::Ordering::Less
-            } else if lo > u {
-                std::cmp::Ordering::Greater
-            } else {
-                std::cmp::Ordering::Equal
-            }
-        }) {
-            Ok(i) => self.astral[i].2,
-            Err(_) => 0,
-        }
+        self.table.get(c)
     }
 
     /// The end of the run of characters with any of `flags` from `i`.
@@ -241,32 +224,8 @@ impl KimiClasses {
                 }
             }
         }
-        // `c0` is whitespace from here. `\s*[\r\n]+` ends after the run's last line break;
-        // `\s+(?!\S)` takes the whole run at the end of the text, else all but its last
-        // character; `\s+` a single whitespace character before a non-space.
-        let mut j = i;
-        let mut last_start = i;
-        let mut chars = 0usize;
-        let mut after_break = None;
-        while let Some((c, len)) = char_at(s, j) {
-            if self.of(c) & SPACE == 0 {
-                break;
-            }
-            if c == '\r' || c == '\n' {
-                after_break = Some(j + len);
-            }
-            last_start = j;
-            j += len;
-            chars += 1;
-        }
-        if let Some(end) = after_break {
-            return end;
-        }
-        if j == s.len() || chars == 1 {
-            j
-        } else {
-            last_start
-        }
+        // `c0` is whitespace from here.
+        space_piece_end(s, i, |c| self.of(c) & SPACE != 0)
     }
 
     /// The end of the run of `[^\s\p{L}\p{N}]` from `i`.

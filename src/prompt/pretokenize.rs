@@ -28,11 +28,76 @@ pub(super) enum Class {
 
 /// Character classes, from the same `regex-syntax` tables HuggingFace's regex uses.
 pub(super) struct Classes {
-    /// The class of every BMP code point.
-    bmp: Vec<Class>,
-    /// Sorted, disjoint ranges above the BMP that are not `Other`.
-    astral: Vec<(u32, u32, Class)>,
+    table: CodeTable<Class>,
     contractions: Contractions,
+}
+
+/// A value per code point: a table for the BMP, sorted disjoint ranges above it, and the
+/// value of every code point in no range.
+pub(super) struct CodeTable<T> {
+    bmp: Vec<T>,
+    astral: Vec<(u32, u32, T)>,
+    none: T,
+}
+
+impl<T: Copy> CodeTable<T> {
+    /// `bmp` holds 65,536 values; `astral` sorted, disjoint ranges above U+FFFF.
+    pub(super) fn new(bmp: Vec<T>, astral: Vec<(u32, u32, T)>, none: T) -> Self {
+        debug_assert!(bmp.len() == 0x10000 && astral.windows(2).all(|w| w[0].1 < w[1].0));
+        Self { bmp, astral, none }
+    }
+
+    #[inline]
+    pub(super) fn get(&self, c: char) -> T {
+        let u = c as u32;
+        if let Some(&v) = self.bmp.get(u as usize) {
+            return v;
+        }
+        match self.astral.binary_search_by(|&(lo, hi, _)| {
+            if hi < u {
+                std::cmp::Ordering::Less
+            } else if lo > u {
+                std::cmp::Ordering::Greater
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        }) {
+            Ok(i) => self.astral[i].2,
+            Err(_) => self.none,
+        }
+    }
+}
+
+/// The end of the piece that whitespace at `i` starts under `\s*[\r\n]+|\s+(?!\S)|\s+`
+/// (the last alternatives of both patterns), `is_space` being `\s`: the greedy `\s*` backs
+/// off to the last line break of the run and `[\r\n]+` takes just that one (the run's
+/// next character, if any, is not a line break); else `\s+(?!\S)` takes the whole run at
+/// the end of the text, otherwise all of it but its last character (which then starts the
+/// next piece) when that leaves any; else `\s+` the single character before a non-space.
+pub(super) fn space_piece_end(s: &str, i: usize, is_space: impl Fn(char) -> bool) -> usize {
+    let mut j = i;
+    let mut last_start = i;
+    let mut chars = 0usize;
+    let mut after_break = None;
+    while let Some((c, len)) = char_at(s, j) {
+        if !is_space(c) {
+            break;
+        }
+        if c == '\r' || c == '\n' {
+            after_break = Some(j + len);
+        }
+        last_start = j;
+        j += len;
+        chars += 1;
+    }
+    if let Some(end) = after_break {
+        return end;
+    }
+    if j == s.len() || chars == 1 {
+        j
+    } else {
+        last_start
+    }
 }
 
 /// `(?i:'s|'t|'re|'ve|'m|'ll|'d)`: the case-insensitive variants of the contraction
@@ -100,30 +165,14 @@ impl Classes {
             return Err("overlapping astral classes".to_string());
         }
         Ok(Self {
-            bmp,
-            astral,
+            table: CodeTable::new(bmp, astral, Class::Other),
             contractions: Contractions::new()?,
         })
     }
 
     #[inline]
     fn of(&self, c: char) -> Class {
-        let u = c as u32;
-        if let Some(&class) = self.bmp.get(u as usize) {
-            return class;
-        }
-        match self.astral.binary_search_by(|&(lo, hi, _)| {
-            if hi < u {
-                std::cmp::Ordering::Less
-            } else if lo > u {
-                std::cmp::Ordering::Greater
-            } else {
-                std::cmp::Ordering::Equal
-            }
-        }) {
-            Ok(i) => self.astral[i].2,
-            Err(_) => Class::Other,
-        }
+        self.table.get(c)
     }
 }
 
@@ -245,35 +294,8 @@ impl Classes {
                 }
             }
         }
-        // `c0` is whitespace from here. `\s*[\r\n]+`: the greedy `\s*` backs off to the
-        // last line break of the run, and `[\r\n]+` takes just that one (the run's next
-        // character, if any, is not a line break).
-        let mut j = i;
-        let mut last_start = i;
-        let mut chars = 0usize;
-        let mut after_break = None;
-        while let Some((c, len)) = char_at(s, j) {
-            if self.of(c) != Class::Space {
-                break;
-            }
-            if c == '\r' || c == '\n' {
-                after_break = Some(j + len);
-            }
-            last_start = j;
-            j += len;
-            chars += 1;
-        }
-        if let Some(end) = after_break {
-            return end;
-        }
-        // `\s+(?!\S)`: the whole run at the end of the text; otherwise all of it but its
-        // last character (which then starts the next piece), when that leaves any.
-        // `\s+`: a single whitespace character before a non-space.
-        if j == s.len() || chars == 1 {
-            j
-        } else {
-            last_start
-        }
+        // `c0` is whitespace from here.
+        space_piece_end(s, i, |c| self.of(c) == Class::Space)
     }
 }
 

@@ -539,6 +539,20 @@ mod tests {
         })
     }
 
+    /// A `tiktoken.model` of the 256 bytes (ranks 0..256) and then `tokens`.
+    fn model_of(tokens: &[&str]) -> Vec<u8> {
+        let bytes = (0..=255u8).map(|b| vec![b]);
+        let rest = tokens.iter().map(|t| t.as_bytes().to_vec());
+        bytes
+            .chain(rest)
+            .enumerate()
+            .flat_map(|(rank, t)| {
+                let b64 = base64::engine::general_purpose::STANDARD.encode(t);
+                format!("{b64} {rank}\n").into_bytes()
+            })
+            .collect()
+    }
+
     /// A config for a vocabulary of `n` ranks: `[BOS]` and `[EOS]` first in the block.
     fn small_config(n: u32) -> Value {
         serde_json::json!({
@@ -577,16 +591,7 @@ mod tests {
     #[test]
     fn bad_vocabularies_are_refused() {
         let model = b"YQ== 0\nYg== 1\n";
-        let mut full = Vec::new();
-        for b in 0..=255u8 {
-            full.extend_from_slice(
-                format!(
-                    "{} {b}\n",
-                    base64::engine::general_purpose::STANDARD.encode([b])
-                )
-                .as_bytes(),
-            );
-        }
+        let full = model_of(&[]);
         let err = |m: &[u8], c: Value| TiktokenBpe::new(m, &c).unwrap_err().to_string();
         assert!(err(model, Value::Null).contains("byte 0x00 is not a token"));
         assert!(err(b"YQ== 0\nYQ== 1\n", Value::Null).contains("has two ranks"));
@@ -610,27 +615,8 @@ mod tests {
     /// chain of merges reaches it; otherwise the lowest-ranked join first.
     #[test]
     fn merges_follow_tiktoken() {
-        let mut model = Vec::new();
-        for b in 0..=255u8 {
-            model.extend_from_slice(
-                format!(
-                    "{} {b}\n",
-                    base64::engine::general_purpose::STANDARD.encode([b])
-                )
-                .as_bytes(),
-            );
-        }
         // "ab" 256, "bc" 257, "abcd" 258: no chain of joins reaches "abcd".
-        for (i, t) in ["ab", "bc", "abcd"].iter().enumerate() {
-            model.extend_from_slice(
-                format!(
-                    "{} {}\n",
-                    base64::engine::general_purpose::STANDARD.encode(t),
-                    256 + i
-                )
-                .as_bytes(),
-            );
-        }
+        let model = model_of(&["ab", "bc", "abcd"]);
         let k = TiktokenBpe::new(&model, &small_config(259)).unwrap();
         let [c, d, e] = [b'c', b'd', b'e'].map(u32::from);
         // The whole piece is a token.
