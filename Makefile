@@ -1,5 +1,5 @@
 # spool: the two commands that do everything are `make demo` and `make test`.
-.PHONY: demo test lint build soak bench bench-eta bench-tokenize clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions
+.PHONY: demo test lint build soak bench bench-eta bench-tokenize bench-tokenize-kimi clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions
 
 build:
 	cargo build
@@ -48,6 +48,12 @@ bench-eta:
 ## in `make test`; figures go in BENCHMARKS.md. BENCH_TOKENIZE_ARGS="--sizes 100000" for less.
 bench-tokenize:
 	BIN=$$(bash scripts/spool_bin.sh --release) && python3 bench/tokenize/bench.py --spool "$$BIN" $(BENCH_TOKENIZE_ARGS)
+
+## The same with Kimi's tiktoken tokenizer (the model folder as [tokenizer] path): enqueue rate
+## and peak RSS, then the raw encoder on one thread vs Python tiktoken built as Moonshot builds it.
+bench-tokenize-kimi:
+	BIN=$$(bash scripts/spool_bin.sh --release) && cargo build --release --quiet --example bench_kimi_encode \
+	  && python3 bench/tokenize/bench.py --kimi --spool "$$BIN" $(BENCH_TOKENIZE_ARGS)
 
 clean:
 	cargo clean

@@ -11,7 +11,8 @@
 //!   `"tools: {names}\n"` first when tools are offered, an assistant's `reasoning_content`
 //!   (or `reasoning`) as `<think>\n{r}\n</think>\n\n` before its content, and its
 //!   `tool_calls` as ` <tool_call> {name}` after it; `tool` messages as any other role.
-//! - **Real tokens** (`--tokenizer FILE`, a HuggingFace `tokenizer.json`). The same plans,
+//! - **Real tokens** (`--tokenizer PATH`: a `tokenizer.json`, or a model folder such as
+//!   Kimi's tiktoken one). The same plans,
 //!   each id replaced by real tokens of that tokenizer (see `vocab`): words are one-token
 //!   English words after a space, the think block Qwen3-style `<think>` `\n` … `\n`
 //!   `</think>` `\n\n`, so encoding the text gives back the ids. No tool calls.
@@ -186,9 +187,10 @@ pub struct MockConfig {
     /// The field the reasoning parser fills: `reasoning_content`, or vLLM's newer `reasoning`.
     #[arg(long, value_enum, default_value_t = ReasoningField::ReasoningContent)]
     pub reasoning_field: ReasoningField,
-    /// A HuggingFace `tokenizer.json`: completions are made of that tokenizer's real
-    /// tokens (ids and text consistent), think markers its `<think>`/`</think>`; no tool
-    /// calls. Without it, ids are the mock's own (`w{t}` words).
+    /// A tokenizer (a HuggingFace `tokenizer.json`, or a model folder such as Kimi's
+    /// `tiktoken.model` one): completions are made of that tokenizer's real tokens (ids and
+    /// text consistent), think markers its `<think>`/`</think>`; no tool calls. Without it,
+    /// ids are the mock's own (`w{t}` words).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// With `--tokenizer`: a completion that stops ends with the end-of-turn id

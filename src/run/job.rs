@@ -28,6 +28,7 @@ use crate::output::schema::{
 };
 use crate::output::shard::ShardLimits;
 use crate::prompt::draw::Drawer;
+use crate::prompt::model_folder::ModelFiles;
 use crate::prompt::syntax::Syntax;
 use crate::prompt::{ChatTemplate, PromptBuilder, Tokenizer};
 use crate::run::archiver::{output_failure, Archiver, Archiving, ToArchive};
@@ -277,10 +278,24 @@ impl Job {
         };
         let tok = Tokenizer::from_file_with(&t.path, &self.knobs.bench)
             .with_context(|| format!("{}: key `tokenizer.path`", cfg.source.display()))?;
-        let tpl = match &t.chat_template {
-            Some(p) => Some(ChatTemplate::from_file(p).with_context(|| {
-                format!("{}: key `tokenizer.chat_template`", cfg.source.display())
-            })?),
+        // `path` naming a model folder brings the folder's template, unless one is named.
+        let folder_template = match t.path.is_dir() {
+            true => ModelFiles::locate(&t.path)
+                .with_context(|| format!("{}: key `tokenizer.path`", cfg.source.display()))?
+                .chat_template
+                .map(|p| (p, "path")),
+            false => None,
+        };
+        let template = t
+            .chat_template
+            .clone()
+            .map(|p| (p, "chat_template"))
+            .or(folder_template);
+        let tpl = match template {
+            Some((p, key)) => Some(
+                ChatTemplate::from_file(&p)
+                    .with_context(|| format!("{}: key `tokenizer.{key}`", cfg.source.display()))?,
+            ),
             None => None,
         };
         let sha = tok.sha256().to_string();

@@ -23,6 +23,7 @@ mod faults;
 mod forged;
 mod hostile;
 mod inputs;
+mod kimi_tokenizer;
 mod kimi_tools;
 mod mock_server;
 mod observability;

@@ -11,6 +11,7 @@ use crate::config::Config;
 use crate::output::reader::{batch_to_rows, ShardReader};
 use crate::output::schema::META_COUNT_SOURCE;
 use crate::output::shard::{folder_entries, parse_shard_index};
+use crate::prompt::model_folder::ModelFiles;
 use crate::prompt::syntax::{Family, Syntax};
 use crate::prompt::tokenizer::Tokenizer;
 use crate::prompt::ChatTemplate;
@@ -198,12 +199,10 @@ fn family_of(cfg: &Config) -> Option<Family> {
     let t = cfg.tokenizer.as_ref()?;
     let template = match &t.chat_template {
         Some(p) => ChatTemplate::from_file(p).ok(),
-        None => {
-            let c = folder_of(&t.path).join("tokenizer_config.json");
-            c.is_file()
-                .then(|| ChatTemplate::from_file(&c).ok())
-                .flatten()
-        }
+        None => ModelFiles::locate(&t.path)
+            .ok()
+            .and_then(|files| files.chat_template)
+            .and_then(|p| ChatTemplate::from_file(&p).ok()),
     };
     let syntax = template
         .map(|tpl| Syntax::of_template(tpl.source()))
