@@ -12,6 +12,7 @@ mod demo;
 mod deploy;
 mod drafter;
 mod e2e;
+mod endpoint;
 mod export;
 mod export_batch;
 mod export_gates;
