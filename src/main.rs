@@ -282,6 +282,12 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             // (dropping the runtime would wait for its blocking tasks forever).
             rt.shutdown_timeout(std::time::Duration::from_secs(5));
             let summary = summary?;
+            if !summary.limited.is_empty() {
+                eprintln!(
+                    "spool: intake of {} stopped at an input limit (the log names the file and the limit); the other datasets ran",
+                    summary.limited.join(", ")
+                );
+            }
             if summary.ending() == Some(spool::error::Kind::ItemsFailed) {
                 let failed = summary.report.failed();
                 eprintln!("spool: {failed} item(s) failed permanently; see `spool status` and `spool retry`");

@@ -16,7 +16,8 @@
 
 use crate::config::{BudgetPolicy, Config};
 use crate::error::{Context, Error, Kind};
-use crate::input::intake::{IntakeOptions, ItemFilter};
+use crate::input::dataset::DatasetError;
+use crate::input::intake::{IntakeError, IntakeOptions, IntakeReport, ItemFilter};
 use crate::knobs::Knobs;
 use crate::observe::figures::grouped;
 use crate::observe::http::Observed;
@@ -66,6 +67,9 @@ pub const TOKEN_FILE: &str = "metrics.token";
 pub struct RunSummary {
     /// Stopped by the shutdown signal before finishing.
     pub interrupted: bool,
+    /// Datasets whose intake stopped at an input limit (`input::limits`): their rows
+    /// before it were generated, the rest of the file was not taken in.
+    pub limited: Vec<String>,
     /// The final status, from the queue.
     pub report: StatusReport,
 }
@@ -75,6 +79,9 @@ impl RunSummary {
     pub fn ending(&self) -> Option<Kind> {
         if self.interrupted {
             Some(Kind::Interrupted)
+        } else if !self.limited.is_empty() {
+            // An input file to fix, as a bad file found at start would be.
+            Some(Kind::Usage)
         } else if self.report.failed() > 0 {
             Some(Kind::ItemsFailed)
         } else {
@@ -134,8 +141,9 @@ async fn run_job(
         // A signal during intake: what was enqueued is durable (intake is idempotent and
         // resumable); nothing has been requested yet.
         queue.flush()?;
-        return job.summary(&queue);
+        return job.summary(&queue, intake.limited);
     }
+    let limited = intake.limited.clone();
     let queue = checkpoint(queue, intake.added).await?;
     let archive = job.recover(&queue, &datasets, tokenizer_sha)?;
     let servers = job.servers(&metrics);
@@ -210,7 +218,7 @@ async fn run_job(
             .unwrap_or_else(|| Error::msg("queue storage failed")));
     }
     stopped?;
-    let summary = job.summary(&queue)?;
+    let summary = job.summary(&queue, limited)?;
     for d in &summary.report.datasets {
         if let Some(b) = d.budget {
             tracing::info!(dataset = %d.name, completion_tokens = d.completion_tokens, budget = b,
@@ -242,6 +250,8 @@ struct Datasets {
 struct Intake {
     /// Items enqueued by this run.
     added: u64,
+    /// Datasets whose intake stopped at an input limit.
+    limited: Vec<String>,
     /// Per-dataset metrics, in config order.
     dmetrics: Vec<DatasetMetrics>,
 }
@@ -368,6 +378,7 @@ impl Job {
         let cfg = &self.cfg;
         let mut dmetrics = Vec::new();
         let mut added = 0u64;
+        let mut limited = Vec::new();
         for (d, &ds) in cfg.datasets.iter().zip(&datasets.ds) {
             let (q, d2, b, out) = (
                 queue.clone(),
@@ -387,10 +398,21 @@ impl Job {
                 }),
             };
             let o = opts.clone();
-            let rep = tokio::task::spawn_blocking(move || intake(&q, ds, &d2, &b, &out, &o))
+            let taken = tokio::task::spawn_blocking(move || intake(&q, ds, &d2, &b, &out, &o))
                 .await
                 .map_err(Error::runtime)
-                .context("intake task panicked")??;
+                .context("intake task panicked")?;
+            let rep = match taken {
+                Ok(rep) => rep,
+                // A file past an input limit: what was taken in before it is generated;
+                // the other datasets go on.
+                Err(IntakeError::Dataset(DatasetError::Limit(e))) => {
+                    tracing::error!(dataset = %d.name, error = %e, "dataset intake stopped at an input limit");
+                    limited.push(d.name.clone());
+                    IntakeReport::default()
+                }
+                Err(e) => return Err(e.into()),
+            };
             added += rep.added;
             if let Some(p) = cfg.partition {
                 tracing::info!(dataset = %d.name, partition = p.index, partitions = p.count,
@@ -447,7 +469,11 @@ impl Job {
                 break;
             }
         }
-        Ok(Intake { added, dmetrics })
+        Ok(Intake {
+            added,
+            limited,
+            dmetrics,
+        })
     }
 
     /// The archive over the output folder, after adopting what a crash left finished and
@@ -701,9 +727,10 @@ impl Job {
     }
 
     /// The run's outcome, from the queue.
-    fn summary(&self, queue: &Queue) -> Result<RunSummary, Error> {
+    fn summary(&self, queue: &Queue, limited: Vec<String>) -> Result<RunSummary, Error> {
         Ok(RunSummary {
             interrupted: self.stop.interrupted(),
+            limited,
             report: StatusReport::from_queue(queue, &self.cfg)?,
         })
     }
@@ -763,6 +790,7 @@ mod tests {
     fn summary(interrupted: bool, failed: u64) -> RunSummary {
         RunSummary {
             interrupted,
+            limited: Vec::new(),
             report: StatusReport {
                 running: false,
                 datasets: vec![DatasetStatus {
@@ -774,10 +802,16 @@ mod tests {
         }
     }
 
-    /// A run that finished exits 0, 3 when items failed for good, and 130 when a signal
-    /// stopped it (also with failed items: the run did not finish).
+    /// A run that finished exits 0, 3 when items failed for good, 2 when a dataset's
+    /// intake stopped at an input limit, and 130 when a signal stopped it (also with
+    /// failed items: the run did not finish).
     #[test]
     fn a_run_exits_by_how_it_ended() {
+        let limited = RunSummary {
+            limited: vec!["a".into()],
+            ..summary(false, 2)
+        };
+        assert_eq!(limited.exit_code(), 2);
         assert_eq!(summary(false, 0).exit_code(), 0);
         assert_eq!(summary(false, 2).exit_code(), 3);
         assert_eq!(summary(true, 0).exit_code(), 130);

@@ -22,6 +22,7 @@ mod export_speculators;
 mod fast_bpe;
 mod faults;
 mod hostile;
+mod input_bombs;
 mod inputs;
 mod mock_server;
 mod observability;
