@@ -2,9 +2,9 @@
 files that decode to gigabytes, each beside a plain 20-prompt dataset, against spool's
 own mock server. The shapes are the tests' (tests/it/input_bombs.rs):
 
-  zstd        60 lines of {"prompt": "aaa…"} 30 MiB long, zstd -3 (~60 KB)
-  parquet     one 1 MiB string in 3000 rows (own ids), dictionary-encoded, zstd (~100 KB)
-  parquet-page  the same string in 300 rows of plain pages: one page of 300 MiB (~30 KB)
+  zstd        60 lines of {"id": "z<i>", "prompt": "aaa…"} 30 MiB long, zstd -3 (~60 KB)
+  parquet     one 1 MiB string in 3000 rows (own ids), dictionary-encoded, zstd (~7 KB)
+  parquet-page  the same string in 300 rows of plain pages: one page of 300 MiB (~14 KB)
   wide        8 lines of `tools` holding 4 M empty objects (12 MB each, 100 MB)
 
 Usage: python3 bench/bombs/bench.py --spool target/release/spool [--only zstd,wide]
@@ -29,8 +29,8 @@ def write_zstd(path):
     with open(path, "wb") as out:
         z = subprocess.Popen(["zstd", "-3", "-q", "-c"], stdin=subprocess.PIPE, stdout=out)
         chunk = b"a" * (1 << 20)
-        for _ in range(60):
-            z.stdin.write(b'{"prompt": "')
+        for i in range(60):
+            z.stdin.write(b'{"id": "z%d", "prompt": "' % i)
             for _ in range(30):
                 z.stdin.write(chunk)
             z.stdin.write(b'"}\n')

@@ -19,13 +19,13 @@ const AS_LIMIT: u64 = 3 << 30;
 /// The peak RSS a bomb run stays under.
 const RSS_BOUND: u64 = 512 << 20;
 
-/// 60 lines of `{"prompt": "aaa…"}` 30 MiB long, zstd-compressed (~60 KB on disk).
+/// 60 lines of `{"id": "z<i>", "prompt": "aaa…"}` 30 MiB long, zstd-compressed (~60 KB on disk).
 pub(crate) fn write_zstd_bomb(path: &Path) {
     let mut enc =
         zstd::stream::write::Encoder::new(std::fs::File::create(path).unwrap(), 3).unwrap();
     let chunk = vec![b'a'; 1 << 20];
-    for _ in 0..60 {
-        enc.write_all(b"{\"prompt\": \"").unwrap();
+    for i in 0..60 {
+        write!(enc, "{{\"id\": \"z{i}\", \"prompt\": \"").unwrap();
         for _ in 0..30 {
             enc.write_all(&chunk).unwrap();
         }
@@ -36,8 +36,8 @@ pub(crate) fn write_zstd_bomb(path: &Path) {
 
 /// Column `prompt`: the same 1 MiB string in `rows` rows (each with its own `id`),
 /// zstd-compressed, written by pyarrow. `dictionary`: the string once in a dictionary
-/// page and the rows referring to it (~100 KB on disk for 3000 rows); otherwise plain
-/// pages of up to 1024 values (one page of `rows` MiB, ~30 KB on disk).
+/// page and the rows referring to it (~7 KB on disk for 3000 rows); otherwise plain
+/// pages of up to 1024 values (one page of `rows` MiB, ~14 KB on disk).
 pub(crate) fn write_parquet_bomb(path: &Path, rows: usize, dictionary: bool) {
     let out = Command::new("python3")
         .arg("-c")
@@ -153,7 +153,7 @@ async fn a_zstd_bomb_is_refused_in_bounded_memory() {
     assert!(peak < RSS_BOUND, "peak RSS {} MiB", peak >> 20);
 }
 
-/// A 100 KB Parquet file of one dictionary-encoded 1 MiB string in 3000 rows (3 GB
+/// A 7 KB Parquet file of one dictionary-encoded 1 MiB string in 3000 rows (3 GB
 /// decoded): read as views of its one dictionary page, its rows are taken in until they
 /// have decoded to more than 1000× the file's size (past 64 MiB), where its intake stops
 /// with a message naming the file and the limit (exit 2) — never an allocation abort; the
@@ -180,7 +180,7 @@ async fn a_parquet_dictionary_bomb_is_refused_in_bounded_memory() {
     assert!(peak < RSS_BOUND, "peak RSS {} MiB", peak >> 20);
 }
 
-/// The same string in 300 rows of plain pages: one page holds all 300 MiB (30 KB on
+/// The same string in 300 rows of plain pages: one page holds all 300 MiB (14 KB on
 /// disk). Its header is read before anything is
 /// decompressed and the page refused for being over 256 MiB: intake of the dataset stops
 /// at once (exit 2), the plain dataset is done; peak RSS under the bound.
