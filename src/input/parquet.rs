@@ -214,7 +214,17 @@ impl ParquetSource {
                 }
                 .into()
             };
-            let (start, len) = col.byte_range();
+            // `byte_range` panics on a negative offset or size: refused here first.
+            let start = col
+                .dictionary_page_offset()
+                .unwrap_or(col.data_page_offset());
+            let (Ok(start), Ok(len)) = (u64::try_from(start), u64::try_from(col.compressed_size()))
+            else {
+                return Err(self.error(format!(
+                    "row group {g}, column `{}`: a negative offset or size in the footer",
+                    col.column_path().string()
+                )));
+            };
             let values = scan_pages(&self.file, start, len).map_err(|e| match e {
                 PageFault::Limit(what) => limit(what),
                 PageFault::Corrupt(what) => self.error(format!(
