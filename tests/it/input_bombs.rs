@@ -221,3 +221,45 @@ async fn wide_json_rows_are_rejected_in_bounded_memory() {
     }
     assert!(peak < RSS_BOUND, "peak RSS {} MiB", peak >> 20);
 }
+
+/// Parquet rows whose cell decodes to 17 MiB (one dictionary string, 3 rows: 51 MiB in
+/// all, under the file's expansion floor) are each rejected with their row for being over
+/// the row limit, measured before the cell is copied; the row after them is taken in and
+/// the run ends cleanly (exit 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parquet_rows_over_the_row_limit_are_rejected_with_their_line() {
+    let mock = Mock::start(fast_mock()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sys, pyarrow as pa, pyarrow.parquet as pq\n\
+             big = pa.DictionaryArray.from_arrays(pa.array([0, 0, 0, 1], pa.int32()), pa.array(['x' * (17 << 20), 'small prompt']))\n\
+             ids = pa.array(['r0', 'r1', 'r2', 'r3'])\n\
+             pq.write_table(pa.table({'id': ids, 'prompt': big}), sys.argv[1], compression='zstd')\n",
+        )
+        .arg(dir.path().join("big.parquet"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cfg = config(dir.path(), &mock.url, "big.parquet");
+    let (code, stderr, peak) = run_limited(&cfg).await;
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_plain_done(dir.path());
+    let rej = rejected(dir.path());
+    let lines: Vec<u64> = rej.iter().map(|r| r["line"].as_u64().unwrap()).collect();
+    assert_eq!(lines, [1, 2, 3], "{rej:?}");
+    for r in &rej {
+        assert_eq!(
+            r["reason"],
+            "row is over 16 MiB once decoded (the limit of a row)"
+        );
+    }
+    let taken = shard_rows(&dir.path().join("out"), "bomb");
+    assert_eq!(taken.len(), 1);
+    assert!(peak < RSS_BOUND, "peak RSS {} MiB", peak >> 20);
+}
