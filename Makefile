@@ -1,5 +1,5 @@
 # spool: the two commands that do everything are `make demo` and `make test`.
-.PHONY: demo test lint build soak bench bench-eta bench-tokenize bench-tokenize-kimi clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions
+.PHONY: demo test lint build soak bench bench-eta bench-tokenize bench-tokenize-kimi clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions bench-bombs
 
 build:
 	cargo build
@@ -113,6 +113,13 @@ bench-dedup:
 bench-export:
 	BIN=$${SPOOL_BENCH_BIN:-$$(bash scripts/spool_bin.sh --release)} && \
 		python3 bench/export/bench.py --spool "$$BIN" $(BENCH_EXPORT_ARGS)
+
+## Input bombs (small files that decode to gigabytes, beside a plain dataset): peak RSS,
+## wall time, exit code and data_dir size of `spool run` on each. SPOOL_BENCH_BIN measures
+## another build. Needs the zstd command-line tool.
+bench-bombs:
+	BIN=$${SPOOL_BENCH_BIN:-$$(bash scripts/spool_bin.sh --release)} && \
+		python3 bench/bombs/bench.py --spool "$$BIN" $(BENCH_BOMBS_ARGS)
 
 ## One process against 4 partitions (four `spool run`s, one file:// prefix, `finalize`) on
 ## the same mock capacity: wall time, completions/s, tok/s, a budgeted dataset's overshoot

@@ -190,7 +190,8 @@ impl From<DatasetError> for Error {
             DatasetError::Open { .. }
             | DatasetError::Read { .. }
             | DatasetError::Format { .. }
-            | DatasetError::Parquet { .. } => Kind::Usage,
+            | DatasetError::Parquet { .. }
+            | DatasetError::Limit(_) => Kind::Usage,
         };
         Error::new(kind, e)
     }

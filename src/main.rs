@@ -5,6 +5,7 @@
 use clap::{Parser, Subcommand};
 use spool::config::{Config, Overrides};
 use spool::error::{exit, exit_code, Context, Error};
+use spool::observe::printable::{escape_except, json_safe};
 use spool::observe::status::StatusReport;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -150,7 +151,13 @@ fn main() -> ExitCode {
     match real_main(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("spool: error: {}", spool::error::render(&e));
+            // Errors quote files and servers: their control characters are escaped (the
+            // line breaks of a config error's excerpt are spool's own).
+            let msg = spool::error::render(&e);
+            eprintln!(
+                "spool: error: {}",
+                spool::observe::printable::escape_except(&msg, &['\n'])
+            );
             ExitCode::from(exit_code(&e))
         }
     }
@@ -341,6 +348,12 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             // (dropping the runtime would wait for its blocking tasks forever).
             rt.shutdown_timeout(std::time::Duration::from_secs(5));
             let summary = summary?;
+            if !summary.limited.is_empty() {
+                eprintln!(
+                    "spool: intake of {} stopped at an input limit (the log names the file and the limit); the other datasets ran",
+                    summary.limited.join(", ")
+                );
+            }
             if summary.ending() == Some(spool::error::Kind::ItemsFailed) {
                 let failed = summary.report.failed();
                 eprintln!("spool: {failed} item(s) failed permanently; see `spool status` and `spool retry`");
@@ -363,9 +376,9 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                             &bucket, count, &datasets,
                         ))?;
                         if *json {
-                            println!("{}", serde_json::to_string_pretty(&st)?);
+                            println!("{}", json_safe(serde_json::to_string_pretty(&st)?));
                         } else {
-                            print!("{}", st.render_table());
+                            print!("{}", escape_except(&st.render_table(), &['\n']));
                         }
                         return Ok(exit::OK);
                     }
@@ -373,7 +386,7 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                 }
             };
             if *json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                println!("{}", json_safe(serde_json::to_string_pretty(&report)?));
             } else {
                 print!("{}", report.render_table());
             }
@@ -659,9 +672,11 @@ async fn remote_status(url: &str) -> Result<StatusReport, Error> {
         .map_err(Error::msg)
 }
 
-/// The running process's `/status` when it answers, else the queue alone.
+/// The running process's `/status` when it answers and proves it owns the queue (the
+/// token it wrote in `data_dir`), else the queue alone.
 async fn status_report(cfg: &Config, faults: &spool::knobs::Faults) -> Result<StatusReport, Error> {
-    {
+    let token = std::fs::read_to_string(cfg.data_dir.join(spool::run::job::TOKEN_FILE));
+    if let Ok(token) = token {
         // The address a running process actually bound (it may have been given on its
         // command line, or be port 0), then the configured one.
         let mut addrs = Vec::new();
@@ -671,18 +686,20 @@ async fn status_report(cfg: &Config, faults: &spool::knobs::Faults) -> Result<St
         if !cfg.run.metrics_addr.is_empty() {
             addrs.push(cfg.run.metrics_addr.clone());
         }
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(std::time::Duration::from_secs(2))
-            .build()?;
+        addrs.dedup();
         for addr in addrs.iter().filter(|a| !a.ends_with(":0")) {
-            let url = format!("http://{addr}/status");
-            if let Ok(r) = client.get(&url).send().await {
-                if r.status().is_success() {
-                    if let Ok(rep) = r.json::<StatusReport>().await {
-                        return Ok(rep);
-                    }
+            match spool::observe::status::fetch_own(
+                addr,
+                token.trim(),
+                std::time::Duration::from_secs(2),
+            )
+            .await
+            {
+                Ok(rep) => return Ok(rep),
+                Err(e @ spool::observe::status::OwnStatusError::Untrusted(_)) => {
+                    tracing::warn!("{e}")
                 }
+                Err(e) => tracing::debug!(error = %e, "no live status"),
             }
         }
     }

@@ -8,9 +8,10 @@
 //! Parallelism: one reader thread cuts the file into chunks of raw rows; `threads` workers
 //! parse, render, tokenize and encode whole chunks; this thread puts the chunks back in file
 //! order and does everything that must be sequential (duplicate ids, `max_prompts`, the
-//! sink's batches). Channels between the stages are bounded, so at most
-//! `MAX_CHUNKS_IN_FLIGHT × CHUNK_ROWS` rows (and one batch) are in memory, whatever the
-//! file size.
+//! sink's batches). Channels between the stages are bounded, and so are the bytes of raw
+//! rows between the reader and the sequential stage (`IN_FLIGHT_BYTES`) and of a batch
+//! (`BATCH_BYTES`), so memory does not depend on the file's size nor on its rows' sizes
+//! (each at most `limits::MAX_ROW_BYTES`).
 //!
 //! Invariants: a batch of items and the scan position that covers them are one
 //! [`IntakeSink::commit`], so a crash mid-intake resumes at the first line not taken in;
@@ -22,6 +23,7 @@ use crate::cluster::partition::Partition;
 use crate::config::{DatasetConfig, GenerationSpec, HistoryReasoning, Sampling, Turns};
 use crate::input::dataset::{DatasetError, DatasetReader, PrefixMark};
 use crate::input::dedup::{IdSet, SpillError};
+use crate::input::limits::LimitError;
 use crate::input::row::{Entry, Input, Parser, Raw, RawEntry, Rejection, Row};
 use crate::prompt::conversation::Conversation;
 use crate::prompt::draw::Drawer;
@@ -34,8 +36,13 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Rows per batch handed to the sink.
+/// Rows per batch handed to the sink ...
 const BATCH: usize = 1024;
+/// ... or fewer, once the batch's rows were this many bytes of input.
+const BATCH_BYTES: usize = 32 << 20;
+/// Bytes of raw rows read and not yet taken in by the sequential stage, at most (one
+/// chunk more when a single chunk is larger): with the batch, what intake holds.
+const IN_FLIGHT_BYTES: usize = 64 << 20;
 /// Rows per chunk handed to a worker ...
 const CHUNK_ROWS: usize = 256;
 /// ... or fewer, once the chunk holds this many bytes of raw lines.
@@ -287,6 +294,8 @@ enum Prepared<T> {
         row: u64,
         id: String,
         hash: [u8; 16],
+        /// Its size in the file (the batch is cut by bytes too).
+        bytes: usize,
         built: Option<Result<Ready<T>, String>>,
     },
 }
@@ -312,6 +321,7 @@ fn prepare<T>(
         .into_iter()
         .map(|raw| {
             let line = raw.line();
+            let bytes = raw_bytes(&raw);
             match parser.parse(raw) {
                 Entry::Rejected(r) => Prepared::Rejected(r),
                 Entry::Row(row)
@@ -354,6 +364,7 @@ fn prepare<T>(
                         row: row.row,
                         id: row.id,
                         hash: row.hash,
+                        bytes,
                         built,
                     }
                 }
@@ -366,34 +377,97 @@ fn raw_bytes(r: &RawEntry) -> usize {
     match &r.raw {
         Raw::Line(b) => b.len(),
         Raw::Bad(s) => s.len(),
-        Raw::Object(_) => 256,
+        Raw::Object(o) => object_bytes(o),
     }
 }
 
-/// A chunk of raw rows, numbered, with the reader's [`PrefixMark`] after its last row.
-type RawChunk = (u64, Vec<RawEntry>, Option<PrefixMark>);
-/// A chunk after the parallel stage.
-type PreparedChunk<T> = (u64, Vec<Prepared<T>>, Option<PrefixMark>);
+/// About the memory of a Parquet row's JSON: its strings, 64 bytes a value besides.
+fn object_bytes(o: &Map<String, Value>) -> usize {
+    fn value(v: &Value) -> usize {
+        64 + match v {
+            Value::String(s) => s.len(),
+            Value::Array(a) => a.iter().map(value).sum(),
+            Value::Object(o) => o.iter().map(|(k, v)| k.len() + value(v)).sum(),
+            _ => 0,
+        }
+    }
+    o.iter().map(|(k, v)| k.len() + value(v)).sum()
+}
+
+/// A chunk of raw rows, numbered, with the reader's [`PrefixMark`] after its last row and
+/// its size in bytes.
+type RawChunk = (u64, Vec<RawEntry>, Option<PrefixMark>, usize);
+/// A chunk after the parallel stage, with the size of its raw rows.
+type PreparedChunk<T> = (u64, Vec<Prepared<T>>, Option<PrefixMark>, usize);
+
+/// Bytes of raw rows between the reader and the sequential stage: the reader waits while
+/// more than [`IN_FLIGHT_BYTES`] are, so a file of huge rows holds a bounded number.
+#[derive(Default)]
+struct InFlight {
+    bytes: Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+impl InFlight {
+    /// Waits until `n` more bytes fit (or nothing is in flight), then counts them; `false`
+    /// when `stop` was set meanwhile.
+    fn acquire(&self, n: usize, stop: &AtomicBool) -> bool {
+        let mut b = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
+        while *b > 0 && *b + n > IN_FLIGHT_BYTES {
+            if stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            b = self
+                .freed
+                .wait_timeout(b, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        *b += n;
+        true
+    }
+
+    fn release(&self, n: usize) {
+        let mut b = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
+        *b = b.saturating_sub(n);
+        self.freed.notify_all();
+    }
+}
 
 /// The reader stage: raw rows in chunks, numbered, until the end, an error or `stop`.
 fn read_chunks(
     mut reader: DatasetReader,
     out: SyncSender<RawChunk>,
     stop: &AtomicBool,
+    in_flight: &InFlight,
 ) -> Result<(), DatasetError> {
     let mut seq = 0u64;
     let mut chunk = Vec::with_capacity(CHUNK_ROWS);
     let mut bytes = 0;
-    while let Some(raw) = reader.next_raw()? {
+    loop {
+        let raw = match reader.next_raw() {
+            Ok(Some(raw)) => raw,
+            Ok(None) => break,
+            Err(e @ DatasetError::Limit(_)) => {
+                // The rows before the limit are taken in (and their rejections kept).
+                if !chunk.is_empty() && in_flight.acquire(bytes, stop) {
+                    let _ = out.send((seq, chunk, None, bytes));
+                }
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         bytes += raw_bytes(&raw);
         chunk.push(raw);
         if chunk.len() >= CHUNK_ROWS || bytes >= CHUNK_BYTES {
             if stop.load(Ordering::Relaxed)
+                || !in_flight.acquire(bytes, stop)
                 || out
                     .send((
                         seq,
                         std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK_ROWS)),
                         reader.mark(),
+                        bytes,
                     ))
                     .is_err()
             {
@@ -403,8 +477,8 @@ fn read_chunks(
             bytes = 0;
         }
     }
-    if !chunk.is_empty() {
-        let _ = out.send((seq, chunk, reader.mark()));
+    if !chunk.is_empty() && in_flight.acquire(bytes, stop) {
+        let _ = out.send((seq, chunk, reader.mark(), bytes));
     }
     Ok(())
 }
@@ -422,9 +496,11 @@ fn work_chunks<T>(
     loop {
         // The lock is held only to take the next chunk.
         let job = jobs.lock().unwrap_or_else(|p| p.into_inner()).recv();
-        let Ok((seq, chunk, mark)) = job else { return };
+        let Ok((seq, chunk, mark, bytes)) = job else {
+            return;
+        };
         let done = prepare(parser, builder, encode, render, scanned, chunk);
-        if out.send((seq, done, mark)).is_err() {
+        if out.send((seq, done, mark, bytes)).is_err() {
             return;
         }
     }
@@ -497,6 +573,7 @@ pub fn intake<S: IntakeSink>(
         },
         items: state.items,
         batch: Vec::with_capacity(BATCH),
+        batch_bytes: 0,
         ids,
         ids_seeded: state.items == 0,
         batch_rejected: 0,
@@ -508,12 +585,14 @@ pub fn intake<S: IntakeSink>(
         last_log: Instant::now(),
     };
     let stop = AtomicBool::new(false);
+    let in_flight = InFlight::default();
     let scanned = state.scanned_lines;
     let (read_res, collect_res) = std::thread::scope(|s| {
         let (job_tx, job_rx) = sync_channel::<RawChunk>(threads * 2);
         let (done_tx, done_rx) = sync_channel::<PreparedChunk<S::Item>>(threads * 2);
         let stop = &stop;
-        let reader = s.spawn(move || read_chunks(reader, job_tx, stop));
+        let in_flight = &in_flight;
+        let reader = s.spawn(move || read_chunks(reader, job_tx, stop, in_flight));
         let jobs = Arc::new(Mutex::new(job_rx));
         let mut workers = Vec::with_capacity(threads);
         for _ in 0..threads {
@@ -523,7 +602,7 @@ pub fn intake<S: IntakeSink>(
             }));
         }
         drop((jobs, done_tx));
-        let collected = collector.collect(done_rx);
+        let collected = collector.collect(done_rx, in_flight);
         // Whatever happened, let the other stages wind down (their sends fail).
         stop.store(true, Ordering::Relaxed);
         let panicked = workers.into_iter().any(|w| w.join().is_err());
@@ -539,6 +618,18 @@ pub fn intake<S: IntakeSink>(
         (read, collected)
     });
     let stopped_early = collect_res?;
+    if let (false, Err(IntakeError::Dataset(DatasetError::Limit(e)))) =
+        (stopped_early, read_res.as_ref())
+    {
+        let e = LimitError {
+            path: e.path.clone(),
+            what: e.what.clone(),
+        };
+        // Every row before the limit was taken in (the reader stopped there): keep them
+        // and their rejections, then stop this dataset.
+        collector.keep_before_limit()?;
+        return Err(IntakeError::Dataset(DatasetError::Limit(e)));
+    }
     read_res?;
     collector.finish(stopped_early)
 }
@@ -556,6 +647,8 @@ struct Collector<'a, S: IntakeSink> {
     report: IntakeReport,
     items: u64,
     batch: Vec<S::Item>,
+    /// Input bytes of the rows in `batch`.
+    batch_bytes: usize,
     /// Every id taken in for the dataset, seeded from the sink on first use when the
     /// dataset already had items.
     ids: IdSet,
@@ -573,18 +666,23 @@ struct Collector<'a, S: IntakeSink> {
 impl<S: IntakeSink> Collector<'_, S> {
     /// Takes prepared chunks, puts them in order and processes them; `Ok(true)` when it
     /// stopped at `max_prompts` before the end of the file.
-    fn collect(&mut self, done: Receiver<PreparedChunk<S::Item>>) -> Result<bool, IntakeError> {
+    fn collect(
+        &mut self,
+        done: Receiver<PreparedChunk<S::Item>>,
+        in_flight: &InFlight,
+    ) -> Result<bool, IntakeError> {
         let mut waiting = BTreeMap::new();
         let mut next = 0u64;
-        for (seq, rows, mark) in done {
-            waiting.insert(seq, (rows, mark));
-            while let Some((rows, mark)) = waiting.remove(&next) {
+        for (seq, rows, mark, bytes) in done {
+            waiting.insert(seq, (rows, mark, bytes));
+            while let Some((rows, mark, bytes)) = waiting.remove(&next) {
                 next += 1;
                 for p in rows {
                     if !self.take(p)? {
                         return Ok(true);
                     }
                 }
+                in_flight.release(bytes);
                 // Every line up to the mark is taken in (in `batch` or the sink).
                 if mark.is_some() {
                     self.mark = mark;
@@ -688,6 +786,7 @@ impl<S: IntakeSink> Collector<'_, S> {
                 row,
                 id,
                 hash,
+                bytes,
                 built,
             } => {
                 if already {
@@ -751,6 +850,7 @@ impl<S: IntakeSink> Collector<'_, S> {
                 self.ids.insert(id.as_bytes(), row)?;
                 self.batch_ids.insert(id, row);
                 self.batch.push(ready.item);
+                self.batch_bytes += bytes;
                 self.items += 1;
                 self.report.added += 1;
             }
@@ -760,9 +860,13 @@ impl<S: IntakeSink> Collector<'_, S> {
     }
 
     fn maybe_flush(&mut self, line: u64) -> Result<(), IntakeError> {
-        if self.batch.len() >= BATCH || self.batch_rejected as usize >= REJECTS_PER_BATCH {
+        if self.batch.len() >= BATCH
+            || self.batch_bytes >= BATCH_BYTES
+            || self.batch_rejected as usize >= REJECTS_PER_BATCH
+        {
             self.commit(line)?;
             self.batch.clear();
+            self.batch_bytes = 0;
             self.batch_ids.clear();
             self.batch_rejected = 0;
         }
@@ -781,6 +885,15 @@ impl<S: IntakeSink> Collector<'_, S> {
             self.unlogged = 0;
         }
         Ok(())
+    }
+
+    /// Commits what was taken in before the reader stopped at a limit (nothing, when the
+    /// limit came inside the part of the file an earlier run took in).
+    fn keep_before_limit(&mut self) -> Result<(), IntakeError> {
+        if self.last_line >= self.scanned {
+            self.commit(self.last_line)?;
+        }
+        self.sink.flush().map_err(IntakeError::Sink)
     }
 
     fn finish(mut self, stopped_at_cap: bool) -> Result<IntakeReport, IntakeError> {

@@ -1,8 +1,9 @@
 //! `spool run`: the application layer that wires the stages together, as named steps read
 //! top to bottom in [`run`].
 //!
-//! Start-up: open the store (repairing it if a failed write left the marker) → load the
-//! prompt tools → connect to and probe the servers → intake every dataset → checkpoint the
+//! Start-up: open the store (repairing it if a failed write left the marker) → bind the
+//! metrics endpoint (a port in use stops the run here, before any server is asked) → load
+//! the prompt tools → connect to and probe the servers → intake every dataset → checkpoint the
 //! queue after a big intake (while this job holds its only handle) → recover the output
 //! folder → start the archive thread, the committer, the monitor and the endpoint →
 //! dispatch. Shutdown (`run::shutdown`) runs in a fixed order on the signal, a fatal error,
@@ -15,7 +16,8 @@
 
 use crate::config::{BudgetPolicy, Config};
 use crate::error::{Context, Error, Kind};
-use crate::input::intake::{IntakeOptions, ItemFilter};
+use crate::input::dataset::DatasetError;
+use crate::input::intake::{IntakeError, IntakeOptions, IntakeReport, ItemFilter};
 use crate::knobs::Knobs;
 use crate::observe::figures::grouped;
 use crate::observe::http::Observed;
@@ -56,11 +58,18 @@ const CHECKPOINT_AFTER_ITEMS: u64 = 100_000;
 /// File in `data_dir` holding the address the running process's endpoint is bound to.
 pub const ENDPOINT_FILE: &str = "metrics.addr";
 
+/// File in `data_dir` (mode 0600) holding the running process's endpoint token: its
+/// `/status` proves it holds it, so `spool status` trusts no other process on the port.
+pub const TOKEN_FILE: &str = "metrics.token";
+
 /// How a run ended (the caller maps it to an exit code).
 #[derive(Debug)]
 pub struct RunSummary {
     /// Stopped by the shutdown signal before finishing.
     pub interrupted: bool,
+    /// Datasets whose intake stopped at an input limit (`input::limits`): their rows
+    /// before it were generated, the rest of the file was not taken in.
+    pub limited: Vec<String>,
     /// The final status, from the queue.
     pub report: StatusReport,
 }
@@ -70,6 +79,9 @@ impl RunSummary {
     pub fn ending(&self) -> Option<Kind> {
         if self.interrupted {
             Some(Kind::Interrupted)
+        } else if !self.limited.is_empty() {
+            // An input file to fix, as a bad file found at start would be.
+            Some(Kind::Usage)
         } else if self.report.failed() > 0 {
             Some(Kind::ItemsFailed)
         } else {
@@ -115,6 +127,7 @@ async fn run_job(
     };
     job.stop.watch(shutdown, job.cfg.run.shutdown_grace_s);
     let queue = job.open_store()?;
+    let endpoint = job.bind_endpoint().await?;
     let api_key = job.cfg.api_key()?;
     let (builder, tokenizer_sha) = job.load_prompt_tools()?;
     let datasets = job.open_datasets(&queue)?;
@@ -128,8 +141,9 @@ async fn run_job(
         // A signal during intake: what was enqueued is durable (intake is idempotent and
         // resumable); nothing has been requested yet.
         queue.flush()?;
-        return job.summary(&queue);
+        return job.summary(&queue, intake.limited);
     }
+    let limited = intake.limited.clone();
     let queue = checkpoint(queue, intake.added).await?;
     let archive = job.recover(&queue, &datasets, tokenizer_sha)?;
     let servers = job.servers(&metrics);
@@ -177,7 +191,7 @@ async fn run_job(
         nonce: AtomicU64::new(0),
         faults: crate::run::worker::FaultPoints::new(&job.knobs.faults),
     });
-    let (monitor, http) = job.observe(&ctx, &metrics, &queue, &sched).await?;
+    let (monitor, http) = job.observe(&ctx, &metrics, &queue, &sched, endpoint);
     let concurrency = job.cfg.run.concurrency;
     let requests = dispatch(&ctx, &sched, &servers, &job.stop.stop, concurrency).await?;
     let running = Running {
@@ -203,7 +217,7 @@ async fn run_job(
             .unwrap_or_else(|| Error::msg("queue storage failed")));
     }
     stopped?;
-    let summary = job.summary(&queue)?;
+    let summary = job.summary(&queue, limited)?;
     for d in &summary.report.datasets {
         if let Some(b) = d.budget {
             tracing::info!(dataset = %d.name, completion_tokens = d.completion_tokens, budget = b,
@@ -235,6 +249,8 @@ struct Datasets {
 struct Intake {
     /// Items enqueued by this run.
     added: u64,
+    /// Datasets whose intake stopped at an input limit.
+    limited: Vec<String>,
     /// Per-dataset metrics, in config order.
     dmetrics: Vec<DatasetMetrics>,
 }
@@ -394,6 +410,7 @@ impl Job {
         let cfg = &self.cfg;
         let mut dmetrics = Vec::new();
         let mut added = 0u64;
+        let mut limited = Vec::new();
         for (d, &ds) in cfg.datasets.iter().zip(&datasets.ds) {
             let (q, d2, b, out) = (
                 queue.clone(),
@@ -413,10 +430,21 @@ impl Job {
                 }),
             };
             let o = opts.clone();
-            let rep = tokio::task::spawn_blocking(move || intake(&q, ds, &d2, &b, &out, &o))
+            let taken = tokio::task::spawn_blocking(move || intake(&q, ds, &d2, &b, &out, &o))
                 .await
                 .map_err(Error::runtime)
-                .context("intake task panicked")??;
+                .context("intake task panicked")?;
+            let rep = match taken {
+                Ok(rep) => rep,
+                // A file past an input limit: what was taken in before it is generated;
+                // the other datasets go on.
+                Err(IntakeError::Dataset(DatasetError::Limit(e))) => {
+                    tracing::error!(dataset = %d.name, error = %e, "dataset intake stopped at an input limit");
+                    limited.push(d.name.clone());
+                    IntakeReport::default()
+                }
+                Err(e) => return Err(e.into()),
+            };
             added += rep.added;
             if let Some(p) = cfg.partition {
                 tracing::info!(dataset = %d.name, partition = p.index, partitions = p.count,
@@ -473,7 +501,11 @@ impl Job {
                 break;
             }
         }
-        Ok(Intake { added, dmetrics })
+        Ok(Intake {
+            added,
+            limited,
+            dmetrics,
+        })
     }
 
     /// The archive over the output folder, after adopting what a crash left finished and
@@ -621,22 +653,77 @@ impl Job {
         sched
     }
 
+    /// Binds `run.metrics_addr` (when set) before anything is asked of a server, writes
+    /// the bound address and a fresh token to `data_dir`, and sizes the endpoint's share of
+    /// file descriptors (raising the soft limit first).
+    async fn bind_endpoint(&self) -> Result<Option<Endpoint>, Error> {
+        let cfg = &self.cfg;
+        let limit = crate::run::descriptors::raise_soft_limit();
+        let reserve = crate::run::descriptors::reserve(cfg.run.concurrency, cfg.datasets.len());
+        if limit < reserve {
+            tracing::warn!(
+                limit,
+                reserve,
+                concurrency = cfg.run.concurrency,
+                "the open-files limit (ulimit -n) is low for this concurrency; raise it"
+            );
+        }
+        if cfg.run.metrics_addr.is_empty() {
+            return Ok(None);
+        }
+        let listener = tokio::net::TcpListener::bind(&cfg.run.metrics_addr)
+            .await
+            .map_err(|e| {
+                let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+                    "another process holds that port: pick a free one, or port 0 for any free \
+                     port (`--metrics-addr 127.0.0.1:0`; `spool status` finds it), or \
+                     `--metrics-addr \"\"` to disable the endpoint"
+                } else {
+                    "use an address of this machine (`127.0.0.1:0` for any free port on \
+                     loopback), or `--metrics-addr \"\"` to disable the endpoint"
+                };
+                Error::new(
+                    Kind::Usage,
+                    anyhow::anyhow!(
+                        "cannot bind run.metrics_addr {}: {e}; {hint}",
+                        cfg.run.metrics_addr
+                    ),
+                )
+            })?;
+        let addr = listener.local_addr()?;
+        let token: String = (0..32)
+            .map(|_| format!("{:02x}", rand::random::<u8>()))
+            .collect();
+        write_private(&cfg.data_dir.join(TOKEN_FILE), token.as_bytes())
+            .with_context(|| format!("cannot write {}", cfg.data_dir.join(TOKEN_FILE).display()))?;
+        // Lets `spool status` find this process when the port was chosen by the OS.
+        let _ = std::fs::write(cfg.data_dir.join(ENDPOINT_FILE), addr.to_string());
+        let limits = crate::observe::http::ServeLimits {
+            max_connections: crate::run::descriptors::endpoint_share(limit, reserve),
+            ..Default::default()
+        };
+        tracing::info!(%addr, max_connections = limits.max_connections, "metrics endpoint bound");
+        Ok(Some(Endpoint {
+            listener,
+            token,
+            limits,
+        }))
+    }
+
     /// Starts the monitor (rates, gauges, progress lines, live status, server probes) and,
-    /// when configured, the metrics endpoint; returns each with its stop.
+    /// when configured, serves the endpoint bound at start; returns each with its stop.
     #[allow(clippy::type_complexity)]
-    async fn observe(
+    fn observe(
         &self,
         ctx: &Arc<Ctx>,
         metrics: &Arc<Metrics>,
         queue: &Arc<Queue>,
         sched: &Arc<Scheduler>,
-    ) -> Result<
-        (
-            (CancellationToken, JoinHandle<()>),
-            (CancellationToken, Option<JoinHandle<std::io::Result<()>>>),
-        ),
-        Error,
-    > {
+        endpoint: Option<Endpoint>,
+    ) -> (
+        (CancellationToken, JoinHandle<()>),
+        (CancellationToken, Option<JoinHandle<std::io::Result<()>>>),
+    ) {
         let cfg = &self.cfg;
         let live = Arc::new(LiveRates::default());
         let monitor_stop = CancellationToken::new();
@@ -646,44 +733,65 @@ impl Job {
             live.clone(),
             monitor_stop.clone(),
         ));
-        let observed = Arc::new(Observed {
-            metrics: metrics.clone(),
-            ready: AtomicBool::new(true),
-            status: {
-                let (queue, cfg, sched) = (queue.clone(), cfg.clone(), sched.clone());
-                Box::new(move || live_status(&queue, &cfg, &sched, &live))
-            },
-        });
         let http_stop = CancellationToken::new();
-        let http_task = if cfg.run.metrics_addr.is_empty() {
-            None
-        } else {
-            let listener = tokio::net::TcpListener::bind(&cfg.run.metrics_addr)
-                .await
-                .with_context(|| {
-                    format!("cannot bind run.metrics_addr {}", cfg.run.metrics_addr)
-                })?;
-            let addr = listener.local_addr()?;
-            tracing::info!(%addr, "metrics endpoint listening");
-            // Lets `spool status` find this process when the port was chosen by the OS.
-            let _ = std::fs::write(cfg.data_dir.join(ENDPOINT_FILE), addr.to_string());
+        let http_task = endpoint.map(|e| {
+            let observed = Arc::new(Observed {
+                metrics: metrics.clone(),
+                ready: AtomicBool::new(true),
+                status: {
+                    let (queue, cfg, sched) = (queue.clone(), cfg.clone(), sched.clone());
+                    Box::new(move || live_status(&queue, &cfg, &sched, &live))
+                },
+                token: Some(e.token),
+            });
+            if let Ok(addr) = e.listener.local_addr() {
+                tracing::info!(%addr, "metrics endpoint listening");
+            }
             let s = http_stop.clone();
-            Some(tokio::spawn(crate::observe::http::serve(
-                listener,
+            tokio::spawn(crate::observe::http::serve(
+                e.listener,
                 observed,
                 async move { s.cancelled().await },
-            )))
-        };
-        Ok(((monitor_stop, monitor), (http_stop, http_task)))
+                e.limits,
+            ))
+        });
+        ((monitor_stop, monitor), (http_stop, http_task))
     }
 
     /// The run's outcome, from the queue.
-    fn summary(&self, queue: &Queue) -> Result<RunSummary, Error> {
+    fn summary(&self, queue: &Queue, limited: Vec<String>) -> Result<RunSummary, Error> {
         Ok(RunSummary {
             interrupted: self.stop.interrupted(),
+            limited,
             report: StatusReport::from_queue(queue, &self.cfg)?,
         })
     }
+}
+
+/// The metrics endpoint, bound at start and served once the run dispatches.
+struct Endpoint {
+    listener: tokio::net::TcpListener,
+    token: String,
+    limits: crate::observe::http::ServeLimits,
+}
+
+/// Writes a file only its owner can read, replacing one left by an earlier run (never
+/// through a symlink).
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
 }
 
 /// Checkpoints the queue after a big intake, which leaves sled a long log to replay at the
@@ -714,6 +822,7 @@ mod tests {
     fn summary(interrupted: bool, failed: u64) -> RunSummary {
         RunSummary {
             interrupted,
+            limited: Vec::new(),
             report: StatusReport {
                 running: false,
                 datasets: vec![DatasetStatus {
@@ -725,10 +834,16 @@ mod tests {
         }
     }
 
-    /// A run that finished exits 0, 3 when items failed for good, and 130 when a signal
-    /// stopped it (also with failed items: the run did not finish).
+    /// A run that finished exits 0, 3 when items failed for good, 2 when a dataset's
+    /// intake stopped at an input limit, and 130 when a signal stopped it (also with
+    /// failed items: the run did not finish).
     #[test]
     fn a_run_exits_by_how_it_ended() {
+        let limited = RunSummary {
+            limited: vec!["a".into()],
+            ..summary(false, 2)
+        };
+        assert_eq!(limited.exit_code(), 2);
         assert_eq!(summary(false, 0).exit_code(), 0);
         assert_eq!(summary(false, 2).exit_code(), 3);
         assert_eq!(summary(true, 0).exit_code(), 130);

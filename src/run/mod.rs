@@ -3,13 +3,15 @@
 //! slots), `scheduler` (which row or sample next), `worker` (a request with its retries),
 //! `turns` (a sample's turns in order) and `servers` (where requests go), `probe` (what the servers are), `committer`
 //! (the one writer of results and counters), `archiver` (the thread that writes shards)
-//! and `shutdown` (the stop signals, the fatal-error path, the shutdown order).
+//! and `shutdown` (the stop signals, the fatal-error path, the shutdown order);
+//! `descriptors` keeps the run's file descriptors out of the metrics endpoint's reach.
 //!
 //! Invariant: an item (or one sample of it) is leased to at most one request at a time,
 //! and a result is committed at most once.
 
 mod archiver;
 mod committer;
+pub mod descriptors;
 mod dispatcher;
 pub mod enqueue;
 pub mod job;
