@@ -8,7 +8,8 @@
 //! [`BuiltPrompt`]; [`chat_template`] renders `messages` rows, with [`python`] giving
 //! template values Python's printing and `json.dumps`; [`tokenizer`] encodes the text, with
 //! [`byte_bpe`] as its exact fast path for byte-level BPE files, whose pre-tokenizer split
-//! is [`pretokenize`]; [`error`] is the stage's one error type.
+//! is [`pretokenize`]; [`error`] is the stage's one error type; [`remote`] names what a server
+//! that renders prompts itself does.
 
 pub mod builder;
 pub mod byte_bpe;
@@ -19,6 +20,7 @@ pub mod error;
 pub mod pretokenize;
 mod python;
 pub mod reasoning;
+pub mod remote;
 pub mod tokenizer;
 pub mod tool_text;
 
