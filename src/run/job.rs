@@ -153,6 +153,7 @@ async fn run_job(
     // A failed seeding has already stopped the run (the sender is dropped).
     let _ = archiving.seeded.await;
     let (commits, commit_rx) = committer::channel();
+    let dmetrics = intake.dmetrics.clone();
     let committer = job.spawn_committer(
         &queue,
         &sched,
@@ -220,6 +221,13 @@ async fn run_job(
             .unwrap_or_else(|| Error::msg("queue storage failed")));
     }
     stopped?;
+    for (name, dm) in datasets.in_order.iter().zip(&dmetrics) {
+        let n = dm.prompt_disagreements.get();
+        if n > 0 {
+            tracing::warn!(dataset = %name, disagreements = n,
+                "chat answers whose prompt differs from spool's rendering this run (spool_prompt_token_disagreements_total)");
+        }
+    }
     let summary = job.summary(&queue)?;
     for d in &summary.report.datasets {
         if let Some(b) = d.budget {

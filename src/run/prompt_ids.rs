@@ -20,6 +20,9 @@ pub(crate) struct Sides {
     /// The ids spool sent or rendered, and who made them.
     pub ours: Option<Vec<u32>>,
     pub ours_from: Option<IdsSource>,
+    /// `ours` is a chat rendering (a `prompt` row's ids encode its bare text, which the
+    /// chat API wraps in a user turn: not comparable).
+    pub chat_rendered: bool,
     /// The chat answer's prompt ids, and its `usage.prompt_tokens`.
     pub theirs: Option<Vec<u32>>,
     pub usage: Option<u32>,
@@ -30,7 +33,7 @@ fn disagreement(s: &Sides) -> Option<String> {
     let ours = s
         .ours
         .as_ref()
-        .filter(|_| s.ours_from == Some(IdsSource::Client))?;
+        .filter(|_| s.ours_from == Some(IdsSource::Client) && s.chat_rendered)?;
     match (&s.theirs, s.usage) {
         (Some(theirs), _) if theirs != ours => {
             let at = ours.iter().zip(theirs).take_while(|(a, b)| a == b).count();
@@ -88,6 +91,7 @@ mod tests {
         Sides {
             ours,
             ours_from: from,
+            chat_rendered: true,
             theirs,
             usage,
         }
@@ -142,6 +146,12 @@ mod tests {
             sides(Some(vec![1]), c, Some(vec![2]), Some(5)),
         );
         assert_eq!(got, (Some(vec![1]), c));
+        // A plain prompt's ids (its bare text) are not compared with the chat rendering.
+        let plain = Sides {
+            chat_rendered: false,
+            ..sides(Some(vec![1]), c, None, Some(5))
+        };
+        assert_eq!(settle(true, &dm, "a", 7, plain), (Some(vec![1]), c));
         assert_eq!(dm.prompt_disagreements.get(), 2);
     }
 }

@@ -703,6 +703,7 @@ pub(crate) fn to_row(
         &ctx.names[lease.lane],
         lease.row,
         crate::run::prompt_ids::Sides {
+            chat_rendered: req.messages.is_some(),
             ours: req.prompt_ids,
             ours_from: req.ids_from,
             theirs: g.prompt_token_ids,

@@ -27,6 +27,7 @@ mod observability;
 mod power;
 mod s3;
 mod security;
+mod server_render;
 mod shard_read;
 mod signals;
 mod template_golden;
