@@ -7,7 +7,8 @@
 //!
 //! How it simulates (see the submodules for details):
 //! - **Tokens.** One token per whitespace-separated word of a text prompt (or one per id
-//!   of an id prompt; chat messages are rendered `"{role}: {content}\n"` first). Output
+//!   of an id prompt; chat messages are rendered `"{role}: {content}\n"` first), or the
+//!   real tokenizer's ids with `--tokenizer` (see **Prompts**). Output
 //!   token `t` (in `0..32000`) has the text `" w{t}"`, so text is always the concatenation
 //!   of the ids' texts (markers and tool-call characters too, see below). Chat renders
 //!   `"tools: {names}\n"` first when tools are offered, an assistant's `reasoning_content`

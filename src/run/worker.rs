@@ -17,7 +17,8 @@
 //! is started: a worker between attempts gives its lease back at once.
 //!
 //! A generation's request is built by [`prepare`] (the sample's draw, the template with
-//! the row's tools, unless the intake's rendering holds) and its row by [`to_row`]
+//! the row's tools, unless the intake's rendering holds; with `source = "server"` the
+//! server renders it, [`render_on_server`]) and its row by [`to_row`]
 //! (thinking split at the template's markers, tool calls taken out of raw text); items of
 //! several generations run their turns in [`crate::run::turns`].
 
