@@ -85,6 +85,10 @@ fn hello() -> Value {
     json!([{"role": "user", "content": "Hello"}])
 }
 
+/// A detection request: its path and body, whether an answer is in the shape sought, and
+/// the kind such an answer means.
+type Probe = (&'static str, Value, fn(&Value) -> bool, RenderKind);
+
 /// Asks `base` which rendering endpoints it has, trying vLLM's `/tokenize` with
 /// messages, llama.cpp's `/apply-template`, then `/tokenize` with a prompt: the first
 /// that answers in its server's shape wins.
@@ -93,7 +97,7 @@ pub async fn detect(up: &Upstream, base: &str, model: &str) -> Detected {
     let tokenized: fn(&Value) -> bool =
         |v| tokens_of(v, "/tokenize").is_ok_and(|t| !t.is_empty()) && v.get("count").is_some();
     let apply_template: fn(&Value) -> bool = |v| v.get("prompt").is_some_and(Value::is_string);
-    let probes: [(&str, Value, fn(&Value) -> bool, RenderKind); 3] = [
+    let probes: [Probe; 3] = [
         (
             "/tokenize",
             json!({

@@ -22,6 +22,7 @@ mod fast_bpe;
 mod faults;
 mod hostile;
 mod inputs;
+mod llama_server;
 mod mock_server;
 mod observability;
 mod power;

@@ -73,18 +73,7 @@ fn config(dir: &Path, url: &str, api: &str, lines: &str) -> PathBuf {
 
 /// POSTs `body` to the mock's `path`: the status and the JSON answer.
 async fn post(url: &str, path: &str, body: Value) -> (u16, Value) {
-    spool::upstream::tls::install_provider();
-    let r = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .post(format!("{url}{path}"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap())
+    post_json(url, path, body).await
 }
 
 fn ids(v: &Value) -> Vec<u32> {
