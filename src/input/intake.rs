@@ -1109,6 +1109,60 @@ mod tests {
         }
     }
 
+    /// The template check's rows: the first three good rows, then the first row with
+    /// each feature not yet seen (tools, a system prompt, an earlier assistant turn, a
+    /// tool result, reasoning in history); bad rows and rows with nothing new are passed.
+    #[test]
+    fn the_check_samples_the_first_rows_and_each_feature_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("m.jsonl");
+        let user = r#"{"role": "user", "content": "q"}"#;
+        let tools = r#""tools": [{"type": "function", "function": {"name": "f"}}]"#;
+        let rows = [
+            format!(r#"{{"messages": [{user}]}}"#),
+            "{bad".to_string(),
+            format!(r#"{{"messages": [{user}]}}"#),
+            format!(r#"{{"messages": [{user}]}}"#),
+            format!(r#"{{"messages": [{user}]}}"#),
+            format!(r#"{{"messages": [{user}], {tools}}}"#),
+            format!(r#"{{"messages": [{user}], {tools}}}"#),
+            format!(r#"{{"messages": [{{"role": "system", "content": "s"}}, {user}]}}"#),
+            format!(r#"{{"messages": [{user}, {{"role": "assistant", "content": "a"}}, {user}]}}"#),
+            format!(
+                r#"{{"messages": [{user}, {{"role": "assistant", "content": "", "tool_calls": [{{"type": "function", "function": {{"name": "f", "arguments": "{{}}"}}}}]}}, {{"role": "tool", "content": "r"}}]}}"#
+            ),
+            format!(
+                r#"{{"messages": [{user}, {{"role": "assistant", "content": "a", "reasoning_content": "t"}}, {user}]}}"#
+            ),
+            format!(r#"{{"messages": [{user}]}}"#),
+        ];
+        std::fs::write(&file, rows.join("\n") + "\n").unwrap();
+        let d = DatasetConfig {
+            name: "m".into(),
+            path: file,
+            token_budget: None,
+            max_prompts: None,
+            sampling: Default::default(),
+            reasoning: None,
+            turns: None,
+            history_reasoning: None,
+            samples: None,
+            chat_template_kwargs: None,
+        };
+        let picked = sample_rows(
+            &d,
+            &PromptBuilder::new(None, None),
+            &IntakeOptions::default(),
+        )
+        .unwrap();
+        let lines: Vec<u64> = picked.iter().map(|r| r.line).collect();
+        assert_eq!(lines, [1, 3, 4, 6, 8, 9, 10, 11]);
+        let RenderInput::Chat { kwargs, .. } = &picked[3].input else {
+            panic!("a chat row");
+        };
+        assert!(kwargs.contains_key("tools"), "the row's tools are rendered");
+    }
+
     /// Without a queue, intake hands the sink every good row in file order and every bad
     /// or duplicate row as a rejection counted in the same commit, with the scan position;
     /// a second pass over the unchanged file adds nothing.

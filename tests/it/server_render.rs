@@ -184,8 +184,9 @@ async fn server_rendering_stores_and_sends_the_servers_ids() {
 }
 
 /// The same against a llama.cpp-style server: text from `/apply-template`, ids from its
-/// `/tokenize` of that text.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// `/tokenize` of that text. (On a current-thread runtime: intake's threads block on
+/// requests the runtime's one thread drives.)
+#[tokio::test]
 async fn llama_cpp_rendering_is_stored() {
     let dir = tempfile::tempdir().unwrap();
     let mock = Mock::start(mock_cfg(
