@@ -19,7 +19,7 @@ test:
 	fi
 
 ## The server's rendering against a real llama.cpp server (not in `make test`: building
-## llama-server from the llama-cpp-python sdist takes ~15 min on 2 cores; kept in
+## llama-server from the llama-cpp-python sdist took 25 min on 2 shared cores; kept in
 ## LLAMA_SERVER_DIR, default target/llama-server, and reused).
 test-llama-server:
 	bash scripts/llama-server.sh $${LLAMA_SERVER_DIR:-target/llama-server}

@@ -3,7 +3,7 @@
 # llama-server built from the llama.cpp source inside the llama-cpp-python sdist (PyPI),
 # and a tiny Qwen3 model in GGUF (random weights, 1 layer; the tokenizer and chat template
 # of tests/fixtures/tokenizers/qwen3) converted by that source's convert_hf_to_gguf.py.
-# Nothing comes from the Hugging Face hub. Building takes ~15 min on 2 cores.
+# Nothing comes from the Hugging Face hub. Building took 25 min on 2 shared cores here.
 #
 # Usage: scripts/llama-server.sh DIR   (then DIR/llama-server, DIR/tiny-qwen3.gguf;
 #        SPOOL_TEST_LLAMA_SERVER=DIR cargo nextest run --test it --run-ignored only -E 'test(/llama_server/)')

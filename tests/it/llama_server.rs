@@ -1,7 +1,7 @@
 //! The server's own rendering against a real llama.cpp server: `llama-server` built from
 //! the llama.cpp source in the llama-cpp-python sdist, serving a tiny Qwen3 GGUF (random
 //! weights, the Qwen3 fixture's tokenizer and template), both made by
-//! `scripts/llama-server.sh DIR` (about 15 minutes on 2 cores, so not part of `make test`:
+//! `scripts/llama-server.sh DIR` (25 minutes on 2 shared cores here, so not in `make test`:
 //! `make test-llama-server` builds them and runs this with `SPOOL_TEST_LLAMA_SERVER=DIR`).
 
 use crate::process::spool;
