@@ -1,5 +1,5 @@
 # spool: the two commands that do everything are `make demo` and `make test`.
-.PHONY: demo test lint build soak bench bench-eta bench-tokenize bench-tokenize-kimi clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions bench-bombs
+.PHONY: demo test lint build soak test-llama-server bench bench-eta bench-tokenize bench-tokenize-kimi clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions bench-bombs
 
 build:
 	cargo build
@@ -20,6 +20,14 @@ test:
 	else \
 		cargo test --no-fail-fast; \
 	fi
+
+## The server's rendering against a real llama.cpp server (not in `make test`: building
+## llama-server from the llama-cpp-python sdist took 25 min on 2 shared cores; kept in
+## LLAMA_SERVER_DIR, default target/llama-server, and reused).
+test-llama-server:
+	bash scripts/llama-server.sh $${LLAMA_SERVER_DIR:-target/llama-server}
+	SPOOL_TEST_LLAMA_SERVER=$$(realpath $${LLAMA_SERVER_DIR:-target/llama-server}) \
+		cargo test --test it llama_server -- --ignored --nocapture
 
 lint:
 	cargo fmt --check

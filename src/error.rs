@@ -252,9 +252,10 @@ impl From<IntakeError> for Error {
             IntakeError::Sink(e) => e
                 .downcast_ref::<QueueError>()
                 .map_or(Kind::Runtime, queue_kind),
-            IntakeError::Spill(_) | IntakeError::NotOpened(_) | IntakeError::Panicked => {
-                Kind::Runtime
-            }
+            IntakeError::Spill(_)
+            | IntakeError::NotOpened(_)
+            | IntakeError::Panicked
+            | IntakeError::Render { .. } => Kind::Runtime,
         };
         Error::new(kind, e)
     }

@@ -122,7 +122,7 @@ async fn handle(st: Arc<MockState>, api: Api, headers: &HeaderMap, body: Bytes) 
     if st.cfg.log_bodies {
         rec.body = Some(body.clone());
     }
-    let req = match api::parse(api, &body, header_rid, st.cfg.context_len) {
+    let req = match api::parse_with(api, &body, header_rid, st.cfg.context_len, &st.rendering) {
         Ok(r) => r,
         Err(rej) => {
             rec.rid = rej.rid.clone();

@@ -11,7 +11,8 @@
 //! ([`model_folder`] says which file of a model folder it is), with [`byte_bpe`] as its
 //! exact fast path for byte-level BPE files, whose pre-tokenizer split is [`pretokenize`],
 //! and [`tiktoken`] for Kimi's vocabulary, whose split is [`kimi_pattern`]; both merge
-//! with `merge`; [`error`] is the stage's one error type.
+//! with `merge`; [`remote`] names what a server that renders prompts itself does;
+//! [`error`] is the stage's one error type.
 
 pub mod builder;
 pub mod byte_bpe;
@@ -26,6 +27,7 @@ pub mod model_folder;
 pub mod pretokenize;
 mod python;
 pub mod reasoning;
+pub mod remote;
 pub mod syntax;
 pub mod tiktoken;
 pub mod tokenizer;

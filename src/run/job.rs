@@ -3,7 +3,8 @@
 //!
 //! Start-up: open the store (repairing it if a failed write left the marker) → bind the
 //! metrics endpoint (a port in use stops the run here, before any server is asked) → load
-//! the prompt tools → connect to and probe the servers → intake every dataset → checkpoint the
+//! the prompt tools → connect to and probe the servers → check spool's rendering against
+//! the servers' (`template_check`) → intake every dataset → checkpoint the
 //! queue after a big intake (while this job holds its only handle) → recover the output
 //! folder → start the archive thread, the committer, the monitor and the endpoint →
 //! dispatch. Shutdown (`run::shutdown`) runs in a fixed order on the signal, a fatal error,
@@ -14,7 +15,7 @@
 //! then tells the scheduler and hands rows to the archive thread; a monitor task samples
 //! rates, updates gauges and logs progress.
 
-use crate::config::{BudgetPolicy, Config};
+use crate::config::{BudgetPolicy, Config, DatasetConfig, PromptSource, TemplateCheck};
 use crate::error::{Context, Error, Kind};
 use crate::input::dataset::DatasetError;
 use crate::input::intake::{IntakeError, IntakeOptions, IntakeReport, ItemFilter};
@@ -31,17 +32,20 @@ use crate::output::schema::{
 use crate::output::shard::ShardLimits;
 use crate::prompt::draw::Drawer;
 use crate::prompt::model_folder::ModelFiles;
+use crate::prompt::remote::RemoteRenderer;
 use crate::prompt::syntax::Syntax;
 use crate::prompt::{ChatTemplate, PromptBuilder, Tokenizer};
 use crate::run::archiver::{output_failure, Archiver, Archiving, ToArchive};
 use crate::run::committer::{self, CommitReceiver, Committer};
 use crate::run::dispatcher::dispatch;
 use crate::run::enqueue::intake;
+use crate::run::probe::Probed;
 use crate::run::scheduler::{LaneSpec, Scheduler};
 use crate::run::servers::Servers;
 use crate::run::shutdown::{shut_down, Running, Stop};
 use crate::run::worker::Ctx;
 use crate::store::queue::Queue;
+use crate::upstream::render::{Detected, RenderKind, ServerRenderer};
 use crate::upstream::{Upstream, UpstreamOptions};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -132,10 +136,21 @@ async fn run_job(
     let (builder, tokenizer_sha) = job.load_prompt_tools()?;
     let datasets = job.open_datasets(&queue)?;
     job.repair(&queue)?;
-    let (upstream, context_length) = job.probe_servers(api_key, &builder).await?;
+    let (upstream, probed) = job.probe_servers(api_key, &builder).await?;
+    let context_length = probed.context;
+    let renderer = job
+        .server_rendering(&upstream, &probed, &builder, context_length)
+        .await?;
     let metrics = Arc::new(Metrics::for_partition(job.cfg.partition));
     let intake = job
-        .intake_all(&queue, &datasets, &builder, context_length, &metrics)
+        .intake_all(
+            &queue,
+            &datasets,
+            &builder,
+            context_length,
+            renderer.clone(),
+            &metrics,
+        )
         .await?;
     if job.stop.stop.is_cancelled() {
         // A signal during intake: what was enqueued is durable (intake is idempotent and
@@ -152,6 +167,7 @@ async fn run_job(
     // A failed seeding has already stopped the run (the sender is dropped).
     let _ = archiving.seeded.await;
     let (commits, commit_rx) = committer::channel();
+    let dmetrics = intake.dmetrics.clone();
     let committer = job.spawn_committer(
         &queue,
         &sched,
@@ -190,6 +206,7 @@ async fn run_job(
         commits,
         nonce: AtomicU64::new(0),
         faults: crate::run::worker::FaultPoints::new(&job.knobs.faults),
+        renderer,
     });
     let (monitor, http) = job.observe(&ctx, &metrics, &queue, &sched, endpoint);
     let concurrency = job.cfg.run.concurrency;
@@ -217,6 +234,13 @@ async fn run_job(
             .unwrap_or_else(|| Error::msg("queue storage failed")));
     }
     stopped?;
+    for (name, dm) in datasets.in_order.iter().zip(&dmetrics) {
+        let n = dm.prompt_disagreements.get();
+        if n > 0 {
+            tracing::warn!(dataset = %name, disagreements = n,
+                "chat answers whose prompt differs from spool's rendering this run (spool_prompt_token_disagreements_total)");
+        }
+    }
     let summary = job.summary(&queue, limited)?;
     for d in &summary.report.datasets {
         if let Some(b) = d.budget {
@@ -368,7 +392,7 @@ impl Job {
         &self,
         api_key: Option<String>,
         builder: &PromptBuilder,
-    ) -> Result<(Upstream, Option<u32>), Error> {
+    ) -> Result<(Upstream, Probed), Error> {
         let cfg = &self.cfg;
         let upstream = Upstream::with_roots(
             UpstreamOptions {
@@ -391,11 +415,92 @@ impl Job {
         let probe_ids = builder
             .tokenizer()
             .and_then(|t| t.encode("Hello", false).ok());
-        let context_length =
+        let probed =
             crate::run::probe::probe(cfg, &upstream, probe_ids, builder.has_tokenizer()).await;
         let upstream =
-            upstream.with_max_tokens_clamp(context_length.filter(|_| cfg.server.clamp_max_tokens));
-        Ok((upstream, context_length))
+            upstream.with_max_tokens_clamp(probed.context.filter(|_| cfg.server.clamp_max_tokens));
+        Ok((upstream, probed))
+    }
+
+    /// The servers' own rendering, from what the probe found: checked against spool's
+    /// (the start-up template check, before anything is enqueued), and returned when
+    /// prompts are rendered there (`[tokenizer] source = "server"`).
+    async fn server_rendering(
+        &self,
+        upstream: &Upstream,
+        probed: &Probed,
+        builder: &Arc<PromptBuilder>,
+        context_length: Option<u32>,
+    ) -> Result<Option<Arc<dyn RemoteRenderer>>, Error> {
+        let cfg = &self.cfg;
+        let Some(t) = &cfg.tokenizer else {
+            return Ok(None);
+        };
+        let servers: Vec<(String, RenderKind)> = probed
+            .rendering
+            .iter()
+            .filter_map(|(url, d)| match d {
+                Detected::Renders(kind) => Some((url.clone(), *kind)),
+                _ => None,
+            })
+            .collect();
+        let renderer = ServerRenderer::new(
+            upstream.clone(),
+            servers,
+            cfg.server.model.clone(),
+            cfg.server.max_attempts,
+            cfg.server.max_response_bytes,
+        );
+        let on_server = t.source == PromptSource::Server;
+        let Some(renderer) = renderer else {
+            if on_server {
+                if probed
+                    .rendering
+                    .iter()
+                    .all(|(_, d)| *d == Detected::Unreachable)
+                {
+                    return Err(Error::msg(
+                        "[tokenizer] source = \"server\": no server answered at start, so none can render prompts; start the server (the next run resumes)",
+                    ));
+                }
+                return Err(cfg
+                    .invalid(
+                        "tokenizer.source",
+                        "\"server\" needs a server that renders prompts, and none of server.urls has a rendering endpoint (vLLM: POST /tokenize with messages; llama.cpp: POST /apply-template; SGLang: POST /tokenize with a prompt); use source = \"client\"",
+                    )
+                    .into());
+            }
+            if t.template_check == Some(TemplateCheck::Stop) {
+                tracing::warn!("template_check is on, but no server renders prompts (/tokenize, /apply-template): spool's rendering is not checked");
+            }
+            return Ok(None);
+        };
+        let options = |d: &DatasetConfig| self.intake_options(d, context_length, None);
+        crate::run::template_check::run(cfg, builder, &renderer, t.template_check(), options)
+            .await?;
+        Ok(on_server.then(|| Arc::new(renderer) as Arc<dyn RemoteRenderer>))
+    }
+
+    /// How dataset `d` is taken in.
+    fn intake_options(
+        &self,
+        d: &DatasetConfig,
+        context_length: Option<u32>,
+        server: Option<Arc<dyn RemoteRenderer>>,
+    ) -> IntakeOptions {
+        let cfg = &self.cfg;
+        IntakeOptions {
+            server_templates: cfg.server.api == crate::config::Api::Chat,
+            context_length,
+            max_tokens: cfg.sampling_of(d).max_tokens,
+            threads: 0,
+            generation: cfg.generation_of(d),
+            filter: cfg.partition.map(|partition| ItemFilter {
+                partition,
+                committed: cfg.committed.get(&d.name).cloned().unwrap_or_default(),
+            }),
+            server,
+        }
     }
 
     /// Enqueues every dataset and logs its resume line; stops early on the shutdown signal.
@@ -405,6 +510,7 @@ impl Job {
         datasets: &Datasets,
         builder: &Arc<PromptBuilder>,
         context_length: Option<u32>,
+        renderer: Option<Arc<dyn RemoteRenderer>>,
         metrics: &Metrics,
     ) -> Result<Intake, Error> {
         let cfg = &self.cfg;
@@ -418,17 +524,7 @@ impl Job {
                 builder.clone(),
                 cfg.output_dir.clone(),
             );
-            let opts = IntakeOptions {
-                server_templates: cfg.server.api == crate::config::Api::Chat,
-                context_length,
-                max_tokens: cfg.sampling_of(d).max_tokens,
-                threads: 0,
-                generation: cfg.generation_of(d),
-                filter: cfg.partition.map(|partition| ItemFilter {
-                    partition,
-                    committed: cfg.committed.get(&d.name).cloned().unwrap_or_default(),
-                }),
-            };
+            let opts = self.intake_options(d, context_length, renderer.clone());
             let o = opts.clone();
             let taken = tokio::task::spawn_blocking(move || intake(&q, ds, &d2, &b, &out, &o))
                 .await

@@ -202,7 +202,7 @@ mod tests {
         let body = |api| String::from_utf8(of(api).body(&req, "m", false).unwrap()).unwrap();
         assert_eq!(
             body(Api::Chat),
-            r#"{"model":"m","max_tokens":8,"temperature":0.0,"top_p":1.0,"stream":false,"return_token_ids":true,"messages":[{"role":"user","content":"Hello"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"chat_template_kwargs":{"enable_thinking":false}}"#
+            r#"{"model":"m","max_tokens":8,"temperature":0.0,"top_p":1.0,"stream":false,"return_token_ids":true,"return_prompt_token_ids":true,"messages":[{"role":"user","content":"Hello"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"chat_template_kwargs":{"enable_thinking":false}}"#
         );
         assert_eq!(
             body(Api::Completions),

@@ -19,6 +19,7 @@ pub(crate) mod dialect;
 mod error;
 mod h1;
 mod openai;
+pub mod render;
 mod sglang;
 pub(crate) mod sse;
 pub mod tls;
@@ -78,6 +79,9 @@ pub struct Generation {
     pub reasoning: Option<String>,
     /// Generated tool calls (OpenAI's `tool_calls` array), when the server parsed some.
     pub tool_calls: Option<serde_json::Value>,
+    /// The prompt's ids as the server rendered them (chat answers of vLLM with
+    /// `return_token_ids`, of SGLang with `return_prompt_token_ids`); None elsewhere.
+    pub prompt_token_ids: Option<Vec<u32>>,
 }
 
 /// Called with the number of new completion tokens as they stream in.

@@ -258,3 +258,20 @@ pub fn mock_text(ids: &[u32]) -> String {
         })
         .collect()
 }
+
+/// POSTs `body` as JSON to `url` + `path` (a server on loopback): the status and the JSON
+/// answer.
+pub async fn post_json(url: &str, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    spool::upstream::tls::install_provider();
+    let r = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .post(format!("{url}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
+}
