@@ -35,6 +35,7 @@ use crate::run::scheduler::{Lease, Scheduler};
 use crate::run::servers::Servers;
 use crate::store::queue::{Failure, Item, Outcome, Queue};
 use crate::store::row::ShardRow;
+use crate::store::stop_reason::StopReason;
 use crate::upstream::{CountSource, GenerateRequest, Generation, Upstream, UpstreamError};
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;
@@ -800,6 +801,11 @@ pub(crate) fn to_row(
         }
         (None, _, _) => (completion, None),
     };
+    let stop_reason = StopReason::of(
+        &g.finish_reason,
+        &g.matched,
+        req.draw.sampling.stop.as_deref().unwrap_or_default(),
+    );
     let sampling = Some(req.draw.record).filter(|r| r != "{}");
     (
         ShardRow {
@@ -827,6 +833,7 @@ pub(crate) fn to_row(
             sampling,
             partial: None,
             prompt_ids_source,
+            stop_reason,
         },
         source,
     )
