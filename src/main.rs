@@ -137,6 +137,10 @@ enum Command {
         /// Answers that still hold think markers after the thinking was split: flag, drop or keep.
         #[arg(long, value_enum, default_value = "flag")]
         think_markers: spool::output::export::ThinkGate,
+        /// The id a completion that ended its turn gets when the server named none: a token
+        /// id or a token such as `<|im_end|>` (default: the model's, when spool can tell it).
+        #[arg(long, value_name = "ID|TOKEN")]
+        end_of_turn: Option<String>,
     },
     /// A simulated inference server for demos, tests and benchmarks.
     MockServer(spool::mock::MockConfig),
@@ -540,6 +544,7 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             exclude_finish,
             keep_empty,
             think_markers,
+            end_of_turn,
         } => {
             let mut cfg = Config::load(&cli.config, &overrides(&cli))?;
             // What is at --out: an earlier export is replaced, anything else kept.
@@ -609,6 +614,7 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                     ..Default::default()
                 },
                 status,
+                end_of_turn: end_of_turn.clone(),
             };
             let r = spool::output::export::export(&cfg, &opts).map_err(Error::runtime);
             drop(scratch);

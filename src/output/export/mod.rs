@@ -31,7 +31,7 @@ pub mod tokens;
 pub mod vocab;
 
 pub use gates::{Accounting, Gates, ThinkGate};
-pub use rows::{EndOfTurn, ExportRow};
+pub use rows::{EndOfTurn, ExportRow, TurnEnds};
 
 use crate::config::Config;
 use crate::observe::status::StatusReport;
@@ -83,6 +83,12 @@ impl Format {
         }
     }
 
+    /// Whether the form writes token ids (`hf` keeps rows without them too), so a
+    /// completion's end of turn matters in it.
+    pub fn writes_ids(self) -> bool {
+        self.needs_ids() || self == Format::Hf
+    }
+
     /// Whether the form is made of token ids, so rows without ids cannot be in it.
     pub fn needs_ids(self) -> bool {
         matches!(
@@ -115,6 +121,9 @@ pub struct ExportOptions {
     /// The queue's counts (from the running process or the queue), for the item-level
     /// accounting; None when neither answers.
     pub status: Option<StatusReport>,
+    /// `--end-of-turn ID|TOKEN`: the id a turn that ended without one gets, when the server
+    /// named none (default: the model's, when spool can tell it).
+    pub end_of_turn: Option<String>,
 }
 
 impl ExportOptions {
@@ -130,6 +139,7 @@ impl ExportOptions {
             target_vocab: None,
             gates: Gates::default(),
             status: None,
+            end_of_turn: None,
         }
     }
 }
@@ -139,8 +149,8 @@ impl ExportOptions {
 pub struct ExportContext {
     /// The config's tokenizer, when it has one.
     pub tokenizer: Option<Tokenizer>,
-    /// The id appended to completions that ended their turn, when known.
-    pub end_of_turn: Option<EndOfTurn>,
+    /// How the model ends a turn (the id appended to completions that ended theirs).
+    pub end_of_turn: Option<TurnEnds>,
     /// The datasets exported, in order.
     pub datasets: Vec<String>,
     /// The config's queue folder (`openai-batch` reads the failed items there).
@@ -352,7 +362,7 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
             });
         }
     }
-    let ctx = rows::context(cfg, names.clone())?;
+    let ctx = rows::context(cfg, names.clone(), opts.end_of_turn.as_deref())?;
     let out = &opts.out;
     if let Some(dir) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         crate::output::files::create_dir_all(dir, crate::output::files::DIR_MODE)
@@ -370,7 +380,18 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
             acc.begin_dataset(name);
             for shard in rows::shards_of(&cfg.output_dir, name)? {
                 shards += 1;
-                rows::for_each_row(&shard, ctx.end_of_turn.as_ref(), |row| {
+                let ending = rows::Ending {
+                    ends: ctx
+                        .end_of_turn
+                        .as_ref()
+                        .filter(|_| opts.format.writes_ids()),
+                    stop_strings: ctx
+                        .sampling
+                        .get(name)
+                        .and_then(|s| s.stop.as_ref())
+                        .is_some_and(|v| !v.is_empty()),
+                };
+                rows::for_each_row(&shard, ending, |row| {
                     match acc.judge(&opts.gates, opts.format, row) {
                         Some(row) => sink.push(&row),
                         None => Ok(()),
