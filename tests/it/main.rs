@@ -21,6 +21,7 @@ mod export_specforge;
 mod export_speculators;
 mod fast_bpe;
 mod faults;
+mod fidelity;
 mod forged;
 mod hostile;
 mod input_bombs;

@@ -501,7 +501,12 @@ struct Close {
 
 /// The end of turn `row` needs; `Err` (why) when it needs one and spool cannot tell it.
 fn closing(row: &ShardRow, ending: Ending<'_>) -> Result<Close, String> {
-    let (Some(ends), Some(ids)) = (ending.ends, row.completion_token_ids.as_ref()) else {
+    // Only a row with both prompt and completion ids has ids in an export.
+    let (Some(ends), Some(_), Some(ids)) = (
+        ending.ends,
+        row.prompt_token_ids.as_ref(),
+        row.completion_token_ids.as_ref(),
+    ) else {
         return Ok(Close::default());
     };
     let ended = match &row.stop_reason {

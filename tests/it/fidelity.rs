@@ -1,0 +1,286 @@
+//! Drafter data as the model saw and wrote it: why each generation ended (`stop_reason`)
+//! and the end-of-turn id exports append only to turns the model ended; cut turns ending
+//! their conversation; `prompt` rows rendered as a user turn; the start-up warnings.
+//! Real runs against the mock, which answers with Qwen3's real token ids and reports its
+//! stops as SGLang and vLLM do.
+
+use crate::support::*;
+use serde_json::Value;
+use spool::mock::MockConfig;
+use spool::output::export::{ExportOptions, Format};
+use spool::store::row::ShardRow;
+use spool::store::stop_reason::StopReason;
+use std::path::{Path, PathBuf};
+
+/// Qwen3's `<|im_end|>`.
+const IM_END: u32 = 151645;
+/// The stop string: one of the mock's real words, met by about one completion in five.
+const STOP: &str = " that";
+
+fn qwen_dir() -> PathBuf {
+    fixtures().join("tokenizers/qwen3")
+}
+
+fn qwen() -> spool::prompt::tokenizer::Tokenizer {
+    spool::prompt::tokenizer::Tokenizer::from_file(&qwen_dir().join("tokenizer.json")).unwrap()
+}
+
+/// A mock answering in Qwen3's real tokens.
+async fn qwen_mock() -> Mock {
+    Mock::start(MockConfig {
+        tokenizer: Some(qwen_dir().join("tokenizer.json")),
+        ..fast_mock()
+    })
+    .await
+}
+
+/// A config of two chat datasets against `url` in `api`: `stops` sends the stop string,
+/// `plain` none; `table` is the `[tokenizer]` table.
+fn stop_config(dir: &Path, url: &str, api: &str, stream: bool, table: &str) -> PathBuf {
+    write_chats(&dir.join("chat.jsonl"), "c", 40);
+    let ds = |name, file| Ds {
+        name,
+        file,
+        budget: None,
+    };
+    let cfg = write_config(
+        dir,
+        url,
+        api,
+        stream,
+        &[ds("stops", "chat.jsonl"), ds("plain", "chat.jsonl")],
+        table,
+    );
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let stops = "name = \"stops\"\npath = \"chat.jsonl\"\n";
+    let text = text.replace(
+        stops,
+        &format!("{stops}[dataset.sampling]\nstop = [\"{STOP}\"]\n"),
+    );
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}
+
+/// The `tokens-jsonl` lines of an export of `cfg`, by (dataset, id).
+fn token_lines(
+    cfg: &spool::config::Config,
+    out: &Path,
+    end_of_turn: Option<&str>,
+) -> anyhow::Result<Vec<Value>> {
+    spool::output::export::export(
+        cfg,
+        &ExportOptions {
+            end_of_turn: end_of_turn.map(Into::into),
+            ..ExportOptions::new(Format::TokensJsonl, out)
+        },
+    )?;
+    Ok(std::fs::read_to_string(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect())
+}
+
+fn u32s(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// A stop string ends a generation without an end of turn, the model's own stop with one:
+/// through SGLang's `/generate` (the match named: the string, or `<|im_end|>`'s id) and
+/// vLLM's completions API streamed and whole (`stop_reason` the string, or null for the
+/// EOS), the shard's `stop_reason` says which; the stopped-on-a-string completion's text
+/// ends before the string while its ids keep the token that made it; and the `tokens`
+/// export appends `<|im_end|>` exactly once to every EOS stop and never to a stop-string
+/// stop or a cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_string_gets_no_end_of_turn_and_an_eos_stop_gets_one() {
+    let tok = qwen();
+    let stop_id = tok.encode(STOP, false).unwrap();
+    assert_eq!(stop_id.len(), 1, "the stop string is one token");
+    for (api, stream) in [
+        ("sglang", true),
+        ("completions", true),
+        ("completions", false),
+    ] {
+        let ctx = format!("{api} stream={stream}");
+        let mock = qwen_mock().await;
+        let dir = tempfile::tempdir().unwrap();
+        let cfg_path = stop_config(dir.path(), &mock.url, api, stream, &qwen_table());
+        run_to_end(&cfg_path).await;
+        mock.stop().await;
+        let out = dir.path().join("out");
+        let (mut by_string, mut by_eos) = (0, 0);
+        let mut rows: Vec<ShardRow> = shard_rows(&out, "stops");
+        for r in &rows {
+            match &r.stop_reason {
+                Some(StopReason::StopString(s)) => {
+                    by_string += 1;
+                    assert_eq!(s, STOP, "{ctx}");
+                    assert_eq!(r.finish_reason, "stop", "{ctx}");
+                    let ids = r.completion_token_ids.as_ref().unwrap();
+                    assert_eq!(ids.last(), Some(&stop_id[0]), "{ctx} {}: ids keep it", r.id);
+                    let text = tok.decode(ids).unwrap();
+                    assert_eq!(format!("{}{STOP}", r.completion), text, "{ctx} {}", r.id);
+                }
+                Some(StopReason::Eos(id)) => {
+                    by_eos += 1;
+                    let want = if api == "sglang" { Some(IM_END) } else { None };
+                    assert_eq!(*id, want, "{ctx} {}", r.id);
+                    assert!(!r.completion.contains(STOP), "{ctx} {}", r.id);
+                }
+                other => panic!("{ctx} {}: {other:?}", r.id),
+            }
+        }
+        assert!(
+            by_string >= 3 && by_eos >= 3,
+            "{ctx}: {by_string} by the string, {by_eos} by EOS"
+        );
+        let plain = shard_rows(&out, "plain");
+        assert!(
+            plain
+                .iter()
+                .all(|r| matches!(r.stop_reason, Some(StopReason::Eos(_)))),
+            "{ctx}: without stop strings every stop is the model's"
+        );
+        rows.extend(plain);
+
+        let cfg = load(&cfg_path);
+        let lines = token_lines(&cfg, &dir.path().join("t.jsonl"), None).unwrap();
+        assert_eq!(lines.len(), rows.len(), "{ctx}");
+        for l in &lines {
+            let r = rows
+                .iter()
+                .find(|r| r.dataset == l["dataset"] && r.id == l["id"])
+                .unwrap();
+            let ids = u32s(&l["input_ids"]);
+            let p = r.prompt_token_ids.as_ref().unwrap().len();
+            let sent = r.completion_token_ids.as_ref().unwrap();
+            match r.stop_reason {
+                Some(StopReason::Eos(_)) => {
+                    assert_eq!(ids[p..].last(), Some(&IM_END), "{ctx} {}", r.id);
+                    assert_eq!(ids[p..].len(), sent.len() + 1, "{ctx} {}", r.id);
+                    let ends = ids[p..].iter().filter(|&&t| t == IM_END).count();
+                    assert_eq!(ends, 1, "{ctx} {}", r.id);
+                }
+                _ => assert_eq!(&ids[p..], &sent[..], "{ctx} {}: nothing appended", r.id),
+            }
+        }
+    }
+}
+
+/// A model folder whose end of turn spool cannot tell: Qwen3's tokenizer under a ChatML
+/// template of no family spool knows, with a `generation_config.json` listing two stop ids
+/// neither of which is the tokenizer config's `eos_token`.
+fn unknown_family_table(dir: &Path) -> String {
+    let folder = dir.join("model");
+    std::fs::create_dir(&folder).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(qwen_dir().join(f), folder.join(f)).unwrap();
+    }
+    std::fs::write(
+        folder.join("generation_config.json"),
+        r#"{"eos_token_id": [151643, 151644]}"#,
+    )
+    .unwrap();
+    let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    std::fs::write(folder.join("chat.jinja"), template).unwrap();
+    format!(
+        "[tokenizer]\npath = \"{}\"\nchat_template = \"{}\"\n",
+        folder.join("tokenizer.json").display(),
+        folder.join("chat.jinja").display()
+    )
+}
+
+/// When the server does not name the stop token (vLLM's `stop_reason: null`) and spool
+/// cannot tell the model's end-of-turn id, an id export is refused, saying why and naming
+/// `--end-of-turn`, rather than guessing one — in the library and through the CLI, which
+/// writes nothing; `--end-of-turn <|im_end|>` (or its id) makes it, each EOS stop then
+/// ending with that id once. A server that names the token (SGLang's `matched`) needs no
+/// flag; a form without ids (`sharegpt`) is never refused for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_end_of_turn_is_refused_unless_named() {
+    for api in ["completions", "sglang"] {
+        let mock = qwen_mock().await;
+        let dir = tempfile::tempdir().unwrap();
+        let table = unknown_family_table(dir.path());
+        write_chats(&dir.path().join("chat.jsonl"), "c", 12);
+        let ds = Ds {
+            name: "plain",
+            file: "chat.jsonl",
+            budget: None,
+        };
+        let cfg_path = write_config(dir.path(), &mock.url, api, true, &[ds], &table);
+        run_to_end(&cfg_path).await;
+        mock.stop().await;
+        let cfg = load(&cfg_path);
+        let rows = shard_rows(&dir.path().join("out"), "plain");
+        let eos = rows
+            .iter()
+            .filter(|r| matches!(r.stop_reason, Some(StopReason::Eos(_))))
+            .count();
+        assert!(eos >= 6, "{api}: {eos} EOS stops");
+        let out = dir.path().join("t.jsonl");
+        if api == "sglang" {
+            let lines = token_lines(&cfg, &out, None).unwrap();
+            assert_eq!(lines.len(), rows.len());
+            continue;
+        }
+        let err = token_lines(&cfg, &out, None).unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("--end-of-turn") && msg.contains("several eos_token_id"),
+            "{msg}"
+        );
+        assert!(!out.exists());
+        let share = dir.path().join("s.jsonl");
+        spool::output::export::export(&cfg, &ExportOptions::new(Format::Sharegpt, &share)).unwrap();
+        for named in ["<|im_end|>", "151645"] {
+            let lines = token_lines(&cfg, &out, Some(named)).unwrap();
+            assert_eq!(lines.len(), rows.len());
+            for (l, r) in lines.iter().zip(&rows) {
+                let ids = u32s(&l["input_ids"]);
+                let p = r.prompt_token_ids.as_ref().unwrap().len();
+                if r.stop_reason == Some(StopReason::Eos(None)) {
+                    assert_eq!(ids.last(), Some(&IM_END), "{named} {}", r.id);
+                    assert_eq!(
+                        ids[p..].len(),
+                        r.completion_token_ids.as_ref().unwrap().len() + 1
+                    );
+                }
+            }
+        }
+        // The CLI: refused (nothing written, the flag named), then made with the flag.
+        let cli = |extra: &[&str]| {
+            std::process::Command::new(spool_bin())
+                .args(["export", "-c"])
+                .arg(&cfg_path)
+                .args(["--format", "specforge", "--out"])
+                .arg(dir.path().join("sf.jsonl"))
+                .args(extra)
+                .output()
+                .unwrap()
+        };
+        let o = cli(&[]);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success() && stderr.contains("--end-of-turn"),
+            "{stderr}"
+        );
+        assert!(!dir.path().join("sf.jsonl").exists());
+        let o = cli(&["--end-of-turn", "<|im_end|>"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let first: Value = serde_json::from_str(
+            std::fs::read_to_string(dir.path().join("sf.jsonl"))
+                .unwrap()
+                .lines()
+                .next()
+                .unwrap(),
+        )
+        .unwrap();
+        assert!(first["input_ids"].is_array());
+    }
+}
