@@ -1263,6 +1263,8 @@ mod tests {
             history_reasoning: None,
             samples: None,
             chat_template_kwargs: None,
+            on_length: None,
+            prompt_format: None,
         };
         let picked = sample_rows(
             &d,
@@ -1301,6 +1303,8 @@ mod tests {
             history_reasoning: None,
             samples: None,
             chat_template_kwargs: None,
+            on_length: None,
+            prompt_format: None,
         };
         let builder = PromptBuilder::new(None, None);
         let opts = IntakeOptions {

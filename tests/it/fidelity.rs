@@ -284,3 +284,107 @@ async fn an_unknown_end_of_turn_is_refused_unless_named() {
         assert!(first["input_ids"].is_array());
     }
 }
+
+/// `n` conversations of three user turns, each followed by a source reply.
+fn write_conversations(path: &Path, n: usize) {
+    let mut s = String::new();
+    for i in 0..n {
+        let mut m = Vec::new();
+        for k in 0..3 {
+            m.push(
+                serde_json::json!({"role": "user", "content": format!("Question {k} of c{i}?")}),
+            );
+            m.push(serde_json::json!({"role": "assistant", "content": "source reply"}));
+        }
+        s.push_str(&serde_json::json!({"id": format!("c{i}"), "messages": m}).to_string());
+        s.push('\n');
+    }
+    std::fs::write(path, s).unwrap();
+}
+
+/// A turn cut by `max_tokens` ends its conversation by default: it is its sample's last
+/// row, every row of that conversation is `partial = "length"`, and the mock was never
+/// asked for a later turn of it — while conversations whose turns all stopped are whole
+/// and complete. With `on_length = "continue"` the later turns are generated after the cut
+/// reply, as before, and nothing is partial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_turn_ends_its_conversation_unless_asked_to_continue() {
+    for on_length in ["", "on_length = \"stop\"\n", "on_length = \"continue\"\n"] {
+        let ctx = if on_length.is_empty() {
+            "default"
+        } else {
+            on_length.trim()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("mock.log");
+        let mock = Mock::start(MockConfig {
+            log: Some(log.clone()),
+            ..fast_mock()
+        })
+        .await;
+        write_conversations(&dir.path().join("c.jsonl"), 24);
+        let ds = Ds {
+            name: "conv",
+            file: "c.jsonl",
+            budget: None,
+        };
+        let cfg = write_config(dir.path(), &mock.url, "chat", true, &[ds], "");
+        let text = std::fs::read_to_string(&cfg).unwrap().replace(
+            "path = \"c.jsonl\"\n",
+            &format!("path = \"c.jsonl\"\nturns = \"all\"\n{on_length}[dataset.sampling]\nmax_tokens = 50\n"),
+        );
+        std::fs::write(&cfg, text).unwrap();
+        run_to_end(&cfg).await;
+        mock.stop().await;
+        let rows = shard_rows(&dir.path().join("out"), "conv");
+        let requested: std::collections::HashSet<(u64, u32)> = crate::process::mock_log(&log)
+            .iter()
+            .filter_map(|l| l.generation.map(|(_, t)| (l.row, t)))
+            .collect();
+        let (mut ended_early, mut went_on) = (0, 0);
+        for i in 0..24u64 {
+            let conv: Vec<&ShardRow> = rows.iter().filter(|r| r.row == i).collect();
+            assert!(!conv.is_empty(), "{ctx}: c{i}");
+            let cut = conv.iter().position(|r| r.finish_reason == "length");
+            match (cut, on_length.contains("continue")) {
+                (Some(k), false) if k + 1 < 3 => {
+                    ended_early += 1;
+                    assert_eq!(
+                        conv.len(),
+                        k + 1,
+                        "{ctx}: c{i} has no turn after its cut one"
+                    );
+                    assert!(
+                        conv.iter().all(|r| r.partial.as_deref() == Some("length")),
+                        "{ctx}: c{i}"
+                    );
+                    assert!(
+                        !requested.contains(&(i, k as u32 + 1)),
+                        "{ctx}: c{i} turn {} was asked",
+                        k + 1
+                    );
+                }
+                (Some(k), true) if k + 1 < 3 => {
+                    went_on += 1;
+                    assert_eq!(conv.len(), 3, "{ctx}: c{i}");
+                    assert!(conv.iter().all(|r| r.partial.is_none()), "{ctx}: c{i}");
+                }
+                _ => {
+                    assert_eq!(conv.len(), 3, "{ctx}: c{i}");
+                    assert!(conv.iter().all(|r| r.partial.is_none()), "{ctx}: c{i}");
+                }
+            }
+        }
+        if on_length.contains("continue") {
+            assert!(
+                went_on >= 3,
+                "{ctx}: {went_on} conversations went on after a cut"
+            );
+        } else {
+            assert!(
+                ended_early >= 3,
+                "{ctx}: {ended_early} conversations ended at a cut"
+            );
+        }
+    }
+}
