@@ -388,3 +388,93 @@ async fn a_cut_turn_ends_its_conversation_unless_asked_to_continue() {
         }
     }
 }
+
+/// With a chat template, a `prompt` row reaches the server as the template renders one user
+/// turn (the mock's logged body holds those ids: decoded, Qwen3's
+/// `<|im_start|>user\n…<|im_end|>\n<|im_start|>assistant\n`), and its row records that
+/// turn as its messages; `prompt_format = "raw"` sends the text as is. `"chat"` without a
+/// template to render it, and `"raw"` through the chat API, are refused naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_row_reaches_the_server_rendered_unless_raw() {
+    let tok = qwen();
+    for api in ["sglang", "completions"] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("mock.log");
+        let mock = Mock::start(MockConfig {
+            log: Some(log.clone()),
+            log_bodies: true,
+            ..fast_mock()
+        })
+        .await;
+        write_prompts(&dir.path().join("p.jsonl"), "p", 6);
+        let ds = |name| Ds {
+            name,
+            file: "p.jsonl",
+            budget: None,
+        };
+        let cfg = write_config(
+            dir.path(),
+            &mock.url,
+            api,
+            false,
+            &[ds("chat"), ds("raw")],
+            &qwen_table(),
+        );
+        let text = std::fs::read_to_string(&cfg).unwrap().replace(
+            "name = \"raw\"\npath = \"p.jsonl\"\n",
+            "name = \"raw\"\npath = \"p.jsonl\"\nprompt_format = \"raw\"\n",
+        );
+        std::fs::write(&cfg, text).unwrap();
+        run_to_end(&cfg).await;
+        mock.stop().await;
+        let bodies = crate::process::mock_log(&log);
+        assert_eq!(bodies.len(), 12, "{api}");
+        for l in &bodies {
+            let body = l.request.as_ref().unwrap();
+            let ids = match api {
+                "sglang" => &body["input_ids"],
+                _ => &body["prompt"],
+            };
+            let sent = tok.decode(&u32s(ids)).unwrap();
+            let prompt = format!("Write item {} of p: tell me about number {}.", l.row, l.row);
+            let want = match l.ds.as_str() {
+                "chat" => format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"),
+                _ => prompt,
+            };
+            assert_eq!(sent, want, "{api} {}", l.ds);
+        }
+        let out = dir.path().join("out");
+        for r in shard_rows(&out, "chat") {
+            let m: Value = serde_json::from_str(r.messages.as_deref().unwrap()).unwrap();
+            assert_eq!(m[0]["role"], "user");
+            assert!(r.prompt.starts_with("<|im_start|>user\n"), "{}", r.prompt);
+        }
+        assert!(shard_rows(&out, "raw").iter().all(|r| r.messages.is_none()));
+    }
+
+    // `"chat"` without a template: refused before anything is enqueued.
+    let dir = tempfile::tempdir().unwrap();
+    write_prompts(&dir.path().join("p.jsonl"), "p", 2);
+    let ds = Ds {
+        name: "d",
+        file: "p.jsonl",
+        budget: None,
+    };
+    let cfg = write_config(dir.path(), "http://127.0.0.1:9", "sglang", false, &[ds], "");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("prompt_format = \"chat\"\n{text}")).unwrap();
+    init_logs();
+    let err = spool::run::job::run(load(&cfg), Default::default(), std::future::pending())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("prompt_format"), "{err}");
+    assert_eq!(spool::error::exit_code(&err), 2, "{err}");
+    // `"raw"` through the chat API: a config error naming the key.
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("prompt_format = \"chat\"", "prompt_format = \"raw\"")
+        .replace("api = \"sglang\"", "api = \"chat\"");
+    std::fs::write(&cfg, text).unwrap();
+    let err = spool::config::Config::load(&cfg, &Default::default()).unwrap_err();
+    assert!(err.to_string().contains("prompt_format"), "{err}");
+}
