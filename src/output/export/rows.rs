@@ -17,8 +17,13 @@ use crate::prompt::tokenizer::Tokenizer;
 use crate::prompt::ChatTemplate;
 use crate::store::row::ShardRow;
 use anyhow::{anyhow, Context, Result};
+use arrow_array::cast::AsArray;
+use arrow_array::Array;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// The shard column saying why a generation ended, where shards have it.
+pub const STOP_REASON: &str = "stop_reason";
 
 /// The token that closes an assistant turn, and where spool learned it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +48,9 @@ pub struct ExportRow {
     pub end_of_turn_appended: bool,
     /// Think markers are left in the answer although the thinking was split off.
     pub leftover_think: bool,
+    /// Why the generation ended as the shard's `stop_reason` column says, read by name;
+    /// None when the shard has no such column or the row no value.
+    pub stop_reason: Option<String>,
 }
 
 impl ExportRow {
@@ -290,8 +298,16 @@ pub fn for_each_row(
         batch_to_rows(path, &batch, &mut rows)
             .map_err(|e| anyhow!(e.detail()))
             .with_context(|| format!("cannot decode {}", path.display()))?;
-        for row in rows.drain(..) {
-            f(prepare(row, count_source.clone(), end_of_turn))?;
+        let stop = batch
+            .column_by_name(STOP_REASON)
+            .and_then(|c| c.as_string_opt::<i32>().cloned());
+        for (i, row) in rows.drain(..).enumerate() {
+            let mut row = prepare(row, count_source.clone(), end_of_turn);
+            row.stop_reason = stop
+                .as_ref()
+                .filter(|c| i < c.len() && c.is_valid(i))
+                .map(|c| c.value(i).to_owned());
+            f(row)?;
         }
     }
     Ok(())
@@ -321,6 +337,7 @@ pub fn prepare(
         count_source,
         end_of_turn_appended: appended,
         leftover_think: false,
+        stop_reason: None,
     }
 }
 
