@@ -12,29 +12,48 @@ use plotters::prelude::*;
 pub const SIZE: (u32, u32) = (640, 300);
 
 /// An SVG bar chart of `bars` (a histogram), titled `title`, the x axis named `x_desc` and
-/// the y axis `y_desc`.
+/// the y axis `y_desc`. Bars of one value each are labelled at their centre; bars of a
+/// range stand side by side on a value axis whose labels are the ranges' edges.
 pub fn histogram_svg(title: &str, x_desc: &str, y_desc: &str, bars: &[Bucket]) -> Result<String> {
     let err = |e: &dyn std::fmt::Display| anyhow!("cannot draw `{title}`: {e}");
+    let single = bars.iter().all(|b| b.lo == b.hi);
+    let n = bars.len().max(1) as f64;
+    // Bar i spans [left(i), left(i) + 1) on the x axis.
+    let (x0, x1, left) = if single {
+        (-0.5, n - 0.5, -0.5)
+    } else {
+        (0.0, n, 0.0)
+    };
+    let top = bars.iter().map(|b| b.count).max().unwrap_or(0);
+    let end = bars.last().map_or(1, |b| b.hi + 1);
+    let label = |x: &f64| {
+        if x.fract() != 0.0 || *x < 0.0 {
+            return String::new();
+        }
+        let i = *x as usize;
+        match bars.get(i) {
+            Some(b) => b.lo.to_string(),
+            None if !single && i == bars.len() => end.to_string(),
+            None => String::new(),
+        }
+    };
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
         root.fill(&WHITE).map_err(|e| err(&e))?;
-        let n = bars.len().max(1) as u32;
-        let top = bars.iter().map(|b| b.count).max().unwrap_or(0);
-        let end = bars.last().map_or(1, |b| b.hi + 1);
         let mut chart = ChartBuilder::on(&root)
             .caption(title, ("sans-serif", 20))
             .margin(12)
             .x_label_area_size(44)
             .y_label_area_size(56)
-            .build_cartesian_2d(0u32..n, 0u64..top + top / 10 + 1)
+            .build_cartesian_2d(x0..x1, 0u64..top + top / 10 + 1)
             .map_err(|e| err(&e))?;
-        let edge = |i: &u32| bars.get(*i as usize).map_or(end, |b| b.lo).to_string();
         chart
             .configure_mesh()
             .disable_x_mesh()
-            .x_labels((n as usize + 1).min(12))
-            .x_label_formatter(&edge)
+            .light_line_style(WHITE)
+            .x_labels(bars.len().clamp(2, 12) + 1)
+            .x_label_formatter(&label)
             .x_desc(x_desc)
             .y_desc(y_desc)
             .label_style(("sans-serif", 14))
@@ -46,8 +65,9 @@ pub fn histogram_svg(title: &str, x_desc: &str, y_desc: &str, bars: &[Bucket]) -
                     .enumerate()
                     .filter(|(_, b)| b.count > 0)
                     .map(|(i, b)| {
+                        let x = left + i as f64;
                         Rectangle::new(
-                            [(i as u32, 0), (i as u32 + 1, b.count)],
+                            [(x + 0.04, 0), (x + 0.96, b.count)],
                             BLUE.mix(0.65).filled(),
                         )
                     }),
