@@ -493,6 +493,21 @@ async fn specforge_chat_renders_in_specforge_as_spool_generated_it() {
     let later = rows.iter().filter(|r| r.turn > 0).count();
     assert_eq!(d.earlier_turns_in_loss, later, "{d:?}");
     println!("specforge-chat --per-turn, qwen3-thinking: {d:?}");
+    // The README's recipe, `train_only_last_turn = true`: each line trains its own turn
+    // and nothing else, so every generated turn is trained once.
+    let sf = specforge_load(
+        &["chat", per.to_str().unwrap(), tdir, "qwen3-thinking", "1"],
+        dir.path(),
+    );
+    let d = classify(&sf, &by_turn);
+    assert_eq!(d.rows, rows.len());
+    assert_eq!(d.earlier_turns_in_loss, 0, "{d:?}");
+    assert_eq!(
+        d.newline_after_end + d.identical + d.raw_prompt,
+        rows.len(),
+        "{d:?}"
+    );
+    println!("specforge-chat --per-turn, qwen3-thinking, train_only_last_turn: {d:?}");
 }
 
 /// Qwen3's `<think>`.
