@@ -298,19 +298,28 @@ pub fn for_each_row(
         batch_to_rows(path, &batch, &mut rows)
             .map_err(|e| anyhow!(e.detail()))
             .with_context(|| format!("cannot decode {}", path.display()))?;
-        let stop = batch
-            .column_by_name(STOP_REASON)
-            .and_then(|c| c.as_string_opt::<i32>().cloned());
+        let stop = stop_reasons(&batch);
         for (i, row) in rows.drain(..).enumerate() {
             let mut row = prepare(row, count_source.clone(), end_of_turn);
-            row.stop_reason = stop
-                .as_ref()
-                .filter(|c| i < c.len() && c.is_valid(i))
-                .map(|c| c.value(i).to_owned());
+            row.stop_reason = stop.get(i).cloned().flatten();
             f(row)?;
         }
     }
     Ok(())
+}
+
+/// Each row's `stop_reason` in `batch`, read by name: empty when the batch has no such
+/// string column (shards written before it), None where a row has no value.
+fn stop_reasons(batch: &arrow_array::RecordBatch) -> Vec<Option<String>> {
+    let Some(c) = batch
+        .column_by_name(STOP_REASON)
+        .and_then(|c| c.as_string_opt::<i32>())
+    else {
+        return Vec::new();
+    };
+    (0..c.len())
+        .map(|i| c.is_valid(i).then(|| c.value(i).to_owned()))
+        .collect()
 }
 
 /// A shard row with its end of turn made explicit.
@@ -383,6 +392,36 @@ mod tests {
         assert_eq!(r.row.completion_token_ids, Some(vec![5, 9]));
         let (ids, mask) = r.ids_and_mask().unwrap();
         assert_eq!((ids, mask), (vec![1, 2, 5, 9], vec![0, 0, 1, 1]));
+    }
+
+    /// `stop_reason` is read by name where a batch has the column, and missing otherwise.
+    #[test]
+    fn stop_reasons_are_read_by_name_when_present() {
+        let rows = vec![row("stop", None), row("length", None)];
+        let batch = crate::output::writer::rows_to_batch(&rows).unwrap();
+        assert!(stop_reasons(&batch).is_empty());
+        let mut fields: Vec<arrow_schema::Field> = batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields.push(arrow_schema::Field::new(
+            STOP_REASON,
+            arrow_schema::DataType::Utf8,
+            true,
+        ));
+        let mut cols = batch.columns().to_vec();
+        cols.push(std::sync::Arc::new(arrow_array::StringArray::from(vec![
+            Some("eos"),
+            None,
+        ])));
+        let with = arrow_array::RecordBatch::try_new(
+            std::sync::Arc::new(arrow_schema::Schema::new(fields)),
+            cols,
+        )
+        .unwrap();
+        assert_eq!(stop_reasons(&with), vec![Some("eos".to_string()), None]);
     }
 
     /// Qwen3's tokenizer config names `<|im_end|>` (151645) as the end of a turn.
