@@ -166,6 +166,10 @@ pub struct MockConfig {
     /// Ignore `return_token_ids` on the OpenAI APIs (like servers without it).
     #[arg(long)]
     pub no_token_ids: bool,
+    /// Refuse a streamed chat request that asks for `return_token_ids` with a 400, as
+    /// SGLang's chat API does.
+    #[arg(long)]
+    pub refuse_stream_ids: bool,
     /// Never send `usage` on the OpenAI APIs (forces client-side counting).
     #[arg(long)]
     pub no_usage: bool,
@@ -266,6 +270,7 @@ impl Default for MockConfig {
             instant: false,
             incremental: false,
             no_token_ids: false,
+            refuse_stream_ids: false,
             no_usage: false,
             fail_500: 0.0,
             fail_429: 0.0,

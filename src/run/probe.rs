@@ -241,11 +241,23 @@ pub async fn self_check(
 ) -> Result<SelfCheck, String> {
     let rid = format!("_selfcheck-0-{nonce}");
     let dialect = dialect::of(api);
-    let body = dialect.check_body(model, stream, prompt_ids, CHECK_TOKENS, &rid);
-    let bytes = up
+    let mut body = dialect.check_body(model, stream, prompt_ids, CHECK_TOKENS, &rid);
+    let bytes = match up
         .post_raw(base, dialect.path(), &rid, &body, CHECK_TIMEOUT)
         .await
-        .map_err(|e: UpstreamError| e.to_string())?;
+    {
+        // A server that refuses token ids on a stream: learnt here, checked without them.
+        Err(e) if stream && crate::upstream::refuses_stream_ids(&e) => {
+            up.stream_without_ids(base);
+            if let Some(b) = body.as_object_mut() {
+                b.remove("return_token_ids");
+            }
+            up.post_raw(base, dialect.path(), &rid, &body, CHECK_TIMEOUT)
+                .await
+        }
+        other => other,
+    }
+    .map_err(|e: UpstreamError| e.to_string())?;
     let events = if stream {
         sse_events(&bytes)?
     } else {

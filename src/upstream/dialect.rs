@@ -28,6 +28,18 @@ pub(crate) trait Dialect: Send + Sync {
         stream: bool,
     ) -> Result<Vec<u8>, UpstreamError>;
 
+    /// [`Dialect::body`] without asking for completion token ids: for a server that
+    /// refuses the request for ids on a stream (SGLang's chat API). Dialects that never
+    /// ask for them send the same body.
+    fn body_without_token_ids(
+        &self,
+        req: &GenerateRequest<'_>,
+        model: &str,
+        stream: bool,
+    ) -> Result<Vec<u8>, UpstreamError> {
+        self.body(req, model, stream)
+    }
+
     /// A whole (non-streamed) answer's body.
     fn parse_whole(&self, body: &[u8]) -> Result<Generation, UpstreamError>;
 

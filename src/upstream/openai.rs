@@ -61,6 +61,17 @@ impl Dialect for OpenAi {
         to_json(&request_body(req, model, stream, self.chat))
     }
 
+    fn body_without_token_ids(
+        &self,
+        req: &GenerateRequest<'_>,
+        model: &str,
+        stream: bool,
+    ) -> Result<Vec<u8>, UpstreamError> {
+        let mut body = request_body(req, model, stream, self.chat);
+        body.return_token_ids = false;
+        to_json(&body)
+    }
+
     fn parse_whole(&self, body: &[u8]) -> Result<Generation, UpstreamError> {
         parse_full(body, self.chat)
     }

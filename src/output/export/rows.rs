@@ -84,6 +84,9 @@ pub struct ExportRow {
     pub end_of_turn_unknown: bool,
     /// Think markers are left in the answer although the thinking was split off.
     pub leftover_think: bool,
+    /// Why the generation ended, as the shard's `stop_reason` column says it; None for
+    /// shards written before the column, or a row whose server did not say.
+    pub stop_reason: Option<String>,
 }
 
 impl ExportRow {
@@ -565,11 +568,12 @@ fn finish(mut row: ShardRow, count_source: Arc<str>, close: Close) -> ExportRow 
         ids.push(id);
     }
     ExportRow {
-        row,
         count_source,
         end_of_turn_appended: close.append.is_some(),
         end_of_turn_unknown: close.unknown,
         leftover_think: false,
+        stop_reason: row.stop_reason.as_ref().map(StopReason::to_text),
+        row,
     }
 }
 
