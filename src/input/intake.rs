@@ -204,6 +204,14 @@ impl Render {
                     return Err("`tools` needs `messages` or `conversations` (a `prompt` is                                 sent as is, with no template to put them in)"
                         .into());
                 }
+                // The chat API renders it as a user turn: ids of the bare text would not
+                // be what the model saw.
+                if self.server_templates && !builder.has_template() && !server {
+                    return Ok(Planned::AsIs(BuiltPrompt {
+                        text: p.clone(),
+                        token_ids: None,
+                    }));
+                }
                 return Ok(Planned::Input(RenderInput::text(builder, p)));
             }
             Input::Messages(m) => m,

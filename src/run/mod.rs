@@ -6,7 +6,8 @@
 //! and `shutdown` (the stop signals, the fatal-error path, the shutdown order);
 //! `descriptors` keeps the run's file descriptors out of the metrics endpoint's reach;
 //! `template_check` (spool's rendering against the server's, before any generation) and
-//! `prompt_ids` (the prompt ids a row keeps, and who made them).
+//! `prompt_ids` (the prompt ids a row keeps, and who made them); `pitfalls` (settings
+//! that do nothing, warned about at start).
 //!
 //! Invariant: an item (or one sample of it) is leased to at most one request at a time,
 //! and a result is committed at most once.
@@ -17,6 +18,7 @@ pub mod descriptors;
 mod dispatcher;
 pub mod enqueue;
 pub mod job;
+pub mod pitfalls;
 pub mod probe;
 mod prompt_ids;
 pub mod scheduler;

@@ -129,10 +129,10 @@ impl Dialect for OpenAi {
                 .and_then(Value::as_str)
                 .filter(|t| !t.is_empty())
         }
+        let reasoning = field(m, "reasoning_content").or_else(|| field(m, "reasoning"));
         let text = field(c, "text")
             .or_else(|| field(m, "content"))
-            .or_else(|| field(m, "reasoning_content"))
-            .or_else(|| field(m, "reasoning"))
+            .or(reasoning)
             .unwrap_or("")
             .to_string();
         Seen {
@@ -146,6 +146,8 @@ impl Dialect for OpenAi {
                 .get("usage")
                 .and_then(|u| u.get("completion_tokens"))
                 .is_some(),
+            id_values: super::dialect::id_values(c.and_then(|c| c.get("token_ids"))),
+            reasoning: reasoning.is_some(),
         }
     }
 

@@ -86,6 +86,8 @@ impl Dialect for Sglang {
                 .unwrap_or("")
                 .to_string(),
             usage: false,
+            id_values: super::dialect::id_values(e.get("output_ids")),
+            reasoning: false,
         }
     }
 

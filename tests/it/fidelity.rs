@@ -478,3 +478,188 @@ async fn a_prompt_row_reaches_the_server_rendered_unless_raw() {
     let err = spool::config::Config::load(&cfg, &Default::default()).unwrap_err();
     assert!(err.to_string().contains("prompt_format"), "{err}");
 }
+
+/// `spool run` of `cfg` (a finished run, exit 0): its log.
+fn run_log(cfg: &Path) -> String {
+    let out = crate::process::spool(cfg, &["run"], &[]);
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    log
+}
+
+/// A config of one chat dataset (2 rows) against `url` in `api`, not streaming, with the
+/// self-check on; `top` goes first (top-level keys), `table` after the rest.
+fn warn_config(dir: &Path, url: &str, api: &str, top: &str, table: &str) -> PathBuf {
+    write_chats(&dir.join("chat.jsonl"), "c", 2);
+    let ds = Ds {
+        name: "d",
+        file: "chat.jsonl",
+        budget: None,
+    };
+    let cfg = write_config(dir, url, api, false, &[ds], table);
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("self_check = false", "self_check = true");
+    std::fs::write(&cfg, format!("{top}\n{text}")).unwrap();
+    cfg
+}
+
+/// The `chat_template_kwargs` warning lists the keys Qwen3's template never reads
+/// (`reasoning_effort`, and `thinking` with a text API) and only those: `enable_thinking`,
+/// which the template reads, never; `thinking` not with `api = "chat"`, whose server reads
+/// it; and a config of read keys gets no warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_template_kwargs_are_warned_about_by_name() {
+    let mock = qwen_mock().await;
+    const WARNING: &str = "chat_template_kwargs keys the chat template never reads";
+    let all = "chat_template_kwargs = { reasoning_effort = \"high\", enable_thinking = false, thinking = true }";
+    for (api, top, want) in [
+        ("sglang", all, Some("keys=reasoning_effort, thinking")),
+        ("chat", all, Some("keys=reasoning_effort ")),
+        (
+            "sglang",
+            "chat_template_kwargs = { enable_thinking = false }",
+            None,
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = warn_config(dir.path(), &mock.url, api, top, &qwen_table());
+        let log = run_log(&cfg);
+        match want {
+            Some(keys) => {
+                let line = log.lines().find(|l| l.contains(WARNING)).expect(&log);
+                assert!(line.contains("WARN"), "{line}");
+                assert!(line.contains(keys), "{api}: {line}");
+                // Warned before intake, so before any generation.
+                let at = log.find(WARNING).unwrap();
+                assert!(at < log.find("enqueued").expect(&log), "{log}");
+            }
+            None => assert!(!log.contains(WARNING), "{log}"),
+        }
+    }
+    mock.stop().await;
+}
+
+/// `reasoning = "raw"` through the chat API of a server whose reasoning parser splits the
+/// thinking off (the self-check's answer has `reasoning_content`) is warned about before
+/// generation; not when the server leaves the thinking in the text, nor when the thinking
+/// is saved apart (`reasoning = "save"`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_reasoning_against_a_splitting_chat_api_is_warned_about() {
+    const WARNING: &str = "reasoning = \"raw\" but the server's chat API splits the thinking off";
+    for (parser, reasoning, warned) in [
+        (true, "raw", true),
+        (false, "raw", false),
+        (true, "save", false),
+    ] {
+        let mock = Mock::start(MockConfig {
+            tokenizer: Some(qwen_dir().join("tokenizer.json")),
+            think: true,
+            reasoning_parser: parser,
+            ..fast_mock()
+        })
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let top = format!("reasoning = \"{reasoning}\"");
+        let cfg = warn_config(dir.path(), &mock.url, "chat", &top, &qwen_table());
+        let log = run_log(&cfg);
+        assert_eq!(
+            log.contains(WARNING),
+            warned,
+            "parser {parser}, {reasoning}: {log}"
+        );
+        if warned {
+            let at = log.find(WARNING).unwrap();
+            assert!(
+                at < log.find("enqueued").expect(&log),
+                "before intake: {log}"
+            );
+        }
+        mock.stop().await;
+    }
+}
+
+/// A server whose ids are not the `[tokenizer]`'s (the mock without `--tokenizer` answers
+/// with ids of its own) is warned about from the self-check, which decodes its ids and
+/// compares them with its text; a server answering in Qwen3's real tokens is not. Both
+/// text APIs and the chat API, streaming and not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_ids_that_are_not_the_tokenizers_are_warned_about() {
+    const WARNING: &str = "the server's token ids do not decode to its text with [tokenizer]";
+    for real in [false, true] {
+        let mock = Mock::start(MockConfig {
+            tokenizer: real.then(|| qwen_dir().join("tokenizer.json")),
+            ..fast_mock()
+        })
+        .await;
+        for (api, stream) in [
+            ("sglang", true),
+            ("sglang", false),
+            ("completions", true),
+            ("chat", false),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = warn_config(dir.path(), &mock.url, api, "", &qwen_table());
+            if stream {
+                crate::process::edit_config(&cfg, "stream = false", "stream = true");
+            }
+            let log = run_log(&cfg);
+            assert!(log.contains("self-check: "), "{log}");
+            assert_eq!(
+                log.contains(WARNING),
+                !real,
+                "{api} stream {stream}, real ids {real}: {log}"
+            );
+        }
+        mock.stop().await;
+    }
+}
+
+/// A run whose rows will have no prompt ids says at start which key is missing (`[tokenizer]`,
+/// or with `api = "chat"` the chat template), and an id export of it names the same key,
+/// not a missing `[tokenizer]` the config has; a run with both gets no such warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_without_ids_names_the_missing_key_at_start_and_in_the_export() {
+    let mock = Mock::start(MockConfig {
+        no_token_ids: true,
+        ..fast_mock()
+    })
+    .await;
+    let path_only = format!(
+        "[tokenizer]\npath = \"{}\"\n",
+        qwen_dir().join("tokenizer.json").display()
+    );
+    for (api, table, key) in [
+        (
+            "chat",
+            path_only.as_str(),
+            Some("set [tokenizer] chat_template"),
+        ),
+        ("sglang", "", Some("set [tokenizer] path")),
+        ("chat", &qwen_table(), None),
+        ("sglang", &qwen_table(), None),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = warn_config(dir.path(), &mock.url, api, "", table);
+        // `prompt` rows: a text API sends them without a template.
+        write_prompts(&dir.path().join("chat.jsonl"), "p", 2);
+        let log = run_log(&cfg);
+        let warned = log
+            .lines()
+            .find(|l| l.contains("WARN") && l.contains("the id exports need them"));
+        match key {
+            Some(key) => {
+                assert!(warned.expect(&log).contains(key), "{api}: {log}");
+                let err = spool::output::export::export(
+                    &load(&cfg),
+                    &ExportOptions::new(Format::TokensJsonl, dir.path().join("t.jsonl")),
+                )
+                .unwrap_err();
+                let key = key.trim_start_matches("set ");
+                assert!(format!("{err:#}").contains(key), "{api}: {err:#}");
+            }
+            None => assert!(warned.is_none(), "{api}: {log}"),
+        }
+    }
+    mock.stop().await;
+}

@@ -413,6 +413,21 @@ pub fn outputs(opts: &ExportOptions) -> Vec<(PathBuf, PathBuf)> {
     v.into_iter().map(|p| (temp_path(&p), p)).collect()
 }
 
+/// What a run needs for its rows to carry token ids, naming the key its config lacks.
+fn ids_key(cfg: &Config) -> &'static str {
+    match &cfg.tokenizer {
+        None => "the run had no [tokenizer]: set [tokenizer] path and run again",
+        Some(t)
+            if cfg.server.api == crate::config::Api::Chat
+                && t.chat_template.is_none()
+                && !t.path.is_dir() =>
+        {
+            "with api = \"chat\" spool makes prompt ids only by rendering the messages: set [tokenizer] chat_template and run again"
+        }
+        Some(_) => "the rows were generated without [tokenizer]: run them again with it",
+    }
+}
+
 /// Writes the sealed shards of `cfg`'s datasets to `opts.out` in `opts.format`.
 pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
     let names: Vec<String> = cfg
@@ -497,8 +512,9 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
             .sum();
         if opts.format.needs_ids() && acc.kept() == 0 && without_ids > 0 {
             bail!(
-                "none of the {without_ids} completed rows has token ids (the run had no [tokenizer]): a `{}` export needs them",
-                opts.format.name()
+                "none of the {without_ids} completed rows has token ids: a `{}` export needs them ({})",
+                opts.format.name(),
+                ids_key(cfg)
             );
         }
         sink.finish(&acc)?;
