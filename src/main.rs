@@ -5,6 +5,7 @@
 use clap::{Parser, Subcommand};
 use spool::config::{Config, Overrides};
 use spool::error::{exit, exit_code, Context, Error};
+use spool::observe::figures::{grouped, human};
 use spool::observe::printable::{escape_except, json_safe};
 use spool::observe::status::StatusReport;
 use std::path::PathBuf;
@@ -149,7 +150,13 @@ fn main() -> ExitCode {
     // Before any thread: what spool and its crates create is never more than 0640/0750.
     spool::output::files::restrict_umask();
     let cli = Cli::parse();
-    init_logging(cli.quiet, cli.verbose);
+    // Commands that report on stdout log only warnings unless asked (`-v`): their answer
+    // is the output, not the queue's opening lines.
+    let reporting = !matches!(
+        cli.command,
+        Command::Run | Command::Finalize { .. } | Command::MockServer(_)
+    );
+    init_logging(cli.quiet, cli.verbose, reporting);
     spool::upstream::tls::install_provider();
     match real_main(cli) {
         Ok(code) => ExitCode::from(code),
@@ -169,10 +176,11 @@ fn main() -> ExitCode {
 /// Logging to stderr, and the progress mode: on a terminal (and without `-q`) progress
 /// bars are installed and log lines are written above them; otherwise plain progress lines
 /// are logged, so a log file stays readable.
-fn init_logging(quiet: bool, verbose: u8) {
+fn init_logging(quiet: bool, verbose: u8, reporting: bool) {
     use tracing_subscriber::EnvFilter;
     let default = match (quiet, verbose) {
         (true, _) => "warn",
+        (false, 0) if reporting => "warn",
         (false, 0) => "info",
         (false, 1) => "debug",
         _ => "trace",
@@ -353,9 +361,12 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             let summary = summary?;
             if !summary.limited.is_empty() {
                 eprintln!(
-                    "spool: intake of {} stopped at an input limit (the log names the file and the limit); the other datasets ran",
+                    "spool: the input of {} must be fixed: an input limit, or every row rejected (the log names the file, line and reason); the other datasets ran",
                     summary.limited.join(", ")
                 );
+            }
+            if summary.interrupted {
+                eprintln!("{}", closing_line(&summary.report));
             }
             if summary.ending() == Some(spool::error::Kind::ItemsFailed) {
                 let failed = summary.report.failed();
@@ -516,6 +527,12 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             Ok(exit::OK)
         }
         Command::Show { shard, rows, width } => {
+            if !shard.is_file() {
+                return Err(Error::new(
+                    spool::error::Kind::Usage,
+                    anyhow::anyhow!("{} is not a file: name a `part-*.parquet` shard (`ls <output_dir>/<dataset>/`)", shard.display()),
+                ));
+            }
             let all = spool::output::reader::read_rows(shard)?;
             for r in all.iter().take(*rows) {
                 let mut v = serde_json::to_value(r)?;
@@ -648,10 +665,18 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
         Command::MockServer(mcfg) => {
             let mcfg = mcfg.clone();
             runtime()?.block_on(async move {
-                let listener = spool::mock::bind(&mcfg.addr)
-                    .await
-                    .with_context(|| format!("cannot bind {}", mcfg.addr))?;
+                let listener = spool::mock::bind(&mcfg.addr).await.map_err(|e| {
+                    // An address to change, as a port in use is (`127.0.0.1:0` picks a free one).
+                    Error::new(
+                        spool::error::Kind::Usage,
+                        anyhow::anyhow!(
+                            "cannot bind {}: {e} (`--addr 127.0.0.1:0` picks a free port)",
+                            mcfg.addr
+                        ),
+                    )
+                })?;
                 let addr = listener.local_addr()?;
+                eprintln!("{}", mock_line(&mcfg));
                 println!("listening on http://{addr}");
                 use std::io::Write;
                 let _ = std::io::stdout().flush();
@@ -665,6 +690,48 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
 }
 
 /// Cuts long strings and id lists so a row fits on a screen.
+/// What the mock will answer like, said once at start: a newcomer sees why a request
+/// takes as long as it does, and which flag changes it.
+fn mock_line(m: &spool::mock::MockConfig) -> String {
+    let ids = match &m.tokenizer {
+        Some(t) => format!("real ids of {}", t.display()),
+        None => "its own ids (`w<N>` words; --tokenizer for a real vocabulary's)".into(),
+    };
+    let speed = if m.instant {
+        "answers at once (--instant)".to_string()
+    } else {
+        let per_s = m.per_request_tps * m.time_scale;
+        format!(
+            "about {:.0} tok/s a request, {:.0} tok/s in all: a mean completion of {:.0} tokens takes ~{:.0} s (--time-scale, --mean-tokens)",
+            per_s,
+            m.capacity_tps * m.time_scale,
+            m.mean_tokens,
+            m.mean_tokens / per_s.max(1e-9)
+        )
+    };
+    format!(
+        "spool mock-server: model {:?}, {ids}; {speed}; Ctrl-C stops it",
+        m.model
+    )
+}
+
+/// The last line of an interrupted run: what is done, what is left, and how to go on.
+fn closing_line(report: &StatusReport) -> String {
+    let (done, items, tokens) = report.datasets.iter().fold((0, 0, 0), |(d, i, t), s| {
+        (d + s.done, i + s.items, t + s.completion_tokens)
+    });
+    let left: u64 = report.datasets.iter().map(|s| s.pending).sum();
+    let resume = std::env::args()
+        .map(|a| spool::observe::printable::shell_word(&a).into_owned())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let (done, items) = (grouped(done), grouped(items));
+    let (tokens, left) = (human(tokens), grouped(left));
+    format!(
+        "spool: stopped: {done} of {items} items done ({tokens} completion tokens), {left} left; every answer received is kept. Resume with: {resume}"
+    )
+}
+
 fn shorten(v: &mut serde_json::Value, width: usize) {
     match v {
         serde_json::Value::String(s) if s.chars().count() > width => {
@@ -684,6 +751,9 @@ fn shorten(v: &mut serde_json::Value, width: usize) {
 /// A remote run's `/status`; an endpoint that does not answer, or answers something else,
 /// is an error naming the URL.
 async fn remote_status(url: &str) -> Result<StatusReport, Error> {
+    // A URL that cannot be one is the user's to fix; an endpoint that fails is not.
+    spool::observe::status::status_url(url)
+        .map_err(|e| Error::new(spool::error::Kind::Usage, anyhow::Error::msg(e)))?;
     spool::observe::status::fetch(url, std::time::Duration::from_secs(10))
         .await
         .map_err(Error::msg)

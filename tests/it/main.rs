@@ -23,6 +23,7 @@ mod export_speculators;
 mod export_tools;
 mod fast_bpe;
 mod faults;
+mod first_hour;
 mod forged;
 mod hostile;
 mod input_bombs;
