@@ -43,3 +43,4 @@ mod template_golden;
 mod template_parity;
 mod tls;
 mod verify;
+mod wheel;
