@@ -128,6 +128,9 @@ enum Command {
         /// `token-freq`/`draft-vocab`: the target model's vocabulary size (default: `vocab_size` of the `config.json` beside the tokenizer).
         #[arg(long, value_name = "N")]
         target_vocab: Option<usize>,
+        /// Hold out this fraction of each dataset's items (whole conversations, by id hash) in an eval file beside the output (e.g. 0.02).
+        #[arg(long, value_name = "FRACTION")]
+        holdout: Option<f64>,
         /// Leave out rows with these finish reasons (comma-separated, e.g. `length,abort`; default: keep all).
         #[arg(long, value_delimiter = ',', value_name = "REASONS")]
         exclude_finish: Vec<String>,
@@ -537,6 +540,7 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             per_turn,
             draft_vocab,
             target_vocab,
+            holdout,
             exclude_finish,
             keep_empty,
             think_markers,
@@ -552,7 +556,25 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                 _ => PathBuf::from("."),
             };
             remove_on_signal();
-            remove_on_signal_too(spool::output::export::temp_path(out));
+            let mut opts = spool::output::export::ExportOptions {
+                format: *format,
+                out: out.clone(),
+                dataset: dataset.clone(),
+                per_turn: *per_turn,
+                draft_vocab: *draft_vocab,
+                target_vocab: *target_vocab,
+                holdout: *holdout,
+                gates: spool::output::export::Gates {
+                    exclude_finish: exclude_finish.clone(),
+                    keep_empty: *keep_empty,
+                    think: *think_markers,
+                    ..Default::default()
+                },
+                status: None,
+            };
+            for (tmp, _) in spool::output::export::outputs(&opts) {
+                remove_on_signal_too(tmp);
+            }
             // A cluster job's output: the published shards, fetched (and checked against
             // the manifest) into a private scratch folder beside --out (its file system),
             // read like an output folder, removed on every exit.
@@ -595,21 +617,7 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             } else {
                 None
             };
-            let opts = spool::output::export::ExportOptions {
-                format: *format,
-                out: out.clone(),
-                dataset: dataset.clone(),
-                per_turn: *per_turn,
-                draft_vocab: *draft_vocab,
-                target_vocab: *target_vocab,
-                gates: spool::output::export::Gates {
-                    exclude_finish: exclude_finish.clone(),
-                    keep_empty: *keep_empty,
-                    think: *think_markers,
-                    ..Default::default()
-                },
-                status,
-            };
+            opts.status = status;
             let r = spool::output::export::export(&cfg, &opts).map_err(Error::runtime);
             drop(scratch);
             let r = r?;
@@ -626,6 +634,15 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                 out.display(),
                 spool::output::export::summary_path(out).display()
             );
+            for (_, also) in spool::output::export::outputs(&opts).iter().skip(1) {
+                println!("  and {}", also.display());
+            }
+            if *format == spool::output::export::Format::DraftVocab {
+                println!(
+                    "SpecForge's vocab_mapping_path takes a .pt: python -c 'import torch; from safetensors.torch import load_file; torch.save(load_file(\"{}\"), \"vocab_mapping.pt\")'",
+                    out.display()
+                );
+            }
             Ok(exit::OK)
         }
         Command::MockServer(mcfg) => {

@@ -275,3 +275,13 @@ pub async fn post_json(url: &str, path: &str, body: serde_json::Value) -> (u16, 
     let status = r.status().as_u16();
     (status, r.json().await.unwrap())
 }
+
+/// The JSON values of a JSONL file, blank lines skipped.
+pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
