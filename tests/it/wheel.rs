@@ -2,10 +2,13 @@
 //! builds it, pip installs it offline into a fresh venv, and the `spool` it puts on PATH
 //! runs a real job against its own mock server.
 //!
-//! The wheel is built with the dev profile on top of this test build: cargo's build dir is
-//! this build's target dir, so its compiled dependencies are reused and only what differs
-//! (spool without fault injection) is compiled, once; the binary lands in a temp target
-//! dir, so the suite's own `target/debug/spool` is never replaced under running tests.
+//! maturin always builds through cargo (it cannot pack a binary built before), and this
+//! test build's `spool` has fault injection, which a user's must not; so the wheel is built
+//! with the dev profile (a release build would compile every dependency again) on top of
+//! this test build: cargo's build dir is this build's target dir, so its compiled
+//! dependencies are reused and only what differs (spool without fault injection) is
+//! compiled, once; the binary lands in a temp target dir, so the suite's own
+//! `target/debug/spool` is never replaced under running tests.
 
 use crate::support::{assert_exactly_once, qwen_table, shard_rows, spool_bin, write_chats};
 use crate::support::{write_config, Ds};
@@ -55,7 +58,12 @@ fn ok(c: &mut Command) -> Output {
 fn build_dir() -> PathBuf {
     match std::env::var_os("CARGO_BUILD_BUILD_DIR") {
         Some(d) => PathBuf::from(d),
-        None => spool_bin().parent().unwrap().parent().unwrap().to_path_buf(),
+        None => spool_bin()
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .to_path_buf(),
     }
 }
 
@@ -111,7 +119,11 @@ fn wheel_installs_spool_on_path_and_runs_a_job() {
         .map(|e| e.unwrap().path())
         .collect();
     assert_eq!(wheels.len(), 1, "{wheels:?}");
-    let name = wheels[0].file_name().unwrap().to_string_lossy().into_owned();
+    let name = wheels[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
     let arch = std::env::consts::ARCH;
     assert!(
         name.starts_with(&format!("spool_llm-{VERSION}-py3-none-manylinux_"))
@@ -163,13 +175,19 @@ fn wheel_installs_spool_on_path_and_runs_a_job() {
 
     let tokenizer = crate::support::fixtures().join("tokenizers/qwen3/tokenizer.json");
     let mut mock = Killed(
-        spool(&["mock-server", "--addr", "127.0.0.1:0", "--time-scale", "100"])
-            .args(["--mean-tokens", "40", "--seed", "5", "--tokenizer"])
-            .arg(&tokenizer)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+        spool(&[
+            "mock-server",
+            "--addr",
+            "127.0.0.1:0",
+            "--time-scale",
+            "100",
+        ])
+        .args(["--mean-tokens", "40", "--seed", "5", "--tokenizer"])
+        .arg(&tokenizer)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap(),
     );
     let mut line = String::new();
     BufReader::new(mock.0.stdout.take().unwrap())
@@ -214,7 +232,9 @@ fn wheel_installs_spool_on_path_and_runs_a_job() {
     for r in &rows {
         assert!(
             !r.completion.is_empty()
-                && r.completion_token_ids.as_ref().is_some_and(|t| !t.is_empty())
+                && r.completion_token_ids
+                    .as_ref()
+                    .is_some_and(|t| !t.is_empty())
                 && r.prompt_token_ids.as_ref().is_some_and(|t| !t.is_empty()),
             "{r:?}"
         );
