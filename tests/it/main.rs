@@ -46,3 +46,4 @@ mod template_golden;
 mod template_parity;
 mod tls;
 mod verify;
+mod wheel;
