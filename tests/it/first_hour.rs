@@ -169,7 +169,8 @@ async fn reporting_commands_keep_info_lines_out_of_the_way() {
 }
 
 /// `spool mock-server` says at start what it answers like (its ids, its speed, the
-/// flags that change them) before its address line.
+/// flags that change them) before its address line, and by default a mean answer takes
+/// seconds, not a minute.
 #[test]
 fn the_mock_says_what_it_answers_like() {
     let mut child = Command::new(spool_bin())
@@ -196,4 +197,11 @@ fn the_mock_says_what_it_answers_like() {
     assert!(err.contains("tok/s a request"), "{err}");
     assert!(err.contains("--tokenizer"), "{err}");
     assert!(err.contains("Ctrl-C stops it"), "{err}");
+    let secs: f64 = err
+        .split("takes ~")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("no time per answer in {err}"));
+    assert!(secs <= 10.0, "a mean answer takes {secs} s by default");
 }
