@@ -106,7 +106,7 @@ enum Command {
     },
     /// Write the sealed shards in a form a training framework reads as it is.
     Export {
-        /// The output form (README, "Export", has an example row of each).
+        /// The output form (docs/export/ has an example row of each).
         #[arg(long, value_enum)]
         format: spool::output::export::Format,
         /// Output file, or folder for `hf` (written under a temporary name, renamed when complete).
