@@ -149,6 +149,11 @@ fn main() -> ExitCode {
     // Before any thread: what spool and its crates create is never more than 0640/0750.
     spool::output::files::restrict_umask();
     let cli = Cli::parse();
+    // Builds made for tests only: the guide's command lines are checked to parse, not run.
+    #[cfg(feature = "fault-injection")]
+    if std::env::var_os("SPOOL_PARSE_ONLY").is_some() {
+        return ExitCode::SUCCESS;
+    }
     init_logging(cli.quiet, cli.verbose);
     spool::upstream::tls::install_provider();
     match real_main(cli) {

@@ -1372,10 +1372,10 @@ fn status_json_shape_matches_the_docs() {
         .nth(1)
         .expect("docs/metrics.md section `spool status --json`");
     let json = section
-        .split("```json")
+        .split("```json output\n")
         .nth(1)
         .and_then(|s| s.split("```").next())
-        .expect("a ```json block");
+        .expect("a ```json output block");
     let doc: serde_json::Value =
         serde_json::from_str(&json.replace('…', "...")).expect("docs/metrics.md JSON parses");
     let real = serde_json::to_value(spool::observe::status::StatusReport {
