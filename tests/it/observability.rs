@@ -1402,3 +1402,35 @@ fn status_json_shape_matches_the_docs() {
         assert!(section.contains(&format!("`{state}`")), "state {state}");
     }
 }
+
+/// The metrics table of docs/metrics.md is the one the scrape is checked against: every
+/// series checked there is a row with the same type and labels, and every row names a
+/// series spool defines.
+#[test]
+fn metrics_table_in_the_docs_matches_the_checked_series() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/metrics.md")).unwrap();
+    let defined = std::fs::read_to_string(root.join("src/observe/metrics.rs")).unwrap();
+    let mut table: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
+    for line in page.lines().filter(|l| l.starts_with("| `spool_")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let name = cells[1].trim_matches('`').to_string();
+        let labels = cells[3]
+            .split(',')
+            .map(|l| l.trim().trim_matches('`').to_string())
+            .filter(|l| !l.is_empty() && l != "—")
+            .collect();
+        assert!(
+            defined.contains(&format!("\"{name}\"")),
+            "docs/metrics.md lists {name}, which src/observe/metrics.rs does not define"
+        );
+        table.insert(name, (cells[2].to_string(), labels));
+    }
+    for (name, kind, labels) in DOCUMENTED_SERIES.iter().chain(EXTRA_SERIES) {
+        let (t, l) = table
+            .get(*name)
+            .unwrap_or_else(|| panic!("{name} is not in the table of docs/metrics.md"));
+        assert_eq!(t, kind, "{name}: type");
+        assert_eq!(l, labels, "{name}: labels");
+    }
+}
