@@ -9,7 +9,9 @@
 //!   real row parser ([`spool::input::row::parse_row`]);
 //! - `sh`: every `spool …` line is parsed by the real binary's command line (a test build's
 //!   `SPOOL_PARSE_ONLY`); other lines (`make`, `cargo`, `kubectl`) are not run;
-//! - `python`: parsed by Python's own `ast.parse`;
+//! - `python`: parsed by Python's own `ast.parse`, then run in a folder holding a real run's
+//!   shards and exports under the names the examples use (see
+//!   [`python_examples_run_against_real_exports`]);
 //! - `text`, or any language followed by the word `output` (```` ```json output ````): a
 //!   sample of what spool prints or writes, a file tree or a usage synopsis; not run;
 //! - the README's blocks marked `quickstart` are also run end to end against the mock server,
@@ -20,6 +22,7 @@
 
 use crate::support::*;
 use pulldown_cmark::{CodeBlockKind, Event, Options, Parser, Tag, TagEnd};
+use spool::mock::MockConfig;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Component, Path, PathBuf};
@@ -805,5 +808,130 @@ fn the_readme_quick_start_runs_end_to_end() {
         assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt}");
         assert!(completion.starts_with("<think>\n"), "{completion}");
         assert!(completion.contains("</think>\n\n"), "{completion}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Python examples, run
+
+/// Runs `spool export` with `args` in `dir`; it must succeed.
+fn export(dir: &Path, cfg: &Path, args: &[&str]) {
+    let out = Command::new(spool_bin())
+        .arg("export")
+        .arg("-c")
+        .arg(cfg)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "export {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every `python` block of README.md and docs/ runs (the project's Python, as the tests
+/// use it) in a folder laid out under the names the examples use, from a real run against
+/// a mock thinking in Qwen3's tokens: `spool-out/` holding the shards of datasets
+/// `B3_magicoder` (prompts) and `chat` (conversations), `DIR` the `hf` export,
+/// `token_freq.safetensors` the `token-freq` export, `draft_32000.safetensors` (with its
+/// `.npy` files beside it) the `draft-vocab --draft-vocab 32000` export, and an empty
+/// `DATA_DIR/`. An example naming anything else fails here until this layout has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_examples_run_against_real_exports() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let qwen = fixtures().join("tokenizers/qwen3");
+    let mock = Mock::start(MockConfig {
+        think: true,
+        tokenizer: Some(qwen.join("tokenizer.json")),
+        ..fast_mock()
+    })
+    .await;
+    write_prompts(&d.join("p.jsonl"), "p", 8);
+    write_chats(&d.join("c.jsonl"), "c", 8);
+    let cfg = write_config(
+        d,
+        &mock.url,
+        "sglang",
+        true,
+        &[
+            Ds {
+                name: "B3_magicoder",
+                file: "p.jsonl",
+                budget: None,
+            },
+            Ds {
+                name: "chat",
+                file: "c.jsonl",
+                budget: None,
+            },
+        ],
+        &qwen_table(),
+    );
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        text.replace("output_dir = \"out\"", "output_dir = \"spool-out\""),
+    )
+    .unwrap();
+    run_to_end(&cfg).await;
+    mock.stop().await;
+    export(d, &cfg, &["--format", "hf", "--out", "DIR"]);
+    export(
+        d,
+        &cfg,
+        &[
+            "--format",
+            "token-freq",
+            "--target-vocab",
+            "151936",
+            "--out",
+            "token_freq.safetensors",
+        ],
+    );
+    export(
+        d,
+        &cfg,
+        &[
+            "--format",
+            "draft-vocab",
+            "--draft-vocab",
+            "32000",
+            "--target-vocab",
+            "151936",
+            "--out",
+            "draft_32000.safetensors",
+        ],
+    );
+    std::fs::create_dir(d.join("DATA_DIR")).unwrap();
+
+    let mut ran = 0;
+    for file in guide(&repo()) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for b in read_page(&text).blocks {
+            if !matches!(classify(&b.info), Ok((Kind::Python, _))) {
+                continue;
+            }
+            let out = Command::new("python3")
+                .args(["-c", &b.text])
+                .current_dir(d)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}:{}: the Python example fails:\n{}",
+                file.display(),
+                b.line,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            ran += 1;
+        }
+    }
+    assert!(ran >= 3, "{ran} Python examples");
+    // What the examples write is there: the conversions they show ran on real data.
+    for f in ["DATA_DIR/token_freq.pt", "vocab_mapping.pt"] {
+        assert!(d.join(f).metadata().unwrap().len() > 0, "{f}");
     }
 }
