@@ -1,7 +1,7 @@
 //! The guide is part of the contract, so it is tested as code is: every relative link and
-//! `#anchor` of README.md, docs/, ARCHITECTURE.md, RELIABILITY.md, BENCHMARKS.md and
-//! CHANGELOG.md resolves, and every fenced block of README.md and docs/ is either run or
-//! marked as not meant to run. The info-string convention (docs/development.md):
+//! `#anchor` of README.md, docs/, ARCHITECTURE.md, RELIABILITY.md, BENCHMARKS.md,
+//! CHANGELOG.md and the folders' READMEs resolves, and every fenced block of README.md and
+//! docs/ is either run or marked as not meant to run. The info-string convention (docs/development.md):
 //!
 //! - `toml`: a `spool.toml` or a fragment of one, merged over a minimal config and read by
 //!   the real loader ([`spool::config::Config::load`]);
@@ -151,6 +151,8 @@ fn linked_documents(root: &Path) -> Vec<PathBuf> {
         "RELIABILITY.md",
         "BENCHMARKS.md",
         "CHANGELOG.md",
+        "grafana/README.md",
+        "schemas/README.md",
     ] {
         v.push(root.join(f));
     }
@@ -241,7 +243,7 @@ fn broken_links(root: &Path, files: &[PathBuf]) -> Vec<String> {
 }
 
 /// Every relative link and anchor of README.md, docs/, ARCHITECTURE.md, RELIABILITY.md,
-/// BENCHMARKS.md and CHANGELOG.md resolves.
+/// BENCHMARKS.md, CHANGELOG.md, grafana/README.md and schemas/README.md resolves.
 #[test]
 fn links_in_the_documents_resolve() {
     let files = linked_documents(&repo());
