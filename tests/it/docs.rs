@@ -1,7 +1,8 @@
 //! The guide is part of the contract, so it is tested as code is: every relative link and
 //! `#anchor` of README.md, docs/, ARCHITECTURE.md, RELIABILITY.md, BENCHMARKS.md,
 //! CHANGELOG.md and the folders' READMEs resolves, and every fenced block of README.md and
-//! docs/ is either run or marked as not meant to run. The info-string convention (docs/development.md):
+//! docs/ is either run or marked as not meant to run. The info-string convention
+//! (docs/development.md):
 //!
 //! - `toml`: a `spool.toml` or a fragment of one, merged over a minimal config and read by
 //!   the real loader ([`spool::config::Config::load`]);
