@@ -1,4 +1,4 @@
-//! What `spool status` and `/status` report (the JSON shape is documented in the README).
+//! What `spool status` and `/status` report (the JSON shape is documented in docs/metrics.md).
 //!
 //! Built from the queue's durable counters alone, plus live rates and ETAs when the report
 //! comes from a running process. Invariant: nothing here reads an item; the cost is one

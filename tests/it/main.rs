@@ -10,6 +10,7 @@ mod cluster;
 mod crash;
 mod demo;
 mod deploy;
+mod docs;
 mod drafter;
 mod e2e;
 mod endpoint;
