@@ -155,7 +155,16 @@ async fn reporting_commands_keep_info_lines_out_of_the_way() {
     ];
     for args in &commands {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let o = spool(&cfg, &args, &[("RUST_LOG", "")]);
+        // `show` reads a shard, not a config: it takes no `-c`.
+        let o = if args[0] == "show" {
+            Command::new(spool_bin())
+                .args(&args)
+                .env("RUST_LOG", "")
+                .output()
+                .unwrap()
+        } else {
+            spool(&cfg, &args, &[("RUST_LOG", "")])
+        };
         assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
         assert!(!o.stdout.is_empty(), "{args:?} answers on stdout");
         assert!(!stderr(&o).contains(" INFO "), "{args:?}: {}", stderr(&o));
@@ -204,4 +213,66 @@ fn the_mock_says_what_it_answers_like() {
         .and_then(|t| t.parse().ok())
         .unwrap_or_else(|| panic!("no time per answer in {err}"));
     assert!(secs <= 10.0, "a mean answer takes {secs} s by default");
+}
+
+/// Each command's `--help` lists the flags it takes and no other: `run` has the overrides
+/// of a run, `show` and `mock-server` none of the config's, `verify` no run knobs.
+#[test]
+fn each_commands_help_lists_only_what_applies() {
+    let help = |cmd: &str| {
+        let o = Command::new(spool_bin())
+            .args([cmd, "--help"])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{cmd}");
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let takes = |cmd: &str, yes: &[&str], no: &[&str]| {
+        let h = help(cmd);
+        for f in yes {
+            assert!(h.contains(f), "{cmd} --help lacks {f}:\n{h}");
+        }
+        for f in no {
+            assert!(!h.contains(f), "{cmd} --help lists {f}:\n{h}");
+        }
+    };
+    let run_only = ["--concurrency", "--partition <I>"];
+    takes(
+        "run",
+        &[
+            "--config",
+            "--data-dir",
+            "--concurrency",
+            "--metrics-addr",
+            "--partitions",
+            "--partition <I>",
+        ],
+        &["--format", "--capacity-tps"],
+    );
+    takes(
+        "status",
+        &["--config", "--url", "--json", "--metrics-addr"],
+        &run_only,
+    );
+    takes(
+        "verify",
+        &["--config", "--partitions"],
+        &["--concurrency", "--partition <I>", "--metrics-addr"],
+    );
+    takes(
+        "export",
+        &["--config", "--format", "--out"],
+        &["--concurrency", "--metrics-addr"],
+    );
+    takes("finalize", &["--config", "--partial"], &run_only);
+    takes(
+        "show",
+        &["<SHARD>", "--rows"],
+        &["--config", "--data-dir", "--concurrency"],
+    );
+    takes(
+        "mock-server",
+        &["--addr", "--tokenizer"],
+        &["--config", "--data-dir", "--concurrency", "--partitions"],
+    );
 }
