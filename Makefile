@@ -21,6 +21,16 @@ test:
 		cargo test --no-fail-fast; \
 	fi
 
+## The Python wheel (pyproject.toml): `spool` in a Python-independent wheel in dist/, so that
+## `pip install dist/spool_llm-*.whl` puts it on PATH. Needs maturin (pinned in
+## tests/requirements.txt, which `make test` installs into .venv/). WHEEL_PROFILE=dev builds
+## it faster and unoptimised (the test does); WHEEL_OUT writes it elsewhere.
+.PHONY: wheel
+wheel:
+	@export PATH="$(CURDIR)/.venv/bin:$$PATH"; \
+	command -v maturin >/dev/null || { echo "make wheel: needs maturin: pip install maturin (or make test, which installs it into .venv/)" >&2; exit 1; }; \
+	maturin build --locked --profile $(or $(WHEEL_PROFILE),release) --out $(or $(WHEEL_OUT),dist)
+
 ## The server's rendering against a real llama.cpp server (not in `make test`: building
 ## llama-server from the llama-cpp-python sdist took 25 min on 2 shared cores; kept in
 ## LLAMA_SERVER_DIR, default target/llama-server, and reused).

@@ -1,5 +1,5 @@
-//! `spool.toml`: the user's description of a job (the README's Configuration section documents
-//! every key).
+//! `spool.toml`: the user's description of a job (docs/configuration.md documents every
+//! key).
 //!
 //! Invariants: every key is known (serde `deny_unknown_fields`), so a typo is an error naming
 //! the key and the file, never a silently ignored setting; every relative path is resolved

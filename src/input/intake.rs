@@ -116,6 +116,9 @@ pub struct IntakeReport {
     /// Rows this partition owns that are already committed to the object store by an
     /// earlier or concurrent worker (not taken in again).
     pub committed: u64,
+    /// The first row rejected this pass (`file line N: reason`): when every row is
+    /// rejected, usually for one configuration reason, the run names it.
+    pub first_rejection: Option<String>,
 }
 
 /// How intake builds prompts.
@@ -988,6 +991,9 @@ impl<S: IntakeSink> Collector<'_, S> {
         }
         self.batch_rejected += 1;
         self.report.rejected += 1;
+        if self.report.first_rejection.is_none() {
+            self.report.first_rejection = Some(format!("{} line {}: {}", r.file, r.line, r.reason));
+        }
         Ok(())
     }
 

@@ -51,7 +51,7 @@ pub const BATCH_VALUES: u64 = 1 << 20;
 
 /// A file past a limit: intake of its dataset stops here.
 #[derive(Debug, thiserror::Error)]
-#[error("dataset file {path}: {what}; intake of this dataset stopped (the limits are in the README, \"Input rows\")")]
+#[error("dataset file {path}: {what}; intake of this dataset stopped (the limits are in docs/input-rows.md)")]
 pub struct LimitError {
     pub path: PathBuf,
     /// Where and which limit, e.g. "line 3: decompressed 65 MiB from 59 KiB".

@@ -136,7 +136,8 @@ pub struct MockConfig {
     #[arg(long, default_value_t = 60.0)]
     pub per_request_tps: f64,
     /// Mean completion length (of the lognormal distribution), tokens.
-    #[arg(long, default_value_t = 3500.0)]
+    /// The default answers in seconds; a reasoning model's traces are nearer 3,500.
+    #[arg(long, default_value_t = 300.0)]
     pub mean_tokens: f64,
     /// Sigma of the lognormal completion length (heavier tail when larger).
     #[arg(long, default_value_t = 1.0)]
@@ -260,7 +261,7 @@ impl Default for MockConfig {
             addr: "127.0.0.1:30000".into(),
             capacity_tps: 850.0,
             per_request_tps: 60.0,
-            mean_tokens: 3500.0,
+            mean_tokens: 300.0,
             sigma: 1.0,
             min_tokens: 1,
             seed: 0,

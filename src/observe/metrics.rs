@@ -1,4 +1,4 @@
-//! Every Prometheus series spool exports (listed in the README), defined once here.
+//! Every Prometheus series spool exports (listed in docs/metrics.md), defined once here.
 //!
 //! Invariants: label sets are bounded — `dataset` takes the config's dataset names,
 //! `server` the configured URLs, `outcome`/`state` fixed enums; hot-path counters are

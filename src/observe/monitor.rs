@@ -154,7 +154,9 @@ impl Monitor {
             run.tokens += s.completion_tokens;
 
             let budget_met = v.budget.is_some_and(|b| s.completion_tokens >= b);
-            let state = if v.finished && budget_met {
+            let state = if s.items == 0 && s.rejected > 0 {
+                DatasetPhase::Rejected
+            } else if v.finished && budget_met {
                 DatasetPhase::BudgetMet
             } else if v.finished {
                 DatasetPhase::Done

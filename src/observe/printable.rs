@@ -17,6 +17,17 @@ fn unsafe_char(c: char) -> bool {
         || ('\u{2066}'..='\u{2069}').contains(&c)
 }
 
+/// `s` as one word a POSIX shell reads back as `s` (single-quoted unless it is plainly
+/// safe), so a printed command can be pasted as it is.
+pub fn shell_word(s: &str) -> Cow<'_, str> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c);
+    if !s.is_empty() && s.chars().all(plain) {
+        return Cow::Borrowed(s);
+    }
+    let quoted = format!("'{}'", s.replace('\'', "'\\''"));
+    Cow::Owned(escape(&quoted).into_owned())
+}
+
 /// `s` with every unsafe character written as an escape (`\n`, `\r`, `\t`, `\u{1b}`).
 pub fn escape(s: &str) -> Cow<'_, str> {
     escape_except(s, &[])
@@ -98,6 +109,34 @@ pub fn json_safe(json: String) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A word a shell would split or expand is quoted so the shell gives it back as it was.
+    #[test]
+    fn shell_words_read_back_as_they_were() {
+        for w in [
+            "spool",
+            "-c",
+            "/tmp/a b.toml",
+            "it's",
+            "$HOME",
+            "",
+            "a;b",
+            "x\u{1b}y",
+        ] {
+            let q = shell_word(w);
+            let out = std::process::Command::new("sh")
+                .args(["-c", &format!("printf %s {q}")])
+                .output()
+                .unwrap();
+            let back = String::from_utf8(out.stdout).unwrap();
+            if w.contains('\u{1b}') {
+                assert!(!q.contains('\u{1b}'), "{q}");
+            } else {
+                assert_eq!(back, w, "{q}");
+            }
+        }
+        assert!(matches!(shell_word("spool.toml"), Cow::Borrowed(_)));
+    }
 
     /// Terminal escapes, line breaks, C1 controls and bidi overrides are written out;
     /// ordinary text (accents, CJK, emoji) is untouched and not copied.

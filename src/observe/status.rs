@@ -1,4 +1,4 @@
-//! What `spool status` and `/status` report (the JSON shape is documented in the README).
+//! What `spool status` and `/status` report (the JSON shape is documented in docs/metrics.md).
 //!
 //! Built from the queue's durable counters alone, plus live rates and ETAs when the report
 //! comes from a running process. Invariant: nothing here reads an item; the cost is one
@@ -72,7 +72,7 @@ pub enum OwnStatusError {
 }
 
 /// `url`'s `/status`; a URL without `http://` or `https://` is refused with what to add.
-fn status_url(url: &str) -> Result<reqwest::Url, String> {
+pub fn status_url(url: &str) -> Result<reqwest::Url, String> {
     let base = url.trim_end_matches('/');
     let base = base.strip_suffix("/status").unwrap_or(base);
     let safe = crate::observe::printable::escape(base);
@@ -190,6 +190,9 @@ pub enum DatasetPhase {
     BudgetMet,
     /// Nothing left to do, and some items failed permanently.
     FailedItems,
+    /// Every row of its file was rejected: nothing to do until the file or the config is
+    /// fixed (the rejections name the line and the reason).
+    Rejected,
 }
 
 impl DatasetPhase {
@@ -202,6 +205,7 @@ impl DatasetPhase {
             DatasetPhase::Done => "done",
             DatasetPhase::BudgetMet => "budget_met",
             DatasetPhase::FailedItems => "failed_items",
+            DatasetPhase::Rejected => "rejected",
         }
     }
 
@@ -209,7 +213,10 @@ impl DatasetPhase {
     pub fn is_finished(self) -> bool {
         matches!(
             self,
-            DatasetPhase::Done | DatasetPhase::BudgetMet | DatasetPhase::FailedItems
+            DatasetPhase::Done
+                | DatasetPhase::BudgetMet
+                | DatasetPhase::FailedItems
+                | DatasetPhase::Rejected
         )
     }
 }
@@ -288,7 +295,9 @@ impl StatusReport {
             let budget_met = d.token_budget.is_some_and(|b| {
                 s.completion_tokens >= b || (s.wasted_tokens > 0 && b - s.completion_tokens < avg)
             });
-            let state = if budget_met {
+            let state = if s.items == 0 && s.rejected > 0 {
+                DatasetPhase::Rejected
+            } else if budget_met {
                 DatasetPhase::BudgetMet
             } else if s.pending() == 0 && s.failed > 0 {
                 DatasetPhase::FailedItems

@@ -44,7 +44,7 @@ pub enum TemplateError {
         detail: String,
     },
     /// A `messages` row needs a chat template and none is configured.
-    #[error("a `messages` row needs a chat template, and none is configured")]
+    #[error("a `messages` row needs a chat template, and none is configured: set `[tokenizer] chat_template` (or a model folder as `[tokenizer] path`), or `[server] api = \"chat\"` to have the server render it")]
     NoTemplate,
 }
 

@@ -71,8 +71,9 @@ pub const TOKEN_FILE: &str = "metrics.token";
 pub struct RunSummary {
     /// Stopped by the shutdown signal before finishing.
     pub interrupted: bool,
-    /// Datasets whose intake stopped at an input limit (`input::limits`): their rows
-    /// before it were generated, the rest of the file was not taken in.
+    /// Datasets whose input must be fixed: intake stopped at an input limit
+    /// (`input::limits`; the rows before it were generated, the rest of the file was not
+    /// taken in), or every row was rejected (state `rejected`).
     pub limited: Vec<String>,
     /// The final status, from the queue.
     pub report: StatusReport,
@@ -589,6 +590,13 @@ impl Job {
             );
             if d.token_budget.is_some_and(|b| s.completion_tokens >= b) {
                 tracing::info!(dataset = %d.name, "budget already met: skipping this dataset");
+            }
+            if s.items == 0 && rep.rejected > 0 {
+                // Nothing of it will ever run: as a bad file found at start, not `pending`.
+                tracing::error!(dataset = %d.name, rejected = rep.rejected,
+                    first = rep.first_rejection.as_deref().unwrap_or(""),
+                    "every row of the dataset was rejected; fix what the first rejection names and run again (the other datasets go on)");
+                limited.push(d.name.clone());
             }
             if self.stop.stop.is_cancelled() {
                 break;

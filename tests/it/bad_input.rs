@@ -11,21 +11,6 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
-fn one_dataset(dir: &Path, url: &str) -> std::path::PathBuf {
-    write_config(
-        dir,
-        url,
-        "completions",
-        false,
-        &[Ds {
-            name: "a",
-            file: "p.jsonl",
-            budget: None,
-        }],
-        "",
-    )
-}
-
 fn stderr(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }

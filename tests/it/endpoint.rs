@@ -371,7 +371,7 @@ async fn status_url_refuses_other_origins_and_schemeless_urls() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(out.status.code(), Some(2), "a usage error: {stderr}");
     assert!(
         stderr.contains(&format!("add `http://` (e.g. `http://{addr}`)")),
         "{stderr}"

@@ -463,7 +463,7 @@ async fn specforge_chat_renders_in_specforge_as_spool_generated_it() {
             "{template} train_only_last_turn={last_only}: {d:?}"
         ));
     }
-    // The figures the README quotes.
+    // The figures docs/export/specforge-chat.md quotes.
     println!("specforge-chat vs spool ids:\n{}", report.join("\n"));
 
     // --per-turn: one line per generated turn, each the turn's own ids.
@@ -493,7 +493,7 @@ async fn specforge_chat_renders_in_specforge_as_spool_generated_it() {
     let later = rows.iter().filter(|r| r.turn > 0).count();
     assert_eq!(d.earlier_turns_in_loss, later, "{d:?}");
     println!("specforge-chat --per-turn, qwen3-thinking: {d:?}");
-    // The README's recipe, `train_only_last_turn = true`: each line trains its own turn
+    // The recipe of docs/export/specforge-chat.md, `train_only_last_turn = true`: each line trains its own turn
     // and nothing else, so every generated turn is trained once.
     let sf = specforge_load(
         &["chat", per.to_str().unwrap(), tdir, "qwen3-thinking", "1"],

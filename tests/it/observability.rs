@@ -3,7 +3,7 @@
 //! PromQL query of the Grafana dashboard answers with data from a real Prometheus that
 //! scraped a run; `/readyz` follows server reachability; progress bars on a pseudo-terminal
 //! and plain progress lines otherwise; `spool status` live and from the queue, and its JSON
-//! shape as the README documents it.
+//! shape as docs/metrics.md documents it.
 //!
 //! Needs `prometheus` and `promtool` on PATH (Debian's `prometheus` package; `.ci/run`
 //! installs it): the tests fail, not skip, without them.
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The README's metrics table: name → (type, labels). Histograms list their own labels (`le` comes on top).
+/// The metrics table of docs/metrics.md: name → (type, labels). Histograms list their own labels (`le` comes on top).
 const DOCUMENTED_SERIES: &[(&str, &str, &[&str])] = &[
     ("spool_requests_total", "counter", &["dataset", "outcome"]),
     ("spool_completion_tokens_total", "counter", &["dataset"]),
@@ -37,7 +37,7 @@ const DOCUMENTED_SERIES: &[(&str, &str, &[&str])] = &[
     ("spool_shard_bytes_total", "counter", &["dataset"]),
 ];
 
-/// More series, also in the README's metrics table.
+/// More series, also in the metrics table of docs/metrics.md.
 const EXTRA_SERIES: &[(&str, &str, &[&str])] = &[("spool_run_eta_seconds", "gauge", &[])];
 
 // ---------------------------------------------------------------------------------------
@@ -270,7 +270,7 @@ fn strip_ansi(s: &str) -> String {
     out
 }
 
-/// Whether `line` has the shape of the README's progress line:
+/// Whether `line` has the shape of the progress line docs/guarantees.md shows:
 /// `B3_magicoder 50/9998 (0 err) 0.3 req/s 1.1k tok/s avg_comp=1232tok tot=0.1M/10.0M ETA=2h41m`.
 fn is_progress_line(line: &str) -> bool {
     let t: Vec<&str> = line.split_whitespace().collect();
@@ -397,7 +397,7 @@ async fn mid_run_scrape_passes_promtool_with_every_spec_series() {
         let (t, samples) = fams
             .get(*name)
             .unwrap_or_else(|| panic!("{name} missing from the scrape:\n{text}"));
-        assert_eq!(t, kind, "{name} has type {t}, the README says {kind}");
+        assert_eq!(t, kind, "{name} has type {t}, docs/metrics.md says {kind}");
         assert!(!samples.is_empty(), "{name} has no sample");
         let want: BTreeSet<&str> = labels.iter().copied().collect();
         for (sname, l, _) in samples {
@@ -1360,23 +1360,24 @@ fn progress_line_shape_checker_is_strict() {
 // ---------------------------------------------------------------------------------------
 // `spool status --json` shape
 
-/// The README's `spool status --json` example has exactly the keys the report serialises,
+/// The `spool status --json` example of docs/metrics.md has exactly the keys the report serialises,
 /// and names every `state` value.
 #[test]
-fn status_json_shape_matches_the_readme() {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let section = readme
+fn status_json_shape_matches_the_docs() {
+    let page =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/metrics.md"))
+            .unwrap();
+    let section = page
         .split("## `spool status --json`")
         .nth(1)
-        .expect("README section `spool status --json`");
+        .expect("docs/metrics.md section `spool status --json`");
     let json = section
-        .split("```json")
+        .split("```json output\n")
         .nth(1)
         .and_then(|s| s.split("```").next())
-        .expect("a ```json block");
+        .expect("a ```json output block");
     let doc: serde_json::Value =
-        serde_json::from_str(&json.replace('…', "...")).expect("README JSON parses");
+        serde_json::from_str(&json.replace('…', "...")).expect("docs/metrics.md JSON parses");
     let real = serde_json::to_value(spool::observe::status::StatusReport {
         running: true,
         datasets: vec![spool::observe::status::DatasetStatus::default()],
@@ -1399,5 +1400,37 @@ fn status_json_shape_matches_the_readme() {
         "failed_items",
     ] {
         assert!(section.contains(&format!("`{state}`")), "state {state}");
+    }
+}
+
+/// The metrics table of docs/metrics.md is the one the scrape is checked against: every
+/// series checked there is a row with the same type and labels, and every row names a
+/// series spool defines.
+#[test]
+fn metrics_table_in_the_docs_matches_the_checked_series() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/metrics.md")).unwrap();
+    let defined = std::fs::read_to_string(root.join("src/observe/metrics.rs")).unwrap();
+    let mut table: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
+    for line in page.lines().filter(|l| l.starts_with("| `spool_")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let name = cells[1].trim_matches('`').to_string();
+        let labels = cells[3]
+            .split(',')
+            .map(|l| l.trim().trim_matches('`').to_string())
+            .filter(|l| !l.is_empty() && l != "—")
+            .collect();
+        assert!(
+            defined.contains(&format!("\"{name}\"")),
+            "docs/metrics.md lists {name}, which src/observe/metrics.rs does not define"
+        );
+        table.insert(name, (cells[2].to_string(), labels));
+    }
+    for (name, kind, labels) in DOCUMENTED_SERIES.iter().chain(EXTRA_SERIES) {
+        let (t, l) = table
+            .get(*name)
+            .unwrap_or_else(|| panic!("{name} is not in the table of docs/metrics.md"));
+        assert_eq!(t, kind, "{name}: type");
+        assert_eq!(l, labels, "{name}: labels");
     }
 }

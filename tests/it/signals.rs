@@ -117,6 +117,22 @@ async fn sigint_drains_seals_the_open_shard_and_exits_130() {
         "took {took:?}, grace is 10 s"
     );
     assert!(p.stderr().contains("shutdown requested"), "{}", p.stderr());
+    // The last line says what is done, what is left, and the command that goes on.
+    let last = p.stderr();
+    let last = last.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("spool: stopped: ") && last.contains(" of 200 items done"),
+        "{last}"
+    );
+    assert!(
+        last.contains("left;")
+            && last.contains(&format!(
+                "Resume with: {} run -c {}",
+                spool_bin().display(),
+                cfg.display()
+            )),
+        "{last}"
+    );
     // In flight at the signal finished rather than being cut: no request was abandoned.
     tokio::time::timeout(
         Duration::from_secs(10),

@@ -112,6 +112,22 @@ pub fn write_chats(path: &Path, prefix: &str, n: usize) {
     std::fs::write(path, s).unwrap();
 }
 
+/// The plainest config: dataset `a` from `p.jsonl`, raw completions, no stream.
+pub fn one_dataset(dir: &Path, url: &str) -> PathBuf {
+    write_config(
+        dir,
+        url,
+        "completions",
+        false,
+        &[Ds {
+            name: "a",
+            file: "p.jsonl",
+            budget: None,
+        }],
+        "",
+    )
+}
+
 /// A dataset entry of a test config.
 pub struct Ds<'a> {
     pub name: &'a str,

@@ -44,7 +44,7 @@ fn check_family(family: &str) -> Outcome {
     let config = read_json(&config_path);
     let mut failures = Vec::new();
 
-    // The README's recipe: config's chat_template, meta's special tokens as variables.
+    // The reference recipe: config's chat_template, meta's special tokens as variables.
     let source = config["chat_template"]
         .as_str()
         .expect("chat_template string");

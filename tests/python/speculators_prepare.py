@@ -12,7 +12,7 @@ shuffles and drops the ids), whether `text` is transformers' decode of the ids w
 special tokens, whether prepare-data's `token_freq.pt` equals the `counts` tensor, and
 whether speculators' `build_vocab_mappings_from_distribution` on that `token_freq.pt` (target
 size from the model's config, as `speculators train` reads it) gives each file's d2t/t2d.
-The comparisons go through the README's conversion of the counts (a `{id: count}` dict saved
+The comparisons go through the conversion in docs/export/token-freq.md of the counts (a `{id: count}` dict saved
 with `torch.save`); each draft file's `d2t-N.npy` / `t2d-N.npy` beside it are read as they are
 by `speculators train`'s own `_load_mappings` and `parse_vocab_mappings`.
 """
@@ -80,7 +80,7 @@ def main():
         if case.get("token_freq"):
             counts = load_file(case["token_freq"])["counts"]
             nz = counts.nonzero().flatten().tolist()
-            # The README's conversion to speculators' token_freq.pt, loaded as it loads it.
+            # The conversion in docs/export/token-freq.md to speculators' token_freq.pt, loaded as it loads it.
             converted = os.path.join(data_dir, "spool_token_freq.pt")
             torch.save({i: int(counts[i]) for i in nz}, converted)
             res["token_freq_equal"] = torch.load(converted, weights_only=True) == freq

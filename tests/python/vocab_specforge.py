@@ -59,7 +59,7 @@ def main():
         their_ids = set((theirs["d2t"] + torch.arange(n)).tolist())
         diff = ours_ids ^ their_ids
         boundary = sorted((counts[i] for i in ours_ids), reverse=True)[-1]
-        # The README's conversion to the .pt SpecForge's `vocab_mapping_path` takes, loaded
+        # The conversion in docs/export/token-freq.md to the .pt SpecForge's `vocab_mapping_path` takes, loaded
         # by its draft model's own loader into buffers of the model's shapes.
         pt = os.path.join(cache, "vocab_mapping.pt")
         torch.save(load_file(path), pt)
