@@ -514,7 +514,7 @@ async fn the_mock_renders_in_each_servers_shape() {
 
 /// `source = "server"` with no server that renders is a config error naming the key
 /// (exit 2); with a server that renders only text (SGLang), chat rows are rejected with
-/// the reason and plain prompts are rendered there.
+/// the reason (every one: exit 2) and plain prompts are rendered there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_source_needs_a_server_that_renders() {
     let dir = tempfile::tempdir().unwrap();
@@ -535,7 +535,9 @@ async fn server_source_needs_a_server_that_renders() {
     edit_config(&cfg, "max_tokens = 200", "max_tokens = 20");
     let out = spool(&cfg, &["run"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    // Every chat row rejected: the run ends with exit 2 once the other dataset has run.
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("every row rejected"), "{stderr}");
     let rejected = std::fs::read_to_string(text.join("out/chat/_rejected.jsonl")).unwrap();
     assert_eq!(rejected.lines().count(), 8, "{rejected}");
     assert!(
