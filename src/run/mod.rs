@@ -11,6 +11,23 @@
 //!
 //! Invariant: an item (or one sample of it) is leased to at most one request at a time,
 //! and a result is committed at most once.
+//!
+//! Invariant: leases live in memory only; a crash leaves a leased item pending, and an outcome
+//! for an item no longer pending is ignored. Attempts are therefore counted per process.
+//!
+//! Invariant: a lane dispatches only while completed tokens plus the expected final tokens of
+//! its requests in flight stay under its budget (`max_tokens` expected until 8 completions);
+//! under "cancel" the committer admits only results within the budget.
+//!
+//! Invariant: a conversation's turn k is requested only after its turn k−1 is committed, with
+//! a history built from the committed replies of the same sample; a committed generation
+//! (`Outcome::Generated`, kept until its item is closed) is never requested again. A lease is
+//! one (item, sample) and runs its turns in order on the server its first turn went to while
+//! that server is up; the committer closes the item when its last sample ends, or when the
+//! budget is met between turns (unfinished samples marked partial).
+//!
+//! Invariant: every lease ends in one place whatever its task did (a panic in an attempt is
+//! a failed attempt, elsewhere it fails the item); a server's in-flight count is a guard.
 
 mod archiver;
 mod committer;

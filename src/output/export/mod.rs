@@ -19,6 +19,10 @@
 //! - Only sealed `part-*.parquet` files are read, so an export may run while `run` works.
 //! - `kept + dropped = rows read`, and at the item level the queue's own counts are
 //!   checked against what the shards hold (see [`gates::Accounting::check`]).
+//! - With `--holdout`, every row of an item goes to the same side, chosen by a hash of
+//!   (dataset, id) alone, so every form and every later export split alike.
+//! - In every id export a completion that ended its turn (`stop`, `tool_calls`) ends with
+//!   exactly one end-of-turn id, and one cut by `max_tokens` has none.
 
 pub mod batch;
 pub mod charts;

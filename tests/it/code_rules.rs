@@ -1,0 +1,282 @@
+//! The code's own rules, read from the source: which folder of `src/` may import which
+//! (ARCHITECTURE.md, "Dependency rules") and how long a module may grow. What does not keep
+//! them yet is listed below with its reason; the lists may only shrink (a debt that is
+//! paid must leave the list, or the test fails).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// ARCHITECTURE.md's table: each folder (or top-level module) and what it may import.
+/// `None`: may import anything (`error` names every boundary's error).
+fn allowed(from: &str) -> Option<&'static [&'static str]> {
+    const BASE: &[&str] = &["config", "prompt", "store", "estimate", "knobs", "secrets"];
+    Some(match from {
+        "knobs" | "secrets" => &[],
+        "config" => &["knobs", "secrets"],
+        "prompt" | "estimate" => &["config", "knobs"],
+        "upstream" => &["config", "prompt", "knobs", "secrets"],
+        "store" | "input" => &["config", "prompt", "knobs"],
+        "output" => BASE,
+        "observe" => &[
+            "config", "prompt", "store", "estimate", "knobs", "secrets", "upstream", "output",
+            "run",
+        ],
+        "run" => &[
+            "config", "prompt", "store", "estimate", "knobs", "secrets", "upstream", "output",
+            "input", "observe", "error",
+        ],
+        "cluster" => &[
+            "config", "prompt", "store", "estimate", "knobs", "secrets", "upstream", "output",
+            "input", "observe", "error", "run",
+        ],
+        "mock" => &["config", "prompt", "knobs"],
+        _ => return None,
+    })
+}
+
+/// Imports the rules forbid that are still there: (from, to, file under `src/`), why.
+const IMPORT_DEBTS: &[(&str, &str, &str, &str)] = &[
+    (
+        "config",
+        "cluster",
+        "config.rs",
+        "the resolved partition lives in Config until a JobPlan holds it",
+    ),
+    (
+        "config",
+        "output",
+        "config.rs",
+        "BucketOptions, the [storage] table, is defined beside the bucket",
+    ),
+    (
+        "config",
+        "prompt",
+        "config.rs",
+        "dataset tables are checked with the Drawer and the parser names",
+    ),
+    (
+        "config",
+        "upstream",
+        "config.rs",
+        "`server.ca_cert` is loaded by tls::load_ca",
+    ),
+    (
+        "input",
+        "cluster",
+        "input/intake.rs",
+        "ItemFilter takes a Partition",
+    ),
+    (
+        "input",
+        "output",
+        "input/remote.rs",
+        "inputs are fetched through output::bucket",
+    ),
+    (
+        "mock",
+        "output",
+        "mock/vocab.rs",
+        "the end-of-turn id is looked up by export::rows",
+    ),
+    (
+        "observe",
+        "cluster",
+        "observe/metrics.rs",
+        "the partition label takes a Partition",
+    ),
+    (
+        "output",
+        "observe",
+        "output/export/gates.rs",
+        "export checks counts against a StatusReport",
+    ),
+    (
+        "output",
+        "observe",
+        "output/export/mod.rs",
+        "export checks counts against a StatusReport",
+    ),
+    (
+        "output",
+        "upstream",
+        "output/archive.rs",
+        "CountSource is defined in upstream",
+    ),
+    (
+        "output",
+        "upstream",
+        "output/bucket.rs",
+        "the bucket installs the TLS provider",
+    ),
+    (
+        "store",
+        "output",
+        "store/blocks.rs",
+        "folders are made with output::files' mode",
+    ),
+];
+
+/// Modules longer than [`MAX_LINES`] before their tests, to be split.
+const SIZE_DEBTS: &[&str] = &[
+    "config.rs",
+    "input/intake.rs",
+    "run/job.rs",
+    "run/worker.rs",
+];
+
+/// The most lines a module may have before its `#[cfg(test)]` part.
+const MAX_LINES: usize = 800;
+
+fn sources() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `src/`-relative name with `/` separators.
+fn rel(p: &Path) -> String {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    p.strip_prefix(src)
+        .unwrap()
+        .to_string_lossy()
+        .replace('\\', "/")
+}
+
+/// The folder (or top-level module) a file belongs to: `run/job.rs` → `run`.
+fn owner(rel: &str) -> String {
+    rel.split('/')
+        .next()
+        .unwrap()
+        .trim_end_matches(".rs")
+        .to_string()
+}
+
+/// The code of a file before its tests, without `//` comments.
+fn code(text: &str) -> String {
+    let before_tests = text.split("#[cfg(test)]").next().unwrap_or("");
+    before_tests
+        .lines()
+        .map(|l| match l.find("//") {
+            Some(i) if !l[..i].contains('"') => &l[..i],
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every top-level module named as `crate::<name>` in `code`.
+fn crate_refs(code: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (i, _) in code.match_indices("crate::") {
+        if code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let name: String = code[i + 7..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if !name.is_empty() {
+            out.insert(name);
+        }
+    }
+    out
+}
+
+/// The imports the rules forbid: (from, to, file).
+fn forbidden(files: &[(String, String)]) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for (rel, text) in files {
+        let from = owner(rel);
+        if matches!(from.as_str(), "main" | "lib" | "cli") {
+            continue;
+        }
+        let Some(ok) = allowed(&from) else { continue };
+        for to in crate_refs(&code(text)) {
+            if to != from && !ok.contains(&to.as_str()) {
+                out.insert((from.clone(), to, rel.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// No folder imports one the rules put above it, beyond the listed debts; a debt paid
+/// leaves the list.
+#[test]
+fn imports_keep_the_dependency_rules() {
+    let files: Vec<(String, String)> = sources()
+        .iter()
+        .map(|p| (rel(p), std::fs::read_to_string(p).unwrap()))
+        .collect();
+    assert!(files.len() > 100, "the source tree was read");
+    let found = forbidden(&files);
+    let debts: BTreeMap<(String, String, String), &str> = IMPORT_DEBTS
+        .iter()
+        .map(|(f, t, file, why)| ((f.to_string(), t.to_string(), file.to_string()), *why))
+        .collect();
+    let new: Vec<_> = found.iter().filter(|k| !debts.contains_key(*k)).collect();
+    assert!(
+        new.is_empty(),
+        "imports the rules forbid (ARCHITECTURE.md, Dependency rules): {new:?}"
+    );
+    let paid: Vec<_> = debts.keys().filter(|k| !found.contains(*k)).collect();
+    assert!(paid.is_empty(), "paid debts still listed: {paid:?}");
+}
+
+/// No module is longer than 800 lines before its tests, beyond the listed ones; a listed
+/// one that is now short enough leaves the list.
+#[test]
+fn modules_stay_under_800_lines() {
+    let mut long = BTreeSet::new();
+    for p in sources() {
+        let text = std::fs::read_to_string(&p).unwrap();
+        let n = text
+            .split("#[cfg(test)]")
+            .next()
+            .unwrap_or("")
+            .lines()
+            .count();
+        if n > MAX_LINES {
+            long.insert(rel(&p));
+        }
+    }
+    let listed: BTreeSet<String> = SIZE_DEBTS.iter().map(|s| s.to_string()).collect();
+    let new: Vec<_> = long.difference(&listed).collect();
+    assert!(new.is_empty(), "modules over {MAX_LINES} lines: {new:?}");
+    let paid: Vec<_> = listed.difference(&long).collect();
+    assert!(paid.is_empty(), "short enough now, still listed: {paid:?}");
+}
+
+/// The checker sees an import the rules forbid, through `use`, a path in an expression and
+/// a nested module, and ignores comments, tests and names that only end in `crate`.
+#[test]
+fn the_checker_finds_what_it_should() {
+    let files = vec![
+        (
+            "store/x.rs".to_string(),
+            "use crate::config::Config;\nfn f() { crate::run::job::go(); }\n// crate::cluster::x\nlet my_crate::observe = 1;\n#[cfg(test)]\nmod tests { use crate::mock::M; }\n".to_string(),
+        ),
+        ("config.rs".to_string(), "use crate::knobs::Knobs;".to_string()),
+        ("error.rs".to_string(), "use crate::run::X;".to_string()),
+    ];
+    let found = forbidden(&files);
+    let want: BTreeSet<_> = [(
+        "store".to_string(),
+        "run".to_string(),
+        "store/x.rs".to_string(),
+    )]
+    .into_iter()
+    .collect();
+    assert_eq!(found, want);
+}
