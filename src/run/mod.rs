@@ -6,7 +6,8 @@
 //! and `shutdown` (the stop signals, the fatal-error path, the shutdown order);
 //! `descriptors` keeps the run's file descriptors out of the metrics endpoint's reach;
 //! `template_check` (spool's rendering against the server's, before any generation) and
-//! `prompt_ids` (the prompt ids a row keeps, and who made them); `pitfalls` (settings
+//! `prompt_ids` (the prompt ids a row keeps, and who made them); `ending` (why a
+//! generation ended, from the server's answer); `pitfalls` (settings
 //! that do nothing, warned about at start).
 //!
 //! Invariant: an item (or one sample of it) is leased to at most one request at a time,
@@ -33,6 +34,7 @@ mod archiver;
 mod committer;
 pub mod descriptors;
 mod dispatcher;
+mod ending;
 pub mod enqueue;
 pub mod job;
 pub mod pitfalls;

@@ -35,7 +35,6 @@ use crate::run::scheduler::{Lease, Scheduler};
 use crate::run::servers::Servers;
 use crate::store::queue::{Failure, Item, Outcome, Queue};
 use crate::store::row::ShardRow;
-use crate::store::stop_reason::StopReason;
 use crate::upstream::{CountSource, GenerateRequest, Generation, Upstream, UpstreamError};
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;
@@ -801,7 +800,7 @@ pub(crate) fn to_row(
         }
         (None, _, _) => (completion, None),
     };
-    let stop_reason = StopReason::of(
+    let stop_reason = crate::run::ending::stop_reason(
         &g.finish_reason,
         &g.matched,
         req.draw.sampling.stop.as_deref().unwrap_or_default(),
