@@ -84,6 +84,11 @@ fn rows(n: usize) -> Vec<ShardRow> {
                 sampling: None,
                 partial: None,
                 prompt_ids_source: Some(spool::prompt::remote::IdsSource::Client),
+                stop_reason: Some(if c == 10_240 {
+                    spool::store::stop_reason::StopReason::Length
+                } else {
+                    spool::store::stop_reason::StopReason::Eos(Some(151_645))
+                }),
             }
         })
         .collect()

@@ -9,9 +9,11 @@ OUT=${DEMO_OUT:-demo-out}
 rm -rf "$OUT" && mkdir -p "$OUT"
 cp -r examples/prompts "$OUT/prompts"
 
-# A simulated 8-GPU server, 15× faster than real time: ~850 tok/s × 15, heavy-tailed lengths.
+# A simulated 8-GPU server, 15× faster than real time: ~850 tok/s × 15, heavy-tailed lengths,
+# answering in Qwen3's real tokens (the config's [tokenizer]), so the ids decode to its text.
 "$BIN" mock-server --addr 127.0.0.1:0 --time-scale 15 --capacity-tps 850 --per-request-tps 60 \
-  --mean-tokens 350 --sigma 1.0 --seed 7 --model qwen3-demo --think >"$OUT/mock.addr" 2>"$OUT/mock.log" &
+  --mean-tokens 350 --sigma 1.0 --seed 7 --model qwen3-demo --think \
+  --tokenizer tests/fixtures/tokenizers/qwen3/tokenizer.json >"$OUT/mock.addr" 2>"$OUT/mock.log" &
 MOCK=$!
 trap 'kill $MOCK 2>/dev/null; wait $MOCK 2>/dev/null || true' EXIT
 for _ in $(seq 1 100); do grep -q listening "$OUT/mock.addr" && break; sleep 0.1; done

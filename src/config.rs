@@ -95,6 +95,10 @@ pub struct Config {
     /// Template variables; a table of integer weights is drawn from per row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_length: Option<OnLength>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_format: Option<PromptFormat>,
     /// Where this config was read from (not a key).
     #[serde(skip)]
     pub source: PathBuf,
@@ -417,6 +421,12 @@ pub struct DatasetConfig {
     /// Template variables; a table of integer weights is drawn from per row.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// What a turn cut by `max_tokens` does to its conversation (`turns = "all"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_length: Option<OnLength>,
+    /// How a `prompt` row reaches the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_format: Option<PromptFormat>,
 }
 
 /// The most generations per prompt (`samples`): a bound on one item's kept generations.
@@ -455,6 +465,28 @@ pub enum HistoryReasoning {
     Keep,
 }
 
+/// What a turn cut by `max_tokens` does to the rest of its conversation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnLength {
+    /// The conversation ends there, partial (`partial = "length"`): no later turn is
+    /// conditioned on a cut reply.
+    #[default]
+    Stop,
+    /// Later turns go on after the cut reply.
+    Continue,
+}
+
+/// How a `prompt` row is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PromptFormat {
+    /// As one user turn through the chat template, as a chat model sees a request.
+    Chat,
+    /// The text as is, no template.
+    Raw,
+}
+
 /// A dataset's generation keys with the defaults applied.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GenerationSpec {
@@ -463,6 +495,9 @@ pub struct GenerationSpec {
     pub history_reasoning: HistoryReasoning,
     pub samples: u32,
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+    pub on_length: OnLength,
+    /// None: the default, `chat` where a chat template renders prompts, else `raw`.
+    pub prompt_format: Option<PromptFormat>,
 }
 
 impl GenerationSpec {
@@ -490,6 +525,8 @@ impl Config {
                 .unwrap_or_default(),
             samples: own.samples.or(top.samples).unwrap_or(1),
             chat_template_kwargs: kwargs,
+            on_length: own.on_length.or(top.on_length).unwrap_or_default(),
+            prompt_format: own.prompt_format.or(top.prompt_format),
         }
     }
 }
@@ -783,6 +820,20 @@ impl Config {
                 return Err(self.invalid(
                     &format!("dataset[{i}].samples"),
                     format!("dataset `{}`: must be 1..={MAX_SAMPLES}, not {n}", d.name),
+                ));
+            }
+            let prompt_format = d.prompt_format.or(self.prompt_format);
+            if prompt_format == Some(PromptFormat::Raw) && self.server.api == Api::Chat {
+                let key = match d.prompt_format {
+                    Some(_) => format!("dataset[{i}].prompt_format"),
+                    None => "prompt_format".into(),
+                };
+                return Err(self.invalid(
+                    &key,
+                    format!(
+                        "dataset `{}`: \"raw\" needs a text API (api = \"sglang\" or \"completions\"): the chat API renders every prompt as a turn",
+                        d.name
+                    ),
                 ));
             }
             if let Err(why) = crate::prompt::draw::Drawer::of_dataset(self, d) {

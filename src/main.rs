@@ -200,6 +200,10 @@ struct ExportArgs {
     /// Answers that still hold think markers after the thinking was split: flag, drop or keep.
     #[arg(long, value_enum, default_value = "flag")]
     think_markers: spool::output::export::ThinkGate,
+    /// The id a completion that ended its turn gets when the server named none: a token
+    /// id or a token such as `<|im_end|>` (default: the model's, when spool can tell it).
+    #[arg(long, value_name = "ID|TOKEN")]
+    end_of_turn: Option<String>,
 }
 
 fn main() -> ExitCode {

@@ -343,6 +343,7 @@ pub(crate) fn export(
         exclude_finish,
         keep_empty,
         think_markers,
+        end_of_turn,
     } = args;
     let mut cfg = Config::load(&flags.config, &overrides(flags))?;
     // What is at --out: an earlier export is replaced, anything else kept.
@@ -370,6 +371,7 @@ pub(crate) fn export(
             ..Default::default()
         },
         status: None,
+        end_of_turn: end_of_turn.clone(),
     };
     for (tmp, _) in spool::output::export::outputs(&opts) {
         remove_on_signal_too(tmp);

@@ -28,7 +28,9 @@
 //! go (the queue, for a run), so this stage does not know the queue's types.
 
 use crate::cluster::partition::Partition;
-use crate::config::{DatasetConfig, GenerationSpec, HistoryReasoning, Sampling, Turns};
+use crate::config::{
+    DatasetConfig, GenerationSpec, HistoryReasoning, PromptFormat, Sampling, Turns,
+};
 use crate::input::dataset::{DatasetError, DatasetReader, PrefixMark};
 use crate::input::dedup::{IdSet, SpillError};
 use crate::input::limits::LimitError;
@@ -170,6 +172,9 @@ struct Render {
     kwargs: Map<String, Value>,
     /// See [`IntakeOptions::server`].
     server: Option<Arc<dyn RemoteRenderer>>,
+    /// A `prompt` row is taken in as one user turn (`prompt_format = "chat"`, the default
+    /// where a chat template renders prompts): rendered, stored and shown as a chat row.
+    prompts_as_chat: bool,
 }
 
 /// What a row's prompt is, before it is rendered.
@@ -181,6 +186,18 @@ enum Planned {
 }
 
 impl Render {
+    /// The row as intake takes it in: a `prompt` row as one user turn when prompts go in
+    /// chat form. Its id and content hash stay the row's own.
+    fn shaped(&self, mut row: Row) -> Row {
+        if let (true, Input::Prompt(p)) = (self.prompts_as_chat, &mut row.input) {
+            let text = std::mem::take(p);
+            row.input = Input::Messages(Value::Array(vec![
+                serde_json::json!({"role": "user", "content": text}),
+            ]));
+        }
+        row
+    }
+
     /// What one row's prompt is made of: its messages (turn 0's request with `turns =
     /// "all"`) with the dataset's fixed variables and the row's tools, or its text.
     fn plan(&self, builder: &PromptBuilder, row: &Row, server: bool) -> Result<Planned, String> {
@@ -189,6 +206,14 @@ impl Render {
                 if row.tools.is_some() {
                     return Err("`tools` needs `messages` or `conversations` (a `prompt` is                                 sent as is, with no template to put them in)"
                         .into());
+                }
+                // The chat API renders it as a user turn: ids of the bare text would not
+                // be what the model saw.
+                if self.server_templates && !builder.has_template() && !server {
+                    return Ok(Planned::AsIs(BuiltPrompt {
+                        text: p.clone(),
+                        token_ids: None,
+                    }));
                 }
                 return Ok(Planned::Input(RenderInput::text(builder, p)));
             }
@@ -377,7 +402,7 @@ fn prepare<T>(
                 out.push(Prepared::Rejected(r));
                 continue;
             }
-            Entry::Row(row) => row,
+            Entry::Row(row) => render.shaped(row),
         };
         if let Some(f) = &render.filter {
             let owned = f.partition.owns(&render.dataset, &row.id);
@@ -610,12 +635,30 @@ fn work_chunks<T>(
     }
 }
 
-/// The parser and the renderer of `d`'s rows, as `opts` sets them.
+/// The parser and the renderer of `d`'s rows, as `opts` sets them; chat rows are
+/// rendered by the server with `source = "server"`, else by `builder`'s template.
+/// `prompt_format = "chat"` with nothing to render a chat row is refused.
 fn stage(
     reader: &DatasetReader,
     d: &DatasetConfig,
     opts: &IntakeOptions,
+    builder: &PromptBuilder,
 ) -> Result<(Parser, Render), IntakeError> {
+    let renders_chat = match &opts.server {
+        Some(server) => server.renders_chat(),
+        None => builder.has_template(),
+    };
+    let prompts_as_chat = match opts.generation.prompt_format {
+        Some(PromptFormat::Raw) => false,
+        Some(PromptFormat::Chat) if !renders_chat && !opts.server_templates => {
+            return Err(IntakeError::Generation {
+                dataset: d.name.clone(),
+                detail: "prompt_format = \"chat\" needs a chat template to render a prompt as a user turn ([tokenizer] chat_template, or a model folder holding one; with source = \"server\", a server that renders chat messages)".into(),
+            })
+        }
+        // The chat API sends a prompt as one user turn itself.
+        Some(PromptFormat::Chat) | None => renders_chat,
+    };
     let turns = opts.generation.turns;
     let parser = reader
         .parser()
@@ -638,6 +681,7 @@ fn stage(
         turns,
         kwargs,
         server: opts.server.clone(),
+        prompts_as_chat,
     };
     Ok((parser, render))
 }
@@ -668,7 +712,7 @@ pub fn sample_rows(
     opts: &IntakeOptions,
 ) -> Result<Vec<SampledRow>, IntakeError> {
     let mut reader = DatasetReader::open(&d.path, &d.name)?;
-    let (parser, render) = stage(&reader, d, opts)?;
+    let (parser, render) = stage(&reader, d, opts, builder)?;
     let mut picked: Vec<SampledRow> = Vec::new();
     let mut covered = [false; 5];
     while let Some(raw) = reader.next_raw()? {
@@ -679,6 +723,7 @@ pub fn sample_rows(
         let Entry::Row(row) = parser.parse(raw) else {
             continue;
         };
+        let row = render.shaped(row);
         let Ok(Planned::Input(input)) = render.plan(builder, &row, false) else {
             continue;
         };
@@ -734,7 +779,7 @@ pub fn intake<S: IntakeSink>(
         .progress()
         .ok_or_else(|| IntakeError::NotOpened(d.name.clone()))?;
     let mut reader = DatasetReader::open(&d.path, &d.name)?;
-    let (parser, render) = stage(&reader, d, opts)?;
+    let (parser, render) = stage(&reader, d, opts, builder)?;
     let render = &render;
     // Restart fast path: an unchanged prefix (same bytes, by fingerprint) holds only rows
     // already taken in, so it is hashed, not parsed and checked row by row.
@@ -1269,6 +1314,8 @@ mod tests {
             history_reasoning: None,
             samples: None,
             chat_template_kwargs: None,
+            on_length: None,
+            prompt_format: None,
         };
         let picked = sample_rows(
             &d,
@@ -1307,6 +1354,8 @@ mod tests {
             history_reasoning: None,
             samples: None,
             chat_template_kwargs: None,
+            on_length: None,
+            prompt_format: None,
         };
         let builder = PromptBuilder::new(None, None);
         let opts = IntakeOptions {

@@ -4,7 +4,8 @@
 //!
 //! Invariants:
 //! - Every text field is the text of the id field next to it (the mock's own or, with
-//!   `--tokenizer`, the real tokenizer's), so text and ids agree.
+//!   `--tokenizer`, the real tokenizer's), so text and ids agree — cut before a matched
+//!   stop string, whose ids stay, as the servers cut it.
 //! - SGLang streams are cumulative unless `incremental`; `meta_info.completion_tokens` is
 //!   the running total in both modes (as SGLang does).
 
@@ -65,6 +66,8 @@ pub(crate) struct GenRequest {
     pub max_tokens: u32,
     pub min_tokens: u32,
     pub ignore_eos: bool,
+    /// Stop strings (SGLang's `sampling_params.stop`, the OpenAI APIs' `stop`).
+    pub stop: Vec<String>,
 }
 
 /// A request the server refuses with a 4xx.
@@ -154,6 +157,7 @@ pub(crate) fn parse_with(
             max_tokens: f.max_tokens,
             min_tokens: f.min_tokens,
             ignore_eos: f.ignore_eos,
+            stop: f.stop,
         }),
         Err(m) => Err(fail(m)),
     }
@@ -170,6 +174,7 @@ struct Fields {
     ignore_eos: bool,
     include_usage: bool,
     return_token_ids: bool,
+    stop: Vec<String>,
 }
 
 fn parse_fields(
@@ -208,6 +213,7 @@ fn parse_fields(
                 ignore_eos: opt_bool(&sp, "ignore_eos").unwrap_or(false),
                 include_usage: false,
                 return_token_ids: false,
+                stop: stop_strings(&sp)?,
             })
         }
         Api::Completions | Api::Chat => {
@@ -269,6 +275,7 @@ fn parse_fields(
                 ignore_eos: opt_bool(obj, "ignore_eos").unwrap_or(false),
                 include_usage,
                 return_token_ids: opt_bool(obj, "return_token_ids").unwrap_or(false),
+                stop: stop_strings(obj)?,
             })
         }
     }
@@ -353,6 +360,22 @@ fn callable_tools(obj: &Map<String, Value>, names: Vec<String>) -> Result<Vec<St
         }
         _ => Ok(names),
     }
+}
+
+/// `stop`: one string or a list of them (both servers take either); empty strings are
+/// dropped, as vLLM does.
+fn stop_strings(obj: &Map<String, Value>) -> Result<Vec<String>, String> {
+    let list = match obj.get("stop") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or("stop: Input should be a valid string or a list of strings")?,
+        Some(_) => return Err("stop: Input should be a valid string or a list of strings".into()),
+    };
+    Ok(list.into_iter().filter(|s| !s.is_empty()).collect())
 }
 
 fn opt_bool(obj: &Map<String, Value>, key: &str) -> Option<bool> {
@@ -610,6 +633,20 @@ pub(crate) struct Render {
     pub tool_call_id: String,
     /// `--tokenizer`: the text of real ids; None for the mock's own ids.
     pub vocab: Option<std::sync::Arc<super::vocab::RealVocab>>,
+    /// Where a stop string of the request ended the output, if one did.
+    pub stop: Option<StopCut>,
+}
+
+/// Where a stop string ended the output: SGLang and vLLM keep the ids of the token that
+/// completed the match and leave the stop string (and what follows it) out of the text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StopCut {
+    /// Output ids kept: through the token whose text completed the match.
+    pub ids: usize,
+    /// Bytes of output text kept: up to where the stop string starts.
+    pub text: usize,
+    /// The stop string that matched.
+    pub matched: String,
 }
 
 /// What a chat client is shown of one output id.
@@ -654,7 +691,8 @@ struct FullChoice<'a> {
     text: Option<&'a String>,
     logprobs: (),
     finish_reason: &'static str,
-    stop_reason: (),
+    /// The stop string that matched; null for the model's own EOS (vLLM's way).
+    stop_reason: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     token_ids: Option<&'a [u32]>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -694,16 +732,65 @@ impl Render {
         }
     }
 
+    /// The first stop string the output `ids` meets, checked after each token as SGLang
+    /// and vLLM check it: of the strings the token's text completes, the first listed.
+    pub(crate) fn stop_cut(&self, ids: &[u32], stops: &[String]) -> Option<StopCut> {
+        let longest = stops.iter().map(String::len).max()?;
+        let mut text = String::new();
+        for i in 0..ids.len() {
+            let before = text.len();
+            self.push_text(&mut text, &ids[i..=i]);
+            // A match this token completes starts at most `longest - 1` bytes before it.
+            let mut from = before.saturating_sub(longest - 1);
+            while !text.is_char_boundary(from) {
+                from -= 1;
+            }
+            for stop in stops {
+                if let Some(p) = text[from..].find(stop.as_str()) {
+                    return Some(StopCut {
+                        ids: i + 1,
+                        text: from + p,
+                        matched: stop.clone(),
+                    });
+                }
+            }
+        }
+        None
+    }
+
+    /// The text of output ids `from..upto`, where `all` is the output from its first id:
+    /// what a client is sent of them, so nothing at or past a matched stop string.
+    fn text_between(&self, all: &[u32], from: usize, upto: usize) -> String {
+        let Some(cut) = &self.stop else {
+            return self.text(&all[from..upto]);
+        };
+        let whole = self.text(&all[..upto]);
+        let start = self.text(&all[..from]).len().min(cut.text);
+        whole[start..whole.len().min(cut.text).max(start)].to_string()
+    }
+
+    /// vLLM's `stop_reason` of a finish: the stop string that matched, else null (the
+    /// model's own EOS, or no stop at all).
+    fn stop_reason(&self, finish: Option<FinishOut>) -> Value {
+        match (&self.stop, finish) {
+            (Some(cut), Some(FinishOut::Stop)) => json!(cut.matched),
+            _ => Value::Null,
+        }
+    }
+
     fn prompt_tokens(&self) -> u32 {
         self.prompt_ids.len() as u32
     }
 
     fn sglang_finish(&self, f: FinishOut, completion: u32) -> Value {
         match f {
-            FinishOut::Stop => {
-                let eos = self.vocab.as_ref().map_or(EOS_ID, |v| v.eos);
-                json!({"type": "stop", "matched": eos})
-            }
+            FinishOut::Stop => match &self.stop {
+                Some(cut) => json!({"type": "stop", "matched": cut.matched}),
+                None => {
+                    let eos = self.vocab.as_ref().map_or(EOS_ID, |v| v.eos);
+                    json!({"type": "stop", "matched": eos})
+                }
+            },
             FinishOut::Length => json!({"type": "length", "length": completion}),
             FinishOut::Abort => {
                 json!({"type": "abort", "message": format!("Abort request {}", self.id)})
@@ -736,12 +823,13 @@ impl Render {
     fn sglang_body(
         &self,
         ids: &[u32],
+        text: String,
         completion: u32,
         finish: Option<FinishOut>,
         latency_s: f64,
     ) -> Value {
         json!({
-            "text": self.text(ids),
+            "text": text,
             "output_ids": ids,
             "meta_info": {
                 "id": self.id,
@@ -802,7 +890,13 @@ impl Render {
         let ids = &plan.ids[..upto];
         let n = ids.len() as u32;
         let body = match self.api {
-            Api::Generate => serde_json::to_vec(&self.sglang_body(ids, n, Some(finish), latency_s)),
+            Api::Generate => serde_json::to_vec(&self.sglang_body(
+                ids,
+                self.text_between(ids, 0, upto),
+                n,
+                Some(finish),
+                latency_s,
+            )),
             Api::Completions | Api::Chat => {
                 let chat = self.api == Api::Chat;
                 let plain = plan.think_end == 0 && plan.tool.is_none();
@@ -811,14 +905,18 @@ impl Render {
                     let (mut reasoning, mut content) = (String::new(), String::new());
                     for i in 0..upto {
                         match self.shown(plan, i, tool_ok) {
-                            Some(Shown::Reasoning) => self.push_text(&mut reasoning, &ids[i..=i]),
-                            Some(Shown::Content) => self.push_text(&mut content, &ids[i..=i]),
+                            Some(Shown::Reasoning) => {
+                                reasoning.push_str(&self.text_between(ids, i, i + 1))
+                            }
+                            Some(Shown::Content) => {
+                                content.push_str(&self.text_between(ids, i, i + 1))
+                            }
                             _ => {}
                         }
                     }
                     (reasoning, content)
                 } else {
-                    (String::new(), self.text(ids))
+                    (String::new(), self.text_between(ids, 0, upto))
                 };
                 let split = self.reasoning_field.is_some();
                 let reasoning = split.then_some((!reasoning.is_empty()).then_some(&reasoning[..]));
@@ -859,7 +957,10 @@ impl Render {
                         text: (!chat).then_some(&text),
                         logprobs: (),
                         finish_reason,
-                        stop_reason: (),
+                        stop_reason: match (&self.stop, finish) {
+                            (Some(cut), FinishOut::Stop) => Some(cut.matched.as_str()),
+                            _ => None,
+                        },
                         token_ids: self.token_ids.then_some(ids),
                         prompt_token_ids: (self.token_ids && !chat).then_some(&self.prompt_ids[..]),
                     }],
@@ -904,7 +1005,7 @@ impl Render {
             }
             if let Some((k, text)) = &mut run {
                 if *k != Shown::ToolHead {
-                    self.push_text(text, &plan.ids[i..=i]);
+                    text.push_str(&self.text_between(&plan.ids, i, i + 1));
                 }
             }
             run_end = i + 1;
@@ -965,7 +1066,8 @@ impl Render {
             "finish_reason".into(),
             finish.map_or(Value::Null, |f| json!(f)),
         );
-        choice.insert("stop_reason".into(), Value::Null);
+        let stop = (finish == Some("stop")).then_some(FinishOut::Stop);
+        choice.insert("stop_reason".into(), self.stop_reason(stop));
         if self.token_ids {
             choice.insert("token_ids".into(), json!(ids));
         }
@@ -1025,23 +1127,28 @@ impl Render {
         let n = all.len() as u32;
         match self.api {
             Api::Generate => {
-                let shown = if self.incremental { delta } else { all };
-                self.sglang_body(shown, n, finish, latency_s)
+                let (shown, text) = if self.incremental {
+                    (delta, self.text_between(all, from, all.len()))
+                } else {
+                    (all, self.text_between(all, 0, all.len()))
+                };
+                self.sglang_body(shown, text, n, finish, latency_s)
             }
             Api::Completions | Api::Chat => {
                 let mut choice = Map::new();
                 choice.insert("index".into(), json!(0));
+                let text = self.text_between(all, from, all.len());
                 if self.api == Api::Chat {
-                    choice.insert("delta".into(), json!({"content": self.text(delta)}));
+                    choice.insert("delta".into(), json!({ "content": text }));
                 } else {
-                    choice.insert("text".into(), json!(self.text(delta)));
+                    choice.insert("text".into(), json!(text));
                 }
                 choice.insert("logprobs".into(), Value::Null);
                 choice.insert(
                     "finish_reason".into(),
                     finish.map_or(Value::Null, |f| json!(Self::openai_finish(f))),
                 );
-                choice.insert("stop_reason".into(), Value::Null);
+                choice.insert("stop_reason".into(), self.stop_reason(finish));
                 if self.token_ids {
                     choice.insert("token_ids".into(), json!(delta));
                     if first && self.api == Api::Completions {
@@ -1086,7 +1193,117 @@ mod tests {
             reasoning_field: None,
             tool_call_id: "call_0".into(),
             vocab: None,
+            stop: None,
         }
+    }
+
+    /// A stop string ends the output as SGLang and vLLM end it: the ids through the token
+    /// that completed it, the text before it (also when it spans tokens), and the string
+    /// named as the matched stop (`matched`, `stop_reason`); streamed text never shows it;
+    /// the first string listed of those a token completes wins; without a match nothing
+    /// changes and an EOS stop names no string.
+    #[test]
+    fn a_stop_string_ends_the_output_where_it_matches() {
+        let ids = [5, 61, 62, 7];
+        let stops = vec!["1 w6".to_string(), " w62".to_string()];
+        let mut r = render(Api::Generate, false);
+        // " w5 w61 w62": the third token completes both; "1 w6" began in the second.
+        let cut = r.stop_cut(&ids, &stops).unwrap();
+        assert_eq!(
+            cut,
+            StopCut {
+                ids: 3,
+                text: " w5 w6".len(),
+                matched: "1 w6".into()
+            }
+        );
+        let listed_first = r.stop_cut(&ids, &[" w62".into(), "1 w6".into()]).unwrap();
+        assert_eq!(listed_first.matched, " w62");
+        assert_eq!(r.stop_cut(&ids, &["w99".into()]), None);
+        assert_eq!(r.stop_cut(&ids, &[]), None);
+        r.stop = Some(cut);
+        let plan = Plan {
+            ids: ids[..3].to_vec(),
+            finish: Finish::Stop,
+            thinking: 0..0,
+            think_end: 0,
+            tool: None,
+        };
+        let whole: Value = serde_json::from_slice(&r.full(&plan, 3, FinishOut::Stop, 0.0)).unwrap();
+        assert_eq!(whole["text"], " w5 w6");
+        assert_eq!(whole["output_ids"], json!([5, 61, 62]));
+        assert_eq!(
+            whole["meta_info"]["finish_reason"],
+            json!({"type": "stop", "matched": "1 w6"})
+        );
+        let mut inc = render(Api::Completions, false);
+        inc.stop = r.stop.clone();
+        let mut streamed = String::new();
+        for upto in 1..=3 {
+            let fin = (upto == 3).then_some(FinishOut::Stop);
+            let e = inc.content(&plan.ids[..upto], upto - 1, fin, upto == 1, 0.0);
+            streamed.push_str(e["choices"][0]["text"].as_str().unwrap());
+            let want = if upto == 3 {
+                json!("1 w6")
+            } else {
+                Value::Null
+            };
+            assert_eq!(e["choices"][0]["stop_reason"], want, "{upto}");
+        }
+        assert_eq!(streamed, " w5 w6");
+        let eos = render(Api::Completions, false);
+        let body: Value =
+            serde_json::from_slice(&eos.full(&plan, 3, FinishOut::Stop, 0.0)).unwrap();
+        assert!(body["choices"][0]["stop_reason"].is_null());
+        assert_eq!(body["choices"][0]["text"], " w5 w61 w62");
+        let mut chat = render(Api::Chat, false);
+        chat.stop = r.stop.clone();
+        let body: Value =
+            serde_json::from_slice(&chat.full(&plan, 3, FinishOut::Stop, 0.0)).unwrap();
+        assert_eq!(body["choices"][0]["message"]["content"], " w5 w6");
+        assert_eq!(body["choices"][0]["stop_reason"], "1 w6");
+    }
+
+    /// `stop` is read where each server takes it (SGLang's `sampling_params`, the OpenAI
+    /// body), as one string or a list; another type is a 400 naming it.
+    #[test]
+    fn stop_strings_are_parsed_where_each_server_takes_them() {
+        let g = parse(
+            Api::Generate,
+            br#"{"text":"hi","sampling_params":{"stop":["a","","b"]}}"#,
+            None,
+            100,
+        )
+        .unwrap();
+        assert_eq!(g.stop, vec!["a".to_string(), "b".to_string()]);
+        let c = parse(
+            Api::Completions,
+            br#"{"prompt":"hi","stop":"END"}"#,
+            None,
+            100,
+        )
+        .unwrap();
+        assert_eq!(c.stop, vec!["END".to_string()]);
+        let none = parse(
+            Api::Chat,
+            br#"{"messages":[{"role":"user","content":"hi"}]}"#,
+            None,
+            100,
+        )
+        .unwrap();
+        assert!(none.stop.is_empty());
+        let bad = parse(
+            Api::Completions,
+            br#"{"prompt":"hi","stop":[1]}"#,
+            None,
+            100,
+        )
+        .unwrap_err();
+        assert!(
+            bad.status == 400 && bad.message.contains("stop"),
+            "{}",
+            bad.message
+        );
     }
 
     /// An SSE event is one `data:` line and a blank line; the stream ends with `[DONE]`.

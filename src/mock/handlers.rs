@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use super::api::{self, sse_event, Api, FinishOut, Rejection, Render, SSE_DONE};
 use super::engine::{Job, JobState, Progress};
 use super::log::LogLine;
-use super::sim::{Fault, Limits, Plan, Shape, Think};
+use super::sim::{Fault, Finish, Limits, Plan, Shape, Think};
 use super::{MockState, Outcome};
 
 /// One request's outcome record: logged and counted exactly once, on drop.
@@ -209,7 +209,7 @@ async fn handle(st: Arc<MockState>, api: Api, headers: &HeaderMap, body: Bytes) 
         min_tokens: req.min_tokens,
         ignore_eos: req.ignore_eos,
     };
-    let plan = match &st.vocab {
+    let mut plan = match &st.vocab {
         Some(v) => v.plan(&st.lengths, req.key, limits, think),
         None => st.lengths.plan(
             req.key,
@@ -220,9 +220,15 @@ async fn handle(st: Arc<MockState>, api: Api, headers: &HeaderMap, body: Bytes) 
             },
         ),
     };
+    let mut render = st.render(&req);
+    // A stop string ends the output where it matches, even on the last token of a cut.
+    render.stop = render.stop_cut(&plan.ids, &req.stop);
+    if let Some(cut) = &render.stop {
+        plan.ids.truncate(cut.ids);
+        plan.finish = Finish::Stop;
+    }
     let total = u32::try_from(plan.ids.len()).unwrap_or(u32::MAX);
     let job = st.engine.submit(total, req.rid.clone());
-    let render = st.render(&req);
     if req.stream {
         stream_response(Streamer::new(render, plan, job, fault, rec))
     } else {

@@ -57,6 +57,13 @@
 //!   capped by the request's max tokens (`finish_reason` "length" then, else "stop"). Length
 //!   and ids are a pure function of `(seed, prompt)`, so a retried prompt regenerates the
 //!   same output.
+//! - **Stops.** A stopped completion reports its end as the servers do: SGLang's
+//!   `finish_reason: {"type": "stop", "matched": <the end-of-turn id>}`, vLLM's
+//!   `stop_reason: null`. The request's `stop` strings (SGLang's `sampling_params.stop`,
+//!   the OpenAI `stop`) are looked for in the output's text after each token: the first
+//!   listed that the token completes ends it there, also past the cap — the ids through
+//!   that token, the text (every event's, reasoning and content alike) before the string,
+//!   `finish_reason` "stop" with `matched` / `stop_reason` the string.
 //! - **Speed.** A scheduler ticks every 5 ms and gives each request in flight
 //!   `min(per_request_tps, capacity_tps / n_in_flight) × time_scale` tokens per second;
 //!   tokens reach clients only through ticks, so the first token waits for one. With
@@ -610,6 +617,7 @@ impl MockState {
                 .then(|| self.cfg.reasoning_field.as_str()),
             tool_call_id,
             vocab: self.vocab.clone(),
+            stop: None,
         }
     }
 }

@@ -24,6 +24,7 @@ use crate::output::schema::{check_schema, is_appended, ARROW_SCHEMA_KEY};
 use crate::output::shard::ShardError;
 use crate::prompt::remote::IdsSource;
 use crate::store::row::ShardRow;
+use crate::store::stop_reason::StopReason;
 
 /// Rows per decoded batch: bounds the memory of one read whatever the shard's size.
 const READ_BATCH_ROWS: usize = 1024;
@@ -223,6 +224,7 @@ pub fn batch_to_rows(
         text("partial")?,
     );
     let source = text("prompt_ids_source")?;
+    let stop_reason = text("stop_reason")?;
     out.reserve(batch.num_rows());
     for i in 0..batch.num_rows() {
         out.push(ShardRow {
@@ -257,6 +259,15 @@ pub fn batch_to_rows(
                         format!(
                             "column `prompt_ids_source` holds {s:?} (client or server expected)"
                         ),
+                    )
+                })?),
+            },
+            stop_reason: match text_at(stop_reason, i) {
+                None => None,
+                Some(s) => Some(StopReason::parse(&s).ok_or_else(|| {
+                    ShardError::schema(
+                        path,
+                        format!("column `stop_reason` holds {s:?}, not a stop reason spool writes"),
                     )
                 })?),
             },
@@ -416,50 +427,63 @@ mod tests {
         assert!(matches!(read_keys(&path), Err(ShardError::Schema { .. })));
     }
 
-    /// A shard written before `prompt_ids_source` (every other column) reads, that column
-    /// None, whole and projected; a value other than client or server is refused, naming
-    /// the column.
+    /// Writes `batch` as a plain Parquet file at `path`.
+    fn write_batch(path: &Path, batch: &RecordBatch) {
+        let mut w =
+            ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), None).unwrap();
+        w.write(batch).unwrap();
+        w.close().unwrap();
+    }
+
+    /// A shard written before `prompt_ids_source` (or only before `stop_reason`) reads,
+    /// the missing columns None, whole and projected; a value of either that spool does
+    /// not write is refused, naming the column.
     #[test]
-    fn shards_written_before_prompt_ids_source_read() {
+    fn shards_written_before_the_last_columns_read() {
         let dir = tempfile::tempdir().unwrap();
         let rows: Vec<ShardRow> = (0..9).map(sample).collect();
         let full = crate::output::writer::rows_to_batch(&rows).unwrap();
         let n = full.num_columns();
-        let old = full.project(&(0..n - 1).collect::<Vec<_>>()).unwrap();
-        let path = dir.path().join("part-000000.parquet");
-        let mut w = ArrowWriter::try_new(File::create(&path).unwrap(), old.schema(), None).unwrap();
-        w.write(&old).unwrap();
-        w.close().unwrap();
-        let want: Vec<ShardRow> = rows
-            .iter()
-            .map(|r| ShardRow {
-                prompt_ids_source: None,
-                ..r.clone()
-            })
-            .collect();
-        assert_eq!(read_rows(&path).unwrap(), want);
-        let projected = ShardReader::open_checked(&path)
-            .unwrap()
-            .batches(Some(&["id", "prompt_ids_source"]))
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap();
-        assert_eq!(projected.num_columns(), 1);
-
-        let mut columns = full.columns().to_vec();
-        columns[n - 1] = Arc::new(StringArray::from(vec![Some("model"); rows.len()]));
-        let bad = RecordBatch::try_new(full.schema(), columns).unwrap();
-        let bad_path = dir.path().join("part-000001.parquet");
-        let mut w =
-            ArrowWriter::try_new(File::create(&bad_path).unwrap(), bad.schema(), None).unwrap();
-        w.write(&bad).unwrap();
-        w.close().unwrap();
-        let err = read_rows(&bad_path).unwrap_err().to_string();
-        assert!(
-            err.contains("prompt_ids_source") && err.contains("\"model\""),
-            "{err}"
-        );
+        for (dropped, name) in [(2, "prompt_ids_source"), (1, "stop_reason")] {
+            let old = full.project(&(0..n - dropped).collect::<Vec<_>>()).unwrap();
+            let path = dir.path().join(format!("part-00000{dropped}.parquet"));
+            write_batch(&path, &old);
+            let want: Vec<ShardRow> = rows
+                .iter()
+                .map(|r| ShardRow {
+                    prompt_ids_source: if dropped == 2 {
+                        None
+                    } else {
+                        r.prompt_ids_source
+                    },
+                    stop_reason: None,
+                    ..r.clone()
+                })
+                .collect();
+            assert_eq!(read_rows(&path).unwrap(), want, "{name}");
+            let projected = ShardReader::open_checked(&path)
+                .unwrap()
+                .batches(Some(&["id", name]))
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap();
+            assert_eq!(projected.num_columns(), 1, "{name}");
+        }
+        assert!(rows.iter().any(|r| r.stop_reason.is_some()));
+        for (col, bad) in [(n - 2, "model"), (n - 1, "stop")] {
+            let mut columns = full.columns().to_vec();
+            columns[col] = Arc::new(StringArray::from(vec![Some(bad); rows.len()]));
+            let batch = RecordBatch::try_new(full.schema(), columns).unwrap();
+            let bad_path = dir.path().join(format!("bad-{col}.parquet"));
+            write_batch(&bad_path, &batch);
+            let err = read_rows(&bad_path).unwrap_err().to_string();
+            let name = full.schema().field(col).name().clone();
+            assert!(
+                err.contains(&name) && err.contains(&format!("{bad:?}")),
+                "{err}"
+            );
+        }
     }
 
     fn arb_row() -> impl Strategy<Value = ShardRow> {
@@ -518,6 +542,7 @@ mod tests {
                     sampling: None,
                     partial: None,
                     prompt_ids_source: None,
+                    stop_reason: None,
                 },
             )
     }

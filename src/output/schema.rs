@@ -75,9 +75,15 @@ pub const GENERATION_COLUMNS: &[&str] = &[
 /// shard written before them reads them as null.
 pub const SOURCE_COLUMNS: &[&str] = &["prompt_ids_source"];
 
+/// The columns appended after [`SOURCE_COLUMNS`]: why each generation ended. A shard
+/// written before them reads them as null.
+pub const STOP_COLUMNS: &[&str] = &["stop_reason"];
+
 /// Whether `name` is a column some shards lack (written before it was appended).
 pub fn is_appended(name: &str) -> bool {
-    GENERATION_COLUMNS.contains(&name) || SOURCE_COLUMNS.contains(&name)
+    GENERATION_COLUMNS.contains(&name)
+        || SOURCE_COLUMNS.contains(&name)
+        || STOP_COLUMNS.contains(&name)
 }
 
 /// The item field of the token-id list columns: named `item`, never null.
@@ -121,6 +127,7 @@ pub fn schema() -> SchemaRef {
                 Field::new("sampling", DataType::Utf8, true),
                 Field::new("partial", DataType::Utf8, true),
                 Field::new("prompt_ids_source", DataType::Utf8, true),
+                Field::new("stop_reason", DataType::Utf8, true),
             ]))
         })
         .clone()
@@ -140,20 +147,22 @@ pub(crate) fn leaf_path(name: &str) -> ColumnPath {
 }
 
 /// Fails unless `found` has exactly the shard columns (names, types, nullability, order),
-/// or exactly those before [`SOURCE_COLUMNS`] or before [`GENERATION_COLUMNS`] (a shard
-/// written before them).
+/// or exactly those before [`STOP_COLUMNS`], [`SOURCE_COLUMNS`] or [`GENERATION_COLUMNS`]
+/// (a shard written before them).
 pub(crate) fn check_schema(path: &Path, found: &Schema) -> Result<(), ShardError> {
     let expected = schema();
     let all = expected.fields().len();
-    let before_source = all - SOURCE_COLUMNS.len();
+    let before_stop = all - STOP_COLUMNS.len();
+    let before_source = before_stop - SOURCE_COLUMNS.len();
     let before = before_source - GENERATION_COLUMNS.len();
     let n = found.fields().len();
-    if n != all && n != before_source && n != before {
+    if ![all, before_stop, before_source, before].contains(&n) {
         return Err(ShardError::schema(
             path,
             format!(
-                "{n} columns, expected {all} (or {before_source}, written before \
-                 prompt_ids_source, or {before}, before the generation columns)",
+                "{n} columns, expected {all} (or {before_stop}, written before stop_reason, \
+                 {before_source}, before prompt_ids_source, or {before}, before the \
+                 generation columns)",
             ),
         ));
     }
@@ -217,7 +226,9 @@ mod tests {
             .iter()
             .map(|c| c["name"].as_str().unwrap())
             .collect();
-        let (rest, source) = names.split_at(names.len() - SOURCE_COLUMNS.len());
+        let (rest, stop) = names.split_at(names.len() - STOP_COLUMNS.len());
+        assert_eq!(stop, STOP_COLUMNS);
+        let (rest, source) = rest.split_at(rest.len() - SOURCE_COLUMNS.len());
         assert_eq!(source, SOURCE_COLUMNS);
         assert_eq!(
             &rest[rest.len() - GENERATION_COLUMNS.len()..],

@@ -42,6 +42,7 @@ use crate::output::schema::{leaf_path, list_item_field, schema, PLAIN_COLUMNS};
 use crate::output::shard::is_temp_file;
 use crate::output::shard::{shard_file_name, temp_file_name, SealedShard, ShardError, ShardLimits};
 use crate::store::row::ShardRow;
+use crate::store::stop_reason::StopReason;
 
 /// A row group is written every this many rows (bounded memory, cheap partial reads).
 pub const ROW_GROUP_MAX_ROWS: usize = 1024;
@@ -460,6 +461,11 @@ pub(crate) fn rows_to_batch(rows: &[ShardRow]) -> Result<RecordBatch, ArrowError
         opt_strings(rows, |r| r.sampling.as_deref()),
         opt_strings(rows, |r| r.partial.as_deref()),
         opt_strings(rows, |r| r.prompt_ids_source.map(|s| s.as_str())),
+        Arc::new(
+            rows.iter()
+                .map(|r| r.stop_reason.as_ref().map(StopReason::to_text))
+                .collect::<StringArray>(),
+        ),
     ];
     RecordBatch::try_new(schema(), columns)
 }
@@ -519,6 +525,13 @@ pub(crate) mod tests {
                 0 => None,
                 1 => Some(crate::prompt::remote::IdsSource::Client),
                 _ => Some(crate::prompt::remote::IdsSource::Server),
+            },
+            stop_reason: match i % 5 {
+                0 => None,
+                1 => Some(StopReason::Eos(None)),
+                2 => Some(StopReason::Eos(Some(i as u32))),
+                3 => Some(StopReason::StopString(format!("END {i}"))),
+                _ => Some(StopReason::Length),
             },
         }
     }
@@ -680,7 +693,7 @@ pub(crate) mod tests {
         let md = builder.metadata();
         assert!(md.num_row_groups() >= 1);
         for rg in md.row_groups() {
-            assert_eq!(rg.columns().len(), 24);
+            assert_eq!(rg.columns().len(), schema().fields().len());
             for c in rg.columns() {
                 assert!(
                     matches!(c.compression(), Compression::ZSTD(_)),

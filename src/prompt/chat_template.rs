@@ -333,6 +333,16 @@ impl ChatTemplate {
         }
     }
 
+    /// The variables the template looks up (a static reading of its source, every branch
+    /// counted): a `chat_template_kwargs` key outside it changes nothing.
+    pub fn reads(&self) -> std::collections::HashSet<String> {
+        self.inner
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map(|t| t.undeclared_variables(false))
+            .unwrap_or_default()
+    }
+
     /// Hex sha256 of the template source, recorded so outputs say which template made them.
     pub fn sha256(&self) -> String {
         self.inner.sha256.clone()

@@ -110,6 +110,11 @@ pub trait RemoteRenderer: std::fmt::Debug + Send + Sync {
 
     /// Where the server renders, for messages: such as `POST http://h:8000/tokenize`.
     fn describe(&self) -> String;
+
+    /// Whether it renders chat messages (else only plain prompts).
+    fn renders_chat(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -277,6 +277,8 @@ mod tests {
             history_reasoning: None,
             samples: None,
             chat_template_kwargs: None,
+            on_length: None,
+            prompt_format: None,
         }
     }
 

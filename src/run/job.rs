@@ -135,6 +135,7 @@ async fn run_job(
     let endpoint = job.bind_endpoint().await?;
     let api_key = job.cfg.api_key()?;
     let (builder, tokenizer_sha) = job.load_prompt_tools()?;
+    crate::run::pitfalls::warn(&job.cfg, &builder);
     let datasets = job.open_datasets(&queue)?;
     job.repair(&queue)?;
     let (upstream, probed) = job.probe_servers(api_key, &builder).await?;
@@ -392,7 +393,7 @@ impl Job {
     async fn probe_servers(
         &self,
         api_key: Option<String>,
-        builder: &PromptBuilder,
+        builder: &Arc<PromptBuilder>,
     ) -> Result<(Upstream, Probed), Error> {
         let cfg = &self.cfg;
         let upstream = Upstream::with_roots(
@@ -413,11 +414,7 @@ impl Job {
             .await
             .map_err(|e| cfg.invalid("server.urls", e.to_string()))?;
         // The servers' context length (and a self-check, logged once), before intake.
-        let probe_ids = builder
-            .tokenizer()
-            .and_then(|t| t.encode("Hello", false).ok());
-        let probed =
-            crate::run::probe::probe(cfg, &upstream, probe_ids, builder.has_tokenizer()).await;
+        let probed = crate::run::probe::probe(cfg, &upstream, builder).await;
         let upstream =
             upstream.with_max_tokens_clamp(probed.context.filter(|_| cfg.server.clamp_max_tokens));
         Ok((upstream, probed))

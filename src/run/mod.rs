@@ -6,7 +6,9 @@
 //! and `shutdown` (the stop signals, the fatal-error path, the shutdown order);
 //! `descriptors` keeps the run's file descriptors out of the metrics endpoint's reach;
 //! `template_check` (spool's rendering against the server's, before any generation) and
-//! `prompt_ids` (the prompt ids a row keeps, and who made them).
+//! `prompt_ids` (the prompt ids a row keeps, and who made them); `ending` (why a
+//! generation ended, from the server's answer); `pitfalls` (settings
+//! that do nothing, warned about at start).
 //!
 //! Invariant: an item (or one sample of it) is leased to at most one request at a time,
 //! and a result is committed at most once.
@@ -32,8 +34,10 @@ mod archiver;
 mod committer;
 pub mod descriptors;
 mod dispatcher;
+mod ending;
 pub mod enqueue;
 pub mod job;
+pub mod pitfalls;
 pub mod probe;
 mod prompt_ids;
 pub mod scheduler;

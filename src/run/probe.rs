@@ -24,10 +24,12 @@
 //! Nothing here fails the run: a server that does not answer is logged and the run goes
 //! on (the workers wait for it as usual).
 
-use crate::config::{Api, Config, PromptSource, TemplateCheck};
+use crate::config::{Api, Config, PromptSource, Reasoning, TemplateCheck};
+use crate::prompt::{PromptBuilder, Tokenizer};
 use crate::upstream::render::{detect, Detected};
 use crate::upstream::{dialect, sse, Upstream, UpstreamError};
 use serde_json::Value;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Timeout of each context-length query.
@@ -69,6 +71,11 @@ pub struct SelfCheck {
     pub token_ids: bool,
     /// The server reported the completion token count.
     pub usage: bool,
+    /// The chat API split thinking off the text (`reasoning_content` or `reasoning`).
+    pub reasoning: bool,
+    /// The completion's ids and text, whole (empty when the stream's shape hides them).
+    pub ids: Vec<u32>,
+    pub text: String,
 }
 
 /// The smallest context length of the servers, or the configured one.
@@ -153,9 +160,10 @@ pub fn analyse(api: Api, stream: bool, events: &[Value]) -> Result<SelfCheck, St
     if let Some(err) = events.iter().find_map(|e| e.get("error")) {
         return Err(format!("the server answered with an error: {err}"));
     }
-    let (mut token_ids, mut usage) = (false, false);
+    let (mut token_ids, mut usage, mut reasoning) = (false, false, false);
     // Per content event: (ids in it, running count reported, text).
     let mut seen: Vec<(Option<usize>, Option<u64>, String)> = Vec::new();
+    let mut outputs: Vec<(Vec<u32>, String)> = Vec::new();
     for e in events {
         let e = match e {
             Value::Array(a) if a.len() == 1 => &a[0],
@@ -163,6 +171,8 @@ pub fn analyse(api: Api, stream: bool, events: &[Value]) -> Result<SelfCheck, St
         };
         let seen_e = dialect.check_event(e);
         usage |= seen_e.usage;
+        reasoning |= seen_e.reasoning;
+        let output = (seen_e.id_values, seen_e.text.clone());
         let (ids, count, text) = (seen_e.ids, seen_e.count, seen_e.text);
         if ids.is_some() {
             token_ids = true;
@@ -172,6 +182,7 @@ pub fn analyse(api: Api, stream: bool, events: &[Value]) -> Result<SelfCheck, St
         }
         if ids.unwrap_or(0) > 0 || !text.is_empty() || count.is_some() {
             seen.push((ids, count, text));
+            outputs.push(output);
         }
     }
     if seen.is_empty() && !usage {
@@ -184,11 +195,27 @@ pub fn analyse(api: Api, stream: bool, events: &[Value]) -> Result<SelfCheck, St
     } else {
         Some(shape_of(&seen))
     };
+    // The whole output: the last event of a cumulative stream, else every event's part.
+    let (ids, text) = match shape {
+        Some(StreamShape::Cumulative) => outputs.pop().unwrap_or_default(),
+        Some(StreamShape::Unknown) if seen.len() > 1 => Default::default(),
+        _ => outputs.into_iter().fold(
+            Default::default(),
+            |(mut ids, mut text): (Vec<u32>, String), (i, t)| {
+                ids.extend(i);
+                text.push_str(&t);
+                (ids, text)
+            },
+        ),
+    };
     Ok(SelfCheck {
         stream: shape,
         events: seen.len().max(1),
         token_ids,
         usage,
+        reasoning,
+        ids,
+        text,
     })
 }
 
@@ -300,12 +327,11 @@ pub struct Probed {
 /// Start-up probe of every server: context lengths and rendering endpoints (awaited,
 /// intake needs them) and the self-check (spawned; it logs when it is done and never
 /// delays the run).
-pub async fn probe(
-    cfg: &Config,
-    up: &Upstream,
-    prompt_ids: Option<Vec<u32>>,
-    has_tokenizer: bool,
-) -> Probed {
+pub async fn probe(cfg: &Config, up: &Upstream, builder: &Arc<PromptBuilder>) -> Probed {
+    let prompt_ids = builder
+        .tokenizer()
+        .and_then(|t| t.encode("Hello", false).ok());
+    let has_tokenizer = builder.has_tokenizer();
     let mut rendering = Vec::new();
     let wanted = cfg.tokenizer.as_ref().is_some_and(|t| {
         t.source == PromptSource::Server || t.template_check() != TemplateCheck::Off
@@ -351,37 +377,88 @@ pub async fn probe(
     if cfg.server.clamp_max_tokens && (context.is_none() || !has_tokenizer) {
         tracing::warn!("server.clamp_max_tokens needs a known context length and a [tokenizer] (prompt ids): max_tokens is sent as configured");
     }
+    // Awaited when a start-up warning reads its answer, so the warning comes before any
+    // generation; else it runs beside the run.
+    let raw_chat = cfg.server.api == Api::Chat
+        && cfg
+            .datasets
+            .iter()
+            .any(|d| cfg.generation_of(d).reasoning == Reasoning::Raw);
+    let mut awaited = Vec::new();
     if cfg.server.self_check {
         for (i, url) in cfg.server.urls.iter().enumerate() {
-            let (up, url, api, model, stream, ids) = (
+            let (up, url, api, model, stream, ids, builder) = (
                 up.clone(),
                 url.clone(),
                 cfg.server.api,
                 cfg.server.model.clone(),
                 cfg.server.stream,
                 prompt_ids.clone(),
+                builder.clone(),
             );
             let nonce = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0)
                 .wrapping_add(i as u64);
-            tokio::spawn(async move {
+            let check = tokio::spawn(async move {
                 match self_check(&up, &url, api, &model, stream, ids.as_deref(), nonce).await {
                     Ok(c) => {
                         tracing::info!(server = %url, "self-check: {}", describe(&c));
                         if !c.usage && !c.token_ids && !has_tokenizer {
                             tracing::warn!(server = %url, "the server reports neither usage nor token ids and no [tokenizer] is configured: completion_tokens will count stream chunks (approximate)");
                         }
+                        warn_of_answer(&url, &c, raw_chat, builder.tokenizer());
                     }
                     Err(e) => {
                         tracing::warn!(server = %url, error = %e, "self-check failed (the run goes on)")
                     }
                 }
             });
+            if raw_chat || has_tokenizer {
+                awaited.push(check);
+            }
         }
     }
+    for check in awaited {
+        let _ = check.await;
+    }
     Probed { context, rendering }
+}
+
+/// The start-up warnings a self-check answer `c` of `url` gives: thinking split off by
+/// the chat API under `reasoning = "raw"` (`raw_chat`), and ids that do not decode to the
+/// server's text with spool's `tokenizer` (its ids would be some other tokenizer's).
+fn warn_of_answer(url: &str, c: &SelfCheck, raw_chat: bool, tokenizer: Option<&Tokenizer>) {
+    if raw_chat && c.reasoning {
+        tracing::warn!(server = %url, "reasoning = \"raw\" but the server's chat API splits the thinking off (its answer has reasoning_content): the completions will lack it; start the server without a reasoning parser, or use api = \"sglang\" or \"completions\"");
+    }
+    let Some(tok) = tokenizer.filter(|_| !c.ids.is_empty() && !c.reasoning) else {
+        return;
+    };
+    if let Some(why) = ids_disagree(tok, &c.ids, &c.text) {
+        tracing::warn!(server = %url, detail = %why, "the server's token ids do not decode to its text with [tokenizer]: the shards' ids would not be the tokenizer's (is [tokenizer] path the served model's?)");
+    }
+}
+
+/// Why `ids` are not `text` in `tok`'s vocabulary, if they are not: decoded, they must
+/// give the text (a last character cut mid-way may be held back by the server).
+fn ids_disagree(tok: &Tokenizer, ids: &[u32], text: &str) -> Option<String> {
+    let decoded = match tok.decode(ids) {
+        Ok(d) => d,
+        Err(e) => return Some(format!("spool's tokenizer cannot decode them: {e}")),
+    };
+    let whole = decoded.trim_end_matches('\u{FFFD}');
+    if decoded == text || (whole.starts_with(text) && whole.len() - text.len() <= 4) {
+        return None;
+    }
+    let short = |s: &str| s.chars().take(60).collect::<String>();
+    Some(format!(
+        "{} ids decode to {:?}, the server's text is {:?}",
+        ids.len(),
+        short(&decoded),
+        short(text)
+    ))
 }
 
 #[cfg(test)]
@@ -441,7 +518,8 @@ mod tests {
     }
 
     /// SGLang's cumulative and delta streams are told apart by ids and counts, or by the
-    /// text alone; one event is too few to tell, and an error event is an error.
+    /// text alone, and either gives the whole output; one event is too few to tell, and an
+    /// error event is an error.
     #[test]
     fn sglang_stream_shapes_are_told_apart() {
         let cumulative = [
@@ -452,11 +530,12 @@ mod tests {
         let c = analyse(Api::Sglang, true, &cumulative).unwrap();
         assert_eq!(c.stream, Some(StreamShape::Cumulative));
         assert!(c.token_ids && c.usage);
+        // The whole output, from either shape: what the ids check decodes.
+        assert_eq!((c.ids, c.text.as_str()), (vec![1, 2, 3], "a b c"));
         let incremental = [sg(&[1, 2], 2, "a b"), sg(&[3], 3, " c"), sg(&[], 3, "")];
-        assert_eq!(
-            analyse(Api::Sglang, true, &incremental).unwrap().stream,
-            Some(StreamShape::Incremental)
-        );
+        let c = analyse(Api::Sglang, true, &incremental).unwrap();
+        assert_eq!(c.stream, Some(StreamShape::Incremental));
+        assert_eq!((c.ids, c.text.as_str()), (vec![1, 2, 3], "a b c"));
         let one = [sg(&[1, 2, 3], 3, "a b c")];
         assert_eq!(
             analyse(Api::Sglang, true, &one).unwrap().stream,
@@ -487,12 +566,17 @@ mod tests {
                 stream: Some(StreamShape::Incremental),
                 events: 2,
                 token_ids: true,
-                usage: true
+                usage: true,
+                reasoning: false,
+                ids: vec![1, 2],
+                text: " w1 w2".into(),
             }
         );
         let bare = [json!({"choices": [{"delta": {"content": "hi"}}]})];
         let c = analyse(Api::Chat, true, &bare).unwrap();
-        assert!(!c.token_ids && !c.usage);
+        assert!(!c.token_ids && !c.usage && !c.reasoning);
+        let split = [json!({"choices": [{"delta": {"reasoning_content": "hmm"}}]})];
+        assert!(analyse(Api::Chat, true, &split).unwrap().reasoning);
         let unary = [
             json!({"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": 1}}),
         ];

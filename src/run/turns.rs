@@ -3,11 +3,13 @@
 //! Invariant: turn k is requested only after turn k−1 is committed and acknowledged, and
 //! its history is exactly the replies the queue keeps for this sample (read at the start,
 //! then the acknowledged ones), so a restart resumes at the first turn not kept and a
-//! history never holds another run's or another sample's reply. The lease ends once: the
-//! committer ends it with the sample's last generation (or refuses it), or this module
-//! ends or gives it back.
+//! history never holds another run's or another sample's reply. Under `on_length =
+//! "stop"` a turn cut by `max_tokens` is its sample's last (`partial = "length"`), also
+//! when a restart finds it the last one kept. The lease ends once: the committer ends it
+//! with the sample's last generation (or refuses it), or this module ends or gives it
+//! back.
 
-use crate::config::Turns;
+use crate::config::{OnLength, Turns};
 use crate::prompt::conversation::{replies_before, Conversation, Reply};
 use crate::run::scheduler::Lease;
 use crate::run::worker::{
@@ -57,6 +59,15 @@ pub(crate) async fn converse(ctx: &Ctx, lease: Lease) {
     }
 }
 
+/// `partial` of a conversation that ended at a turn cut by `max_tokens`.
+const LENGTH: &str = "length";
+
+/// Whether `row`, a turn cut by `max_tokens`, ends its conversation (`on_length = "stop"`):
+/// no later turn is conditioned on a cut reply.
+fn ends_on_length(spec: &crate::config::GenerationSpec, row: &ShardRow) -> bool {
+    spec.on_length == OnLength::Stop && row.finish_reason == "length"
+}
+
 /// A generated reply as later turns' histories hold it.
 fn reply_of(row: &ShardRow) -> Reply {
     Reply {
@@ -99,6 +110,11 @@ async fn sample_turns(ctx: &Ctx, lease: &Lease, handed: &mut bool) -> Flow {
     let first = replies.len() as u32;
     let mut server = lease.server;
     ctx.sched.note_start(lease, item_kept, total);
+    // A sample whose last kept turn was cut ended there (a restart between that turn's
+    // commit and the item's close).
+    if first < total && kept.last().is_some_and(|r| ends_on_length(spec, r)) {
+        return Flow::Ended(Some(LENGTH.into()));
+    }
     for k in first..total {
         if k > first {
             match turn_gate(ctx, lease).await {
@@ -152,6 +168,8 @@ async fn sample_turns(ctx: &Ctx, lease: &Lease, handed: &mut bool) -> Flow {
         let reply = reply_of(&row);
         let ends_sample = if k + 1 >= total {
             Some(None)
+        } else if ends_on_length(spec, &row) {
+            Some(Some(LENGTH.into()))
         } else {
             let mut next = replies.clone();
             next.push(reply.clone());

@@ -800,6 +800,11 @@ pub(crate) fn to_row(
         }
         (None, _, _) => (completion, None),
     };
+    let stop_reason = crate::run::ending::stop_reason(
+        &g.finish_reason,
+        &g.matched,
+        req.draw.sampling.stop.as_deref().unwrap_or_default(),
+    );
     let sampling = Some(req.draw.record).filter(|r| r != "{}");
     (
         ShardRow {
@@ -827,6 +832,7 @@ pub(crate) fn to_row(
             sampling,
             partial: None,
             prompt_ids_source,
+            stop_reason,
         },
         source,
     )

@@ -60,4 +60,5 @@ pub mod records;
 pub mod repair;
 pub mod results;
 pub mod row;
+pub mod stop_reason;
 mod writes;

@@ -20,8 +20,8 @@
 //!
 //! Invariant: one record holds the rows of one item, all with that item's `row`; row
 //! layouts only gain versions ([`ROW_V1`] records, written before the generation fields
-//! existed, and [`ROW_V2`] ones, before `prompt_ids_source`, still read, their new fields
-//! 0 or None).
+//! existed, [`ROW_V2`] ones, before `prompt_ids_source`, and [`ROW_V4`] ones, before
+//! `stop_reason`, still read, their new fields 0 or None).
 //!
 //! Invariant: the log is only appended to; the part before `results_start` holds only rows
 //! already in shards and is given back to the file system (a hole punched) as shards are
@@ -30,6 +30,7 @@
 use crate::prompt::remote::IdsSource;
 use crate::store::blocks::{BlockError, BlockFile, RecordReader};
 use crate::store::row::ShardRow;
+use crate::store::stop_reason::StopReason;
 use std::collections::{BTreeMap, HashMap};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -67,6 +68,10 @@ const GROUP: u8 = 3;
 /// [`ROW_V2`]'s fields, then `prompt_ids_source` as an optional text (`client`,
 /// `server`). The byte after 2 is 4: 3 starts a group record.
 const ROW_V4: u8 = 4;
+/// [`ROW_V4`]'s fields, then `stop_reason` as an optional text (its column text).
+const ROW_V5: u8 = 5;
+/// Every row layout this spool reads.
+const ROW_VERSIONS: [u8; 4] = [ROW_V1, ROW_V2, ROW_V4, ROW_V5];
 
 /// Frames a result as a log record.
 pub fn encode_record(row: &ShardRow) -> Vec<u8> {
@@ -104,12 +109,21 @@ fn frame(mut v: Vec<u8>) -> Vec<u8> {
     v
 }
 
-/// A [`ShardRow`] in binary: [`ROW_V4`], then every field in declaration order — text as
+/// A [`ShardRow`] in binary: [`ROW_V5`], then every field in declaration order — text as
 /// u32 LE length and UTF-8, integers little-endian, token ids as a count and u32 LE each;
 /// an absent optional text or list is a length of `u32::MAX`, an optional integer a 0/1
 /// byte before it.
 pub fn encode_row(r: &ShardRow, v: &mut Vec<u8>) {
-    v.push(ROW_V4);
+    v.push(ROW_V5);
+    encode_v4_fields(r, v);
+    put_text(
+        v,
+        r.stop_reason.as_ref().map(StopReason::to_text).as_deref(),
+    );
+}
+
+/// The fields [`ROW_V4`] has, after the version byte.
+fn encode_v4_fields(r: &ShardRow, v: &mut Vec<u8>) {
     encode_v2_fields(r, v);
     put_text(v, r.prompt_ids_source.map(IdsSource::as_str));
 }
@@ -209,7 +223,7 @@ pub fn decode_record(b: &[u8]) -> Result<Vec<ShardRow>, String> {
 /// One row, either layout, from where `r` stands.
 fn read_row(r: &mut RecordReader<'_>) -> Result<ShardRow, String> {
     let version = r.take(1)?[0];
-    if ![ROW_V1, ROW_V2, ROW_V4].contains(&version) {
+    if !ROW_VERSIONS.contains(&version) {
         return Err(format!("unknown result record version {version}"));
     }
     let mut row = ShardRow {
@@ -241,6 +255,7 @@ fn read_row(r: &mut RecordReader<'_>) -> Result<ShardRow, String> {
         sampling: None,
         partial: None,
         prompt_ids_source: None,
+        stop_reason: None,
     };
     if version != ROW_V1 {
         row.sample = r.u32()?;
@@ -251,12 +266,20 @@ fn read_row(r: &mut RecordReader<'_>) -> Result<ShardRow, String> {
         row.sampling = r.opt_text("sampling")?;
         row.partial = r.opt_text("partial")?;
     }
-    if version == ROW_V4 {
+    if version >= ROW_V4 {
         row.prompt_ids_source = match r.opt_text("prompt ids source")? {
             None => None,
             Some(s) => Some(
                 IdsSource::parse(&s).ok_or_else(|| format!("unknown prompt ids source {s:?}"))?,
             ),
+        };
+    }
+    if version >= ROW_V5 {
+        row.stop_reason = match r.opt_text("stop reason")? {
+            None => None,
+            Some(s) => {
+                Some(StopReason::parse(&s).ok_or_else(|| format!("unknown stop reason {s:?}"))?)
+            }
         };
     }
     Ok(row)
@@ -273,7 +296,7 @@ fn peek_row(b: &[u8]) -> Result<u64, String> {
         }
     }
     let version = r.take(1)?[0];
-    if ![ROW_V1, ROW_V2, ROW_V4].contains(&version) {
+    if !ROW_VERSIONS.contains(&version) {
         return Err(format!("unknown result record version {version}"));
     }
     r.skip_text()?;
@@ -625,6 +648,11 @@ mod tests {
             } else {
                 IdsSource::Client
             }),
+            stop_reason: Some(match turn {
+                0 => StopReason::Eos(Some(151645)),
+                1 => StopReason::StopString("</a>".into()),
+                _ => StopReason::Length,
+            }),
             ..row(r, "gen")
         }
     }
@@ -645,16 +673,17 @@ mod tests {
             sampling: None,
             partial: None,
             prompt_ids_source: None,
+            stop_reason: None,
             ..full.clone()
         };
         assert_eq!(decode_row(&b).unwrap(), want);
         assert_eq!(decode_record(&b).unwrap(), vec![want]);
         assert_eq!(peek_row(&b).unwrap(), 4);
         // The current layout keeps every field.
-        let mut v4 = Vec::new();
-        encode_row(&full, &mut v4);
-        assert_eq!(v4[0], ROW_V4);
-        assert_eq!(decode_row(&v4).unwrap(), full);
+        let mut current = Vec::new();
+        encode_row(&full, &mut current);
+        assert_eq!(current[0], ROW_V5);
+        assert_eq!(decode_row(&current).unwrap(), full);
     }
 
     /// A record written in the second row layout (before `prompt_ids_source`) still
@@ -666,6 +695,7 @@ mod tests {
         encode_v2_fields(&full, &mut b);
         let want = ShardRow {
             prompt_ids_source: None,
+            stop_reason: None,
             ..full.clone()
         };
         assert_eq!(decode_row(&b).unwrap(), want);
@@ -679,6 +709,33 @@ mod tests {
         encode_v2_fields(&full, &mut bad);
         put_text(&mut bad, Some("model"));
         assert!(decode_row(&bad).unwrap_err().contains("\"model\""));
+    }
+
+    /// A record written in the fourth row layout (before `stop_reason`) still reads, that
+    /// field None, alone and inside a group with a current one; an unknown reason is
+    /// refused.
+    #[test]
+    fn a_version_4_row_record_still_decodes() {
+        let full = generation(8, 1, 0);
+        let mut b = vec![ROW_V4];
+        encode_v4_fields(&full, &mut b);
+        let want = ShardRow {
+            stop_reason: None,
+            ..full.clone()
+        };
+        assert_eq!(decode_row(&b).unwrap(), want);
+        assert_eq!(peek_row(&b).unwrap(), 8);
+        let mut group = vec![GROUP];
+        group.extend_from_slice(&2u32.to_le_bytes());
+        group.extend_from_slice(&b);
+        encode_row(&full, &mut group);
+        assert_eq!(decode_record(&group).unwrap(), vec![want, full.clone()]);
+        let mut bad = vec![ROW_V5];
+        encode_v4_fields(&full, &mut bad);
+        put_text(&mut bad, Some("stop"));
+        assert!(decode_row(&bad)
+            .unwrap_err()
+            .contains("stop reason \"stop\""));
     }
 
     /// A group record (one item's generations) round-trips every row in order, is indexed

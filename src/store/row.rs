@@ -74,6 +74,10 @@ pub struct ShardRow {
     /// the prompt ids of its chat answer); None when there are none.
     #[serde(default)]
     pub prompt_ids_source: Option<crate::prompt::remote::IdsSource>,
+    /// Why the generation ended (the model's stop token, a stop string, tool calls, a
+    /// cut, an abort); None when the server did not tell, and in rows written before it.
+    #[serde(default)]
+    pub stop_reason: Option<crate::store::stop_reason::StopReason>,
 }
 
 #[cfg(test)]
@@ -106,6 +110,7 @@ impl ShardRow {
             sampling: None,
             partial: None,
             prompt_ids_source: None,
+            stop_reason: None,
         }
     }
 }

@@ -84,6 +84,22 @@ pub(crate) struct Seen {
     pub(crate) text: String,
     /// It reports usage (a completion token count) apart from a running count.
     pub(crate) usage: bool,
+    /// The completion token ids it carries.
+    pub(crate) id_values: Vec<u32>,
+    /// Thinking came apart from the text (the chat API's `reasoning_content` or
+    /// `reasoning`: the server's reasoning parser split it off).
+    pub(crate) reasoning: bool,
+}
+
+/// The token ids of `v`, an array of numbers; what is not a `u32` is left out.
+pub(crate) fn id_values(v: Option<&serde_json::Value>) -> Vec<u32> {
+    v.and_then(serde_json::Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The dialect `api` speaks.

@@ -82,6 +82,51 @@ pub struct Generation {
     /// The prompt's ids as the server rendered them (chat answers of vLLM with
     /// `return_token_ids`, of SGLang with `return_prompt_token_ids`); None elsewhere.
     pub prompt_token_ids: Option<Vec<u32>>,
+    /// What the server said the generation stopped on, besides its finish reason.
+    pub matched: Matched,
+}
+
+/// What a server names as the stop it matched: SGLang's `meta_info.finish_reason.matched`
+/// (`/generate`) and `matched_stop` (its OpenAI API), vLLM's `stop_reason`. A token id is
+/// the model's stop token (EOS, end of turn; spool sends no `stop_token_ids`), a string one
+/// of the request's `stop` strings.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Matched {
+    /// The answer has no such field (llama.cpp, OpenAI).
+    #[default]
+    Unsaid,
+    /// The field is null: on a `stop`, vLLM's way of saying the model's own EOS.
+    Null,
+    /// A token id.
+    Token(u32),
+    /// A stop string.
+    Text(String),
+}
+
+impl Matched {
+    /// The field's JSON value read as a match: absent is [`Matched::Unsaid`]; a number that
+    /// is no token id or another type is a malformed answer naming `field`.
+    pub(crate) fn from_json(
+        field: &str,
+        v: Option<&serde_json::Value>,
+    ) -> Result<Matched, UpstreamError> {
+        use serde_json::Value;
+        match v {
+            None => Ok(Matched::Unsaid),
+            Some(Value::Null) => Ok(Matched::Null),
+            Some(Value::String(s)) => Ok(Matched::Text(s.clone())),
+            Some(Value::Number(n)) => n
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .map(Matched::Token)
+                .ok_or_else(|| {
+                    UpstreamError::Malformed(format!("`{field}` is {n}, not a token id"))
+                }),
+            Some(other) => Err(UpstreamError::Malformed(format!(
+                "`{field}` is {other}, not a token id or a string"
+            ))),
+        }
+    }
 }
 
 /// Called with the number of new completion tokens as they stream in.

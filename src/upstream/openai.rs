@@ -23,7 +23,7 @@
 //! JSON type is a malformed answer naming the field.
 
 use super::dialect::{stream_error, to_json, Dialect, Seen};
-use super::{sse, tool_calls, GenerateRequest, Generation, TokenSink, UpstreamError};
+use super::{sse, tool_calls, GenerateRequest, Generation, Matched, TokenSink, UpstreamError};
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 use std::borrow::Cow;
@@ -129,10 +129,10 @@ impl Dialect for OpenAi {
                 .and_then(Value::as_str)
                 .filter(|t| !t.is_empty())
         }
+        let reasoning = field(m, "reasoning_content").or_else(|| field(m, "reasoning"));
         let text = field(c, "text")
             .or_else(|| field(m, "content"))
-            .or_else(|| field(m, "reasoning_content"))
-            .or_else(|| field(m, "reasoning"))
+            .or(reasoning)
             .unwrap_or("")
             .to_string();
         Seen {
@@ -146,6 +146,8 @@ impl Dialect for OpenAi {
                 .get("usage")
                 .and_then(|u| u.get("completion_tokens"))
                 .is_some(),
+            id_values: super::dialect::id_values(c.and_then(|c| c.get("token_ids"))),
+            reasoning: reasoning.is_some(),
         }
     }
 
@@ -368,9 +370,42 @@ struct Choice<'a> {
     prompt_token_ids: Option<Vec<u32>>,
     #[serde(default, borrow)]
     finish_reason: Option<Cow<'a, str>>,
+    /// vLLM's stop token id or string (null: the model's EOS); absent elsewhere.
+    #[serde(default, deserialize_with = "present")]
+    stop_reason: Option<Value>,
+    /// SGLang's name for the same.
+    #[serde(default, deserialize_with = "present")]
+    matched_stop: Option<Value>,
+}
+
+/// A field that is there, `null` included (absent is `None`).
+fn present<'de, D>(d: D) -> Result<Option<Value>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    <Value as serde::Deserialize>::deserialize(d).map(Some)
 }
 
 impl<'a> Choice<'a> {
+    /// The stop the choice names: vLLM's `stop_reason`, else SGLang's `matched_stop`;
+    /// [`Matched::Null`] when a field is there and null.
+    fn matched(&self) -> Result<Matched, UpstreamError> {
+        let fields = [
+            ("stop_reason", &self.stop_reason),
+            ("matched_stop", &self.matched_stop),
+        ];
+        for (field, v) in fields {
+            if let Some(v) = v.as_ref().filter(|v| !v.is_null()) {
+                return Matched::from_json(field, Some(v));
+            }
+        }
+        Ok(if fields.iter().any(|(_, v)| v.is_some()) {
+            Matched::Null
+        } else {
+            Matched::Unsaid
+        })
+    }
+
     /// The choice's text: `text` (completions), `message.content` or `delta.content` (chat).
     #[cfg(test)]
     fn take_text(&mut self, chat: bool, delta: bool) -> Option<Cow<'a, str>> {
@@ -454,6 +489,7 @@ pub(super) fn parse_full(bytes: &[u8], chat: bool) -> Result<Generation, Upstrea
         }
     };
     let usage = v.usage.as_ref();
+    let matched = c.matched()?;
     let prompt_token_ids = if chat {
         v.prompt_token_ids.take().or(c.prompt_token_ids.take())
     } else {
@@ -474,6 +510,7 @@ pub(super) fn parse_full(bytes: &[u8], chat: bool) -> Result<Generation, Upstrea
         chunks: 1,
         reasoning,
         tool_calls,
+        matched,
     })
 }
 
@@ -495,6 +532,7 @@ struct StreamState {
     ids: Vec<u32>,
     has_ids: bool,
     finish: Option<String>,
+    matched: Matched,
     prompt_tokens: Option<u32>,
     completion_tokens: Option<u32>,
     chunks: u32,
@@ -545,8 +583,9 @@ impl StreamState {
         }
         self.text.push_str(&piece);
         self.reasoning.push_str(&thought);
-        if let Some(f) = c.finish_reason {
+        if let Some(f) = c.finish_reason.take() {
             self.finish = Some(f.into_owned());
+            self.matched = c.matched()?;
         }
         Ok(Some(new))
     }
@@ -580,6 +619,7 @@ impl StreamState {
             chunks: self.chunks,
             reasoning: (!self.reasoning.is_empty()).then_some(self.reasoning),
             tool_calls: self.calls.finish()?,
+            matched: self.matched,
         })
     }
 }
@@ -718,6 +758,56 @@ mod tests {
                 true
             )),
             r#"{"model":"m","max_tokens":64,"temperature":0.7,"top_p":1.0,"top_k":20,"min_p":0.05,"seed":7,"stop":["</s>","\n\n"],"stream":false,"return_token_ids":true,"return_prompt_token_ids":true,"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi \"you\""}]}"#
+        );
+    }
+
+    /// vLLM's `stop_reason` and SGLang's `matched_stop` are read whole and from the stream's
+    /// finishing chunk: an id, a stop string, null (the model's EOS, as vLLM says it), or
+    /// absent (a server that does not say); a value of another type is malformed.
+    #[test]
+    fn the_stop_reason_is_read_as_vllm_and_sglang_send_it() {
+        let cases = [
+            (r#","stop_reason":null"#, Matched::Null),
+            (r#","stop_reason":151643"#, Matched::Token(151643)),
+            (
+                r#","stop_reason":"</answer>""#,
+                Matched::Text("</answer>".into()),
+            ),
+            (r#","matched_stop":151645"#, Matched::Token(151645)),
+            (r#","matched_stop":"END""#, Matched::Text("END".into())),
+            (r#","matched_stop":null"#, Matched::Null),
+            ("", Matched::Unsaid),
+        ];
+        for (field, want) in cases {
+            let whole = format!(
+                r#"{{"choices":[{{"index":0,"text":"a","finish_reason":"stop"{field}}}]}}"#
+            );
+            assert_eq!(
+                parse_full(whole.as_bytes(), false).unwrap().matched,
+                want,
+                "{field}"
+            );
+            let mut s = StreamState::default();
+            s.push(
+                r#"{"choices":[{"index":0,"text":"a","finish_reason":null,"stop_reason":null}]}"#,
+                false,
+            )
+            .unwrap();
+            s.push(
+                &format!(
+                    r#"{{"choices":[{{"index":0,"text":"b","finish_reason":"stop"{field}}}]}}"#
+                ),
+                false,
+            )
+            .unwrap();
+            s.push("[DONE]", false).unwrap();
+            assert_eq!(s.finish(true, None).unwrap().matched, want, "{field}");
+        }
+        let bad = br#"{"choices":[{"text":"a","finish_reason":"stop","stop_reason":[1]}]}"#;
+        let e = parse_full(bad, false).unwrap_err();
+        assert!(
+            matches!(&e, UpstreamError::Malformed(m) if m.contains("stop_reason")),
+            "{e}"
         );
     }
 

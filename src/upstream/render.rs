@@ -396,6 +396,10 @@ impl ServerRenderer {
 }
 
 impl RemoteRenderer for ServerRenderer {
+    fn renders_chat(&self) -> bool {
+        ServerRenderer::renders_chat(self)
+    }
+
     fn render<'a>(
         &'a self,
         input: &'a RenderInput,

@@ -10,7 +10,7 @@
 //! it), so a `Generation` from here has no `reasoning` or `tool_calls` of its own.
 
 use super::dialect::{stream_error, to_json, Dialect, Seen};
-use super::{sse, GenerateRequest, Generation, TokenSink, UpstreamError};
+use super::{sse, GenerateRequest, Generation, Matched, TokenSink, UpstreamError};
 use crate::config::Sampling;
 use futures_util::future::BoxFuture;
 use serde_json::{json, Value};
@@ -86,6 +86,8 @@ impl Dialect for Sglang {
                 .unwrap_or("")
                 .to_string(),
             usage: false,
+            id_values: super::dialect::id_values(e.get("output_ids")),
+            reasoning: false,
         }
     }
 
@@ -130,6 +132,15 @@ fn finish_reason(meta: &Value) -> Option<String> {
     }
 }
 
+/// The stop `finish_reason.matched` names (`{"type": "stop", "matched": 151645}` for the
+/// model's stop token, the string for a stop string); none on other finishes.
+fn matched(meta: &Value) -> Result<Matched, UpstreamError> {
+    match meta.get("finish_reason") {
+        Some(Value::Object(o)) => Matched::from_json("finish_reason.matched", o.get("matched")),
+        _ => Ok(Matched::Unsaid),
+    }
+}
+
 pub(super) fn parse_full(bytes: &[u8]) -> Result<Generation, UpstreamError> {
     let v: Value = serde_json::from_slice(bytes)
         .map_err(|e| UpstreamError::Malformed(format!("/generate body: {e}")))?;
@@ -157,6 +168,7 @@ pub(super) fn parse_full(bytes: &[u8]) -> Result<Generation, UpstreamError> {
         reasoning: None,
         tool_calls: None,
         prompt_token_ids: None,
+        matched: matched(&meta)?,
     })
 }
 
@@ -170,6 +182,7 @@ pub(super) struct StreamState {
     prompt_tokens: Option<u32>,
     completion_tokens: Option<u32>,
     finish: Option<String>,
+    matched: Matched,
     chunks: u32,
     /// Decided on the first event that can tell: `Some(true)` = cumulative.
     cumulative: Option<bool>,
@@ -224,6 +237,7 @@ impl StreamState {
         }
         if let Some(f) = finish_reason(&meta) {
             self.finish = Some(f);
+            self.matched = matched(&meta)?;
         }
         let now = self.completion_tokens.unwrap_or(if self.has_ids {
             self.ids.len() as u32
@@ -263,6 +277,7 @@ impl StreamState {
             reasoning: None,
             tool_calls: None,
             prompt_token_ids: None,
+            matched: self.matched,
         })
     }
 }
@@ -448,5 +463,42 @@ mod tests {
         let mut s = StreamState::default();
         s.push(&ev(" a", &[1], 1, None)).unwrap();
         assert!(matches!(s.finish(None), Err(UpstreamError::StreamCut(_))));
+    }
+
+    /// `finish_reason.matched` is read as SGLang writes it: the model's stop token id, or
+    /// the stop string; a length or abort finish names none; a match that is neither id
+    /// nor string is malformed.
+    #[test]
+    fn the_matched_stop_is_read_whole_and_streamed() {
+        let body = |fin: Value| {
+            json!({"text": "a", "output_ids": [1], "meta_info": {"completion_tokens": 1, "finish_reason": fin}})
+                .to_string()
+        };
+        let cases = [
+            (
+                json!({"type": "stop", "matched": 151645}),
+                Matched::Token(151645),
+            ),
+            (
+                json!({"type": "stop", "matched": "</answer>"}),
+                Matched::Text("</answer>".into()),
+            ),
+            (json!({"type": "length", "length": 1}), Matched::Unsaid),
+            (json!({"type": "abort", "message": "x"}), Matched::Unsaid),
+        ];
+        for (fin, want) in cases {
+            let g = parse_full(body(fin.clone()).as_bytes()).unwrap();
+            assert_eq!(g.matched, want, "{fin}");
+            let mut s = StreamState::default();
+            s.push(&ev(" a", &[1], 1, None)).unwrap();
+            s.push(&json!({"text": " a b", "output_ids": [1, 2], "meta_info": {"completion_tokens": 2, "finish_reason": fin}}))
+                .unwrap();
+            assert_eq!(s.finish(None).unwrap().matched, want, "{fin}");
+        }
+        let bad = parse_full(body(json!({"type": "stop", "matched": -1})).as_bytes()).unwrap_err();
+        assert!(
+            matches!(&bad, UpstreamError::Malformed(m) if m.contains("matched")),
+            "{bad}"
+        );
     }
 }

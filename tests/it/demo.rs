@@ -71,6 +71,27 @@ fn make_demo_runs_end_to_end() {
         "{stdout}"
     );
     assert!(stdout.contains("verify: clean"), "{stdout}");
+    // The mock answers in the [tokenizer]'s real tokens: the self-check finds its ids
+    // decode to its text, and so do the rows' ids (what the id exports carry).
+    assert!(stderr.contains("self-check: "), "{stderr}");
+    assert!(!stderr.contains("do not decode to its text"), "{stderr}");
+    let tok = spool::prompt::tokenizer::Tokenizer::from_file(
+        &crate::support::fixtures().join("tokenizers/qwen3/tokenizer.json"),
+    )
+    .unwrap();
+    let rows = crate::support::shard_rows(&demo_out.join("spool-out"), "dialogues");
+    assert!(rows.iter().any(|r| !r.completion.trim().is_empty()));
+    for r in &rows {
+        let text = tok
+            .decode(r.completion_token_ids.as_ref().unwrap())
+            .unwrap();
+        for part in [
+            r.completion.trim(),
+            r.reasoning.as_deref().unwrap_or("").trim(),
+        ] {
+            assert!(text.contains(part), "{part:?} not in {text:?}");
+        }
+    }
     assert!(
         stdout.contains("\"dataset\":\"chat\"") && stdout.contains("rows in"),
         "{stdout}"

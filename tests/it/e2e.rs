@@ -79,8 +79,19 @@ fn check_row(r: &ShardRow, api: &str, stream: bool, tok: &spool::prompt::Tokeniz
             "{ctx}: generation prompt"
         );
     } else {
-        assert!(r.messages.is_none(), "{ctx}");
-        assert!(r.prompt.starts_with("Write item"), "{ctx}");
+        // A `prompt` row goes in as one user turn (the default `prompt_format = "chat"`).
+        let m: serde_json::Value =
+            serde_json::from_str(r.messages.as_ref().expect("messages")).unwrap();
+        assert_eq!(m.as_array().unwrap().len(), 1, "{ctx}");
+        assert_eq!(m[0]["role"], "user", "{ctx}");
+        assert!(
+            m[0]["content"].as_str().unwrap().starts_with("Write item"),
+            "{ctx}"
+        );
+        assert!(
+            r.prompt.starts_with("<|im_start|>user\nWrite item"),
+            "{ctx}: rendered with the chat template"
+        );
     }
 }
 

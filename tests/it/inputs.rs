@@ -317,6 +317,8 @@ fn dataset_cfg(path: &Path, cap: Option<u64>) -> spool::config::DatasetConfig {
         history_reasoning: None,
         samples: None,
         chat_template_kwargs: None,
+        on_length: None,
+        prompt_format: None,
     }
 }
 

@@ -25,6 +25,7 @@ mod export_speculators;
 mod export_tools;
 mod fast_bpe;
 mod faults;
+mod fidelity;
 mod first_hour;
 mod forged;
 mod hostile;

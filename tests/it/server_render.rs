@@ -51,8 +51,8 @@ fn mock_cfg(dir: &Path, api: Option<TokenizeApi>, template: PathBuf) -> MockConf
     }
 }
 
-/// A config of two datasets (chats and plain prompts) with the Qwen3 `[tokenizer]` and
-/// `lines` added to it.
+/// A config of two datasets (chats, and plain prompts: sent as text, `prompt_format =
+/// "raw"`, through a text API) with the Qwen3 `[tokenizer]` and `lines` added to it.
 fn config(dir: &Path, url: &str, api: &str, lines: &str) -> PathBuf {
     write_chats(&dir.join("chat.jsonl"), "c", 8);
     write_prompts(&dir.join("plain.jsonl"), "p", 4);
@@ -61,14 +61,25 @@ fn config(dir: &Path, url: &str, api: &str, lines: &str) -> PathBuf {
         file,
         budget: None,
     };
-    write_config(
+    let cfg = write_config(
         dir,
         url,
         api,
         false,
         &[ds("chat", "chat.jsonl"), ds("plain", "plain.jsonl")],
         &format!("{}{lines}", qwen_table()),
+    );
+    if api == "chat" {
+        return cfg;
+    }
+    let plain = "path = \"plain.jsonl\"\n";
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        text.replace(plain, &format!("{plain}prompt_format = \"raw\"\n")),
     )
+    .unwrap();
+    cfg
 }
 
 /// POSTs `body` to the mock's `path`: the status and the JSON answer.
@@ -331,7 +342,7 @@ async fn template_check_warn_goes_on() {
 /// leaves spool's own ids, marked `client`, and when its `usage.prompt_tokens` disagrees
 /// with spool's count (a different template) each row is counted in
 /// `spool_prompt_token_disagreements_total` (logged at the end with its value) and
-/// warned about once.
+/// warned about once per dataset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_rows_keep_the_servers_prompt_ids_or_count_disagreements() {
     let dir = tempfile::tempdir().unwrap();
@@ -375,15 +386,16 @@ async fn chat_rows_keep_the_servers_prompt_ids_or_count_disagreements() {
         stderr
             .matches("the server rendered this prompt differently from spool's template")
             .count(),
-        1,
-        "{stderr}"
+        2,
+        "once per dataset: {stderr}"
     );
     assert!(
         stderr.contains("dataset=chat disagreements=8"),
         "the count of every chat row: {stderr}"
     );
-    // Plain prompts, sent as one user turn, render alike in both templates.
-    assert!(!stderr.contains("dataset=plain disagreements"), "{stderr}");
+    // Plain prompts are rendered as one user turn by spool's template too, so the
+    // server's other template disagrees on them as well.
+    assert!(stderr.contains("dataset=plain disagreements=4"), "{stderr}");
     mock.stop().await;
 }
 
@@ -502,7 +514,7 @@ async fn the_mock_renders_in_each_servers_shape() {
 
 /// `source = "server"` with no server that renders is a config error naming the key
 /// (exit 2); with a server that renders only text (SGLang), chat rows are rejected with
-/// the reason and plain prompts are rendered there.
+/// the reason (every one: exit 2) and plain prompts are rendered there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_source_needs_a_server_that_renders() {
     let dir = tempfile::tempdir().unwrap();
@@ -523,7 +535,9 @@ async fn server_source_needs_a_server_that_renders() {
     edit_config(&cfg, "max_tokens = 200", "max_tokens = 20");
     let out = spool(&cfg, &["run"], &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    // Every chat row rejected: the run ends with exit 2 once the other dataset has run.
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("every row rejected"), "{stderr}");
     let rejected = std::fs::read_to_string(text.join("out/chat/_rejected.jsonl")).unwrap();
     assert_eq!(rejected.lines().count(), 8, "{rejected}");
     assert!(

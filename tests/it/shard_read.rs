@@ -11,6 +11,7 @@ use spool::output::schema;
 use spool::output::shard::ShardLimits;
 use spool::output::writer::ShardWriter;
 use spool::store::row::ShardRow;
+use spool::store::stop_reason::StopReason;
 
 fn rows() -> Vec<ShardRow> {
     vec![
@@ -42,6 +43,7 @@ fn rows() -> Vec<ShardRow> {
             sampling: Some(r#"{"temperature":0.7,"seed":3}"#.into()),
             partial: Some("tool_mismatch: turn 1".into()),
             prompt_ids_source: Some(spool::prompt::remote::IdsSource::Server),
+            stop_reason: Some(StopReason::StopString("</answer> — 日本語".into())),
         },
         ShardRow {
             id: "chat:1".into(),
@@ -68,6 +70,7 @@ fn rows() -> Vec<ShardRow> {
             sampling: None,
             partial: None,
             prompt_ids_source: None,
+            stop_reason: Some(StopReason::Length),
         },
         ShardRow {
             id: "chat:2".into(),
@@ -94,6 +97,7 @@ fn rows() -> Vec<ShardRow> {
             sampling: None,
             partial: None,
             prompt_ids_source: Some(spool::prompt::remote::IdsSource::Client),
+            stop_reason: Some(StopReason::Eos(Some(151645))),
         },
     ]
 }

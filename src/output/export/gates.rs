@@ -225,6 +225,9 @@ impl Accounting {
                         .entry("leftover_think_markers".into())
                         .or_default() += 1;
                 }
+                if row.end_of_turn_unknown {
+                    *d.flagged.entry("end_of_turn_unknown".into()).or_default() += 1;
+                }
                 Some(row)
             }
         }

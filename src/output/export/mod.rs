@@ -40,7 +40,7 @@ pub mod tokens;
 pub mod vocab;
 
 pub use gates::{Accounting, Gates, ThinkGate};
-pub use rows::{EndOfTurn, ExportRow};
+pub use rows::{EndOfTurn, ExportRow, TurnEnds};
 
 use crate::config::Config;
 use crate::observe::status::StatusReport;
@@ -95,6 +95,12 @@ impl Format {
         }
     }
 
+    /// Whether the form writes token ids (`hf` keeps rows without them too), so a
+    /// completion's end of turn matters in it.
+    pub fn writes_ids(self) -> bool {
+        self.needs_ids() || self == Format::Hf
+    }
+
     /// Whether the form is made of token ids, so rows without ids cannot be in it.
     pub fn needs_ids(self) -> bool {
         matches!(
@@ -129,6 +135,9 @@ pub struct ExportOptions {
     /// The queue's counts (from the running process or the queue), for the item-level
     /// accounting; None when neither answers.
     pub status: Option<StatusReport>,
+    /// `--end-of-turn ID|TOKEN`: the id a turn that ended without one gets, when the server
+    /// named none (default: the model's, when spool can tell it).
+    pub end_of_turn: Option<String>,
 }
 
 impl ExportOptions {
@@ -145,6 +154,7 @@ impl ExportOptions {
             holdout: None,
             gates: Gates::default(),
             status: None,
+            end_of_turn: None,
         }
     }
 }
@@ -154,8 +164,8 @@ impl ExportOptions {
 pub struct ExportContext {
     /// The config's tokenizer, when it has one.
     pub tokenizer: Option<Tokenizer>,
-    /// The id appended to completions that ended their turn, when known.
-    pub end_of_turn: Option<EndOfTurn>,
+    /// How the model ends a turn (the id appended to completions that ended theirs).
+    pub end_of_turn: Option<TurnEnds>,
     /// The datasets exported, in order.
     pub datasets: Vec<String>,
     /// The config's queue folder (`openai-batch` reads the failed items there).
@@ -407,6 +417,21 @@ pub fn outputs(opts: &ExportOptions) -> Vec<(PathBuf, PathBuf)> {
     v.into_iter().map(|p| (temp_path(&p), p)).collect()
 }
 
+/// What a run needs for its rows to carry token ids, naming the key its config lacks.
+fn ids_key(cfg: &Config) -> &'static str {
+    match &cfg.tokenizer {
+        None => "the run had no [tokenizer]: set [tokenizer] path and run again",
+        Some(t)
+            if cfg.server.api == crate::config::Api::Chat
+                && t.chat_template.is_none()
+                && !t.path.is_dir() =>
+        {
+            "with api = \"chat\" spool makes prompt ids only by rendering the messages: set [tokenizer] chat_template and run again"
+        }
+        Some(_) => "the rows were generated without [tokenizer]: run them again with it",
+    }
+}
+
 /// Writes the sealed shards of `cfg`'s datasets to `opts.out` in `opts.format`.
 pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
     let names: Vec<String> = cfg
@@ -424,7 +449,7 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
             });
         }
     }
-    let ctx = rows::context(cfg, names.clone())?;
+    let ctx = rows::context(cfg, names.clone(), opts.end_of_turn.as_deref())?;
     let out = &opts.out;
     if let Some(dir) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         crate::output::files::create_dir_all(dir, crate::output::files::DIR_MODE)
@@ -458,7 +483,18 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
             acc.begin_dataset(name);
             for shard in rows::shards_of(&cfg.output_dir, name)? {
                 shards += 1;
-                rows::for_each_row(&shard, ctx.end_of_turn.as_ref(), |row| {
+                let ending = rows::Ending {
+                    ends: ctx
+                        .end_of_turn
+                        .as_ref()
+                        .filter(|_| opts.format.writes_ids()),
+                    stop_strings: ctx
+                        .sampling
+                        .get(name)
+                        .and_then(|s| s.stop.as_ref())
+                        .is_some_and(|v| !v.is_empty()),
+                };
+                rows::for_each_row(&shard, ending, |row| {
                     match acc.judge(&opts.gates, opts.format, row) {
                         Some(row) => {
                             if holdout.is_some_and(|h| h.holds(&row)) {
@@ -480,8 +516,9 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
             .sum();
         if opts.format.needs_ids() && acc.kept() == 0 && without_ids > 0 {
             bail!(
-                "none of the {without_ids} completed rows has token ids (the run had no [tokenizer]): a `{}` export needs them",
-                opts.format.name()
+                "none of the {without_ids} completed rows has token ids: a `{}` export needs them ({})",
+                opts.format.name(),
+                ids_key(cfg)
             );
         }
         sink.finish(&acc)?;
