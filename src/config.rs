@@ -109,6 +109,10 @@ pub struct Config {
     /// (not a key: read from the store at start).
     #[serde(skip)]
     pub committed: HashMap<String, Arc<HashSet<String>>>,
+    /// Per dataset, a budget that grows while the run goes (a cluster partition's part of
+    /// its job's budget), read in place of `token_budget` (not a key).
+    #[serde(skip)]
+    pub allowances: HashMap<String, Arc<crate::run::allowance::Allowance>>,
 }
 
 /// The inference server(s).

@@ -62,7 +62,12 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Enqueue every dataset, drain the queue under the budgets, write shards.
-    Run,
+    Run {
+        /// A cluster worker: change the job record where that is safe (a budget, a higher
+        /// max_prompts, new input, a new dataset) instead of refusing the difference.
+        #[arg(long)]
+        reshape: bool,
+    },
     /// A table per dataset from the queue (or the running process).
     Status {
         /// Machine-readable output.
@@ -85,6 +90,10 @@ enum Command {
         /// Machine-readable output (the manifest).
         #[arg(long)]
         json: bool,
+        /// Then delete the uploads under `_spool/*/shards/` (published shards' originals and
+        /// orphans of killed uploads).
+        #[arg(long)]
+        gc: bool,
     },
     /// Move permanently failed items back to pending.
     Retry {
@@ -200,20 +209,54 @@ fn load(cli: &Cli) -> Result<Config, Error> {
     Ok(cfg)
 }
 
-/// The partition count of a cluster job's output, for the commands that read all
-/// partitions: `None` for a one-machine output folder.
-fn cluster_count(cli: &Cli, cfg: &Config) -> Result<Option<u32>, Error> {
-    let count =
+/// A cluster job's output, for the commands that read all partitions: its store, its
+/// partition count (the config's or `--partitions`, else the job record's) and its job
+/// record; `None` for a one-machine output folder. With `check`, a config that is not the
+/// job record's shape (inputs aside) is refused, exit 2 naming both values.
+fn cluster_job(
+    cli: &Cli,
+    cfg: &Config,
+    rt: &tokio::runtime::Runtime,
+    check: bool,
+) -> Result<Option<ClusterJob>, Error> {
+    use spool::cluster::job;
+    let configured =
         spool::cluster::partition::Partition::count(cli.partitions.or(cfg.run.partitions), |k| {
             std::env::var(k).ok()
         })?;
     let url = spool::output::bucket::is_url(&cfg.output_dir.to_string_lossy());
-    match count {
-        Some(0) => Err(spool::cluster::partition::PartitionError::Zero.into()),
-        Some(n) => Ok(Some(n)),
-        None if url => Ok(Some(1)),
-        None => Ok(None),
+    if configured == Some(0) {
+        return Err(spool::cluster::partition::PartitionError::Zero.into());
     }
+    if configured.is_none() && !url {
+        return Ok(None);
+    }
+    let bucket = spool::cluster::worker::open_bucket(cfg)?;
+    let record = rt.block_on(job::read_latest(&bucket))?;
+    let count = configured
+        .or(record.as_ref().map(|r| r.partitions))
+        .unwrap_or(1);
+    if let (Some(r), true) = (&record, check) {
+        let here = job::shape_of(cfg, count, &Default::default(), "cli");
+        job::refuse_differences(
+            r,
+            &here,
+            false,
+            "use the job's config (or its partition count), or a new output_dir for a new job",
+        )?;
+    }
+    Ok(Some(ClusterJob {
+        bucket,
+        count,
+        record,
+    }))
+}
+
+/// What [`cluster_job`] found.
+struct ClusterJob {
+    bucket: std::sync::Arc<spool::output::bucket::Bucket>,
+    count: u32,
+    record: Option<spool::cluster::job::JobRecord>,
 }
 
 fn overrides(cli: &Cli) -> Overrides {
@@ -328,12 +371,18 @@ async fn wait_signal() {
 fn real_main(cli: Cli) -> Result<u8, Error> {
     let knobs = spool::knobs::Knobs::from_env();
     match &cli.command {
-        Command::Run => {
+        Command::Run { reshape } => {
             let mut cfg = load(&cli)?;
             let rt = runtime()?;
             rt.block_on(spool::input::remote::fetch_inputs(&mut cfg))?;
-            let summary = if spool::cluster::worker::is_cluster(&cfg) {
-                rt.block_on(spool::cluster::worker::run(cfg, knobs, first_signal()))
+            let cluster = spool::cluster::worker::is_cluster(&cfg);
+            let summary = if cluster {
+                rt.block_on(spool::cluster::worker::run(
+                    cfg,
+                    knobs,
+                    first_signal(),
+                    *reshape,
+                ))
             } else {
                 rt.block_on(spool::run::job::run(cfg, knobs, first_signal()))
             };
@@ -343,6 +392,10 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             let summary = summary?;
             if summary.ending() == Some(spool::error::Kind::ItemsFailed) {
                 let failed = summary.report.failed();
+                if cluster {
+                    eprintln!("spool: {failed} item(s) failed permanently; recorded in the partition's log (the partition is done with failures): `spool finalize` lists them, `spool retry` sends them back");
+                    return Ok(spool::cluster::worker::exit_code(&summary));
+                }
                 eprintln!("spool: {failed} item(s) failed permanently; see `spool status` and `spool retry`");
             }
             Ok(summary.exit_code())
@@ -352,16 +405,20 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                 Some(url) => runtime()?.block_on(remote_status(url))?,
                 None => {
                     let cfg = Config::load(&cli.config, &overrides(&cli))?;
-                    if let Some(count) = cluster_count(&cli, &cfg)? {
-                        let bucket = spool::cluster::worker::open_bucket(&cfg)?;
+                    let rt = runtime()?;
+                    if let Some(job) = cluster_job(&cli, &cfg, &rt, true)? {
                         let datasets: Vec<_> = cfg
                             .datasets
                             .iter()
                             .map(|d| (d.name.clone(), d.token_budget))
                             .collect();
-                        let st = runtime()?.block_on(spool::cluster::manifest::status(
-                            &bucket, count, &datasets,
+                        let st = rt.block_on(spool::cluster::status::status(
+                            &job.bucket,
+                            job.count,
+                            job.record.as_ref().map(|r| r.version),
+                            &datasets,
                         ))?;
+                        tracing::info!(requests = %job.bucket.request_counts(), "store requests");
                         if *json {
                             println!("{}", serde_json::to_string_pretty(&st)?);
                         } else {
@@ -381,16 +438,18 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
         }
         Command::Verify => {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
-            if let Some(count) = cluster_count(&cli, &cfg)? {
-                let bucket = spool::cluster::worker::open_bucket(&cfg)?;
+            let rt = runtime()?;
+            if let Some(job) = cluster_job(&cli, &cfg, &rt, true)? {
                 // Private, fresh, removed on every exit: shards are downloaded there.
                 remove_on_signal();
                 let scratch =
                     scratch_removed_on_signal(|| spool::output::files::Scratch::new("verify"))
                         .context("cannot make a scratch folder in $TMPDIR")?;
-                let (manifest, problems) = runtime()?.block_on(
-                    spool::cluster::manifest::verify(&bucket, count, scratch.path()),
-                )?;
+                let (manifest, problems) = rt.block_on(spool::cluster::verify::verify(
+                    &job.bucket,
+                    job.count,
+                    scratch.path(),
+                ))?;
                 drop(scratch);
                 if let Some(m) = &manifest {
                     for (name, d) in &m.datasets {
@@ -441,28 +500,52 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                 Ok(exit::FAILURE)
             }
         }
-        Command::Finalize { partial, json } => {
-            let cfg = Config::load(&cli.config, &overrides(&cli))?;
-            let count = cluster_count(&cli, &cfg)?.unwrap_or(1);
-            let bucket = spool::cluster::worker::open_bucket(&cfg)?;
-            let budgets = cfg
-                .datasets
-                .iter()
-                .filter_map(|d| d.token_budget.map(|b| (d.name.clone(), b)))
-                .collect();
-            let manifest = runtime()?.block_on(spool::cluster::manifest::finalize(
-                &bucket, count, &budgets, *partial,
+        Command::Finalize { partial, json, gc } => {
+            let mut cfg = Config::load(&cli.config, &overrides(&cli))?;
+            let rt = runtime()?;
+            if !spool::output::bucket::is_url(&cfg.output_dir.to_string_lossy()) {
+                // A shared folder: finalize is of a cluster job whatever the config says.
+                cfg.output_dir = PathBuf::from(spool::cluster::worker::output_url(&cfg));
+            }
+            let job = cluster_job(&cli, &cfg, &rt, true)?
+                .ok_or_else(|| Error::msg("finalize: not a cluster job's output"))?;
+            let bucket = &job.bucket;
+            let opts = spool::cluster::finalize::FinalizeOptions {
+                partial: *partial,
+                gc: *gc,
+            };
+            let done = rt.block_on(spool::cluster::finalize::finalize(
+                bucket,
+                job.count,
+                job.record.as_ref(),
+                opts,
             ))?;
+            tracing::info!(copied = done.copied, skipped = done.skipped, collected = done.collected,
+                requests = %bucket.request_counts(), "finalize done");
+            let manifest = done
+                .manifest
+                .ok_or_else(|| Error::msg("finalize wrote no manifest"))?;
             if *json {
                 println!("{}", serde_json::to_string_pretty(&manifest)?);
             } else {
                 for (name, d) in &manifest.datasets {
                     println!(
-                        "{name}: {} shards, {} items, {} rows, {} completion tokens",
+                        "{name}: {} shards, {} items, {} rows, {} completion tokens{}",
                         d.shards.len(),
                         d.items,
                         d.rows,
-                        d.completion_tokens
+                        d.completion_tokens,
+                        if d.failed.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; {} item(s) failed for good (listed in the manifest; `spool retry` sends them back)", d.failed.len())
+                        }
+                    );
+                }
+                if !manifest.incomplete.is_empty() {
+                    println!(
+                        "partitions {:?} published unfinished (--partial)",
+                        manifest.incomplete
                     );
                 }
                 println!(
@@ -474,6 +557,29 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             Ok(exit::OK)
         }
         Command::Retry { dataset } => {
+            // A cluster job: through the store, so the partitions' next workers (on their
+            // volumes or new ones) take the items in again.
+            if cli.partition.is_none() {
+                let cfg = Config::load(&cli.config, &overrides(&cli))?;
+                let rt = runtime()?;
+                if let Some(job) = cluster_job(&cli, &cfg, &rt, true)? {
+                    let wanted: Vec<String> = dataset.iter().cloned().collect();
+                    let sent = rt.block_on(spool::cluster::status::retry(
+                        &job.bucket,
+                        job.count,
+                        &wanted,
+                    ))?;
+                    for (p, name, n) in &sent {
+                        println!("p{p:04} {name}: {n} failed item(s) sent back");
+                    }
+                    if sent.is_empty() {
+                        println!("no item failed for good");
+                    } else {
+                        println!("run those partitions' workers again, then `spool finalize`");
+                    }
+                    return Ok(exit::OK);
+                }
+            }
             // A partition's queue: `--partition I` picks its data_dir.
             let cfg = load(&cli)?;
             let queue = spool::store::queue::Queue::open_with(&cfg.data_dir, &knobs.faults)?;
@@ -544,8 +650,8 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             // the manifest) into a private scratch folder beside --out (its file system),
             // read like an output folder, removed on every exit.
             let mut scratch = None;
-            if cluster_count(&cli, &cfg)?.is_some() {
-                let bucket = spool::cluster::worker::open_bucket(&cfg)?;
+            if let Some(job) = cluster_job(&cli, &cfg, &runtime()?, false)? {
+                let bucket = job.bucket;
                 spool::output::files::create_dir_all(&parent, spool::output::files::DIR_MODE)
                     .with_context(|| format!("cannot create {}", parent.display()))?;
                 let dir = scratch_removed_on_signal(|| {

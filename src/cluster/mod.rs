@@ -1,11 +1,36 @@
 //! A job across machines: partitions of the items, each a spool process with its own
 //! `data_dir`, whose shards are committed to one object-store prefix.
 //!
-//! `partition` says which items a worker owns and its share of a budget; `commits` is a
-//! partition's log in the object store; `worker` runs a partition and publishes its
-//! shards; `manifest` is `spool finalize` and the check of the published output.
+//! `partition` says which items a worker owns; `job` is the job record, the shape every
+//! worker and command checks; `commits` is a partition's log in the object store;
+//! `budget` shares each budget over the partitions in tickets; `heartbeat` is a worker's
+//! status in the store; `worker` runs a partition and publishes its shards; `finalize`
+//! seals and publishes the job, `manifest` is what it leaves for readers; `verify`,
+//! `status` and `retry` are those commands of a cluster job.
+//!
+//! The protocol, per partition: a worker uploads a sealed local shard (multipart: never
+//! visible in part), minus the items an earlier record of the partition holds (and, under
+//! "cancel", those past its allowance), to a key unique to its writer, shard and content;
+//! having read records `0..k` it creates record `k` with a conditional put; if another
+//! writer's record `k` is there it reads it and starts again at `k+1`. A worker that
+//! starts withdraws its partition's done marker; one that finishes records its items that
+//! failed for good, gives back unused budget and writes the marker. `finalize` refuses
+//! until every partition has a marker (or `--partial`), appends a seal to every log (a
+//! conditional create, so a late commit lands before it and is published, or after it
+//! and is refused), publishes the records before the seal and writes `_manifest.json`
+//! last. Invariants: the shard records of a partition hold disjoint items, each naming an
+//! object wholly uploaded before the record existed, so the published folder holds each
+//! committed item once; nothing is committed after a seal; no store object is used
+//! before it passes the checks of its kind (`commits::check`, `job::parse`, the budget
+//! log's, `heartbeat::read`).
 
+pub mod budget;
 pub mod commits;
+pub mod finalize;
+pub mod heartbeat;
+pub mod job;
 pub mod manifest;
 pub mod partition;
+pub mod status;
+pub mod verify;
 pub mod worker;

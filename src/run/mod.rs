@@ -8,6 +8,7 @@
 //! Invariant: an item (or one sample of it) is leased to at most one request at a time,
 //! and a result is committed at most once.
 
+pub mod allowance;
 mod archiver;
 mod committer;
 mod dispatcher;

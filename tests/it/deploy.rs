@@ -647,7 +647,7 @@ fn slurm_submit_queues_finalize_after_the_array() {
 
 /// An array task's batch shell, with stand-ins for `srun` (runs the command) and `scontrol`
 /// (records its arguments), runs the real `spool run` against the mock as partition
-/// `SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN` of `SLURM_ARRAY_TASK_COUNT`, in its own
+/// `SLURM_ARRAY_TASK_ID` of `SLURM_ARRAY_TASK_COUNT` (an array `0..=N−1`), in its own
 /// `{partition}` data_dir; Slurm's early SIGTERM to the shell (`--signal=B:TERM@…`) reaches
 /// spool through the trap, spool stops gracefully (130), and the task requeues itself as
 /// `<array job>_<task>` to resume.
@@ -697,8 +697,9 @@ async fn slurm_array_task_stops_spool_gracefully_and_requeues() {
         .env("SPOOL_DATA_DIR", tmp.path().join("data-{partition}"))
         .env("SPOOL_NO_SERVER", "1")
         .env("SLURM_ARRAY_JOB_ID", "77")
-        .env("SLURM_ARRAY_TASK_ID", "5")
-        .env("SLURM_ARRAY_TASK_MIN", "4")
+        .env("SLURM_ARRAY_TASK_ID", "1")
+        .env("SLURM_ARRAY_TASK_MIN", "0")
+        .env("SLURM_ARRAY_TASK_MAX", "3")
         .env("SLURM_ARRAY_TASK_COUNT", "4")
         .env("SLURM_JOB_ID", "78")
         .stdout(Stdio::piped())
@@ -744,11 +745,11 @@ async fn slurm_array_task_stops_spool_gracefully_and_requeues() {
     assert!(out.contains("asking spool to stop gracefully"), "{out}");
     assert_eq!(
         std::fs::read_to_string(&requeue).unwrap(),
-        "requeue 77_5\n",
+        "requeue 77_1\n",
         "{out}"
     );
-    // Task 5 of an array starting at 4 is partition 1 of the array's 4 tasks, and its
-    // data_dir is its own.
+    // Task 1 of the array 0-3 is partition 1 of 4 (the task id is the partition), and
+    // its data_dir is its own.
     let start = err
         .lines()
         .find(|l| l.contains("cluster worker starting"))
