@@ -418,6 +418,10 @@ pub struct Lane {
     /// last requests does not poll the store.
     quiet_until: Option<std::time::Instant>,
     backoff: Duration,
+    /// This partition's waiting marker is up: it found the pool empty and wants more.
+    marked: bool,
+    /// Since when it has found the pool empty.
+    empty_since: Option<std::time::Instant>,
 }
 
 impl Lane {
@@ -430,12 +434,73 @@ impl Lane {
             allowance,
             quiet_until: None,
             backoff: Duration::ZERO,
+            marked: false,
+            empty_since: None,
         }
     }
 }
 
 /// The longest wait between looks at an empty pool.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The longest a partition waits, with the pool empty, for others to give budget back.
+const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// The key of partition `p`'s marker for `dataset`: up while it waits for budget with the
+/// pool empty, and once its worker has stopped (it gives nothing back after that).
+pub fn waiting_key(dataset: &str, p: u32) -> String {
+    format!("_spool/waiting/{dataset}/p{p:04}.json")
+}
+
+/// Whether a partition other than `me` may still give `dataset`'s budget back: it took
+/// tickets, has no marker (neither waiting for budget nor stopped) and its worker shows a
+/// heartbeat within `heartbeat::STALE_S`. A marker's name must be a partition of the job's.
+async fn others_may_return(
+    bucket: &Bucket,
+    me: Partition,
+    dataset: &str,
+    ledger: &BudgetLog,
+) -> Result<bool, CommitError> {
+    let prefix = format!("_spool/waiting/{dataset}/");
+    let mut marked = HashSet::new();
+    for (key, _) in bucket.list(&prefix).await? {
+        let p = key
+            .strip_prefix(&prefix)
+            .and_then(|n| n.strip_prefix('p'))
+            .and_then(|n| n.strip_suffix(".json"))
+            .filter(|n| n.len() == 4 && n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse::<u32>().ok())
+            .filter(|&p| p < me.count);
+        match p {
+            Some(p) => {
+                marked.insert(p);
+            }
+            None => return Err(untrusted(&key, "not a partition's waiting marker")),
+        }
+    }
+    let now = crate::cluster::job::now_unix();
+    for q in (0..me.count).filter(|&q| q != me.index) {
+        if marked.contains(&q) || ledger.claims_of(q).is_empty() {
+            continue;
+        }
+        let p = Partition {
+            index: q,
+            count: me.count,
+        };
+        let fresh = crate::cluster::heartbeat::read(bucket, p)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|s| {
+                s.running
+                    && now.saturating_sub(s.heartbeat_unix) <= crate::cluster::heartbeat::STALE_S
+            });
+        if fresh {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
 
 /// Claims tickets for a worker's lanes as they need them, and keeps each lane's allowance
 /// in step with the partition's log.
@@ -450,10 +515,10 @@ pub struct Agent {
 
 impl Agent {
     /// The lane's budget from the partition's log: its allowance less what other writers
-    /// of the partition committed (spent, but in no local queue).
-    pub fn granted(log: &CommitLog, dataset: &str, writer: &str) -> u64 {
-        log.dataset(dataset)
-            .allowance()
+    /// of the partition committed (spent, but in no local queue), plus what this writer
+    /// completed for items they committed first (counted in both).
+    pub fn granted(log: &CommitLog, dataset: &str, writer: &str, a: &Allowance) -> u64 {
+        (log.dataset(dataset).allowance() + a.duplicates())
             .saturating_sub(log.tokens_by_others(writer, dataset))
     }
 
@@ -484,11 +549,31 @@ impl Agent {
         let (partition, writer) = (self.partition, self.writer.clone());
         let lane = &mut self.lanes[i];
         let a = lane.allowance.clone();
-        if !a.wants_more() {
+        if !a.reported() {
             return Ok(());
         }
         let granted = a.granted();
         let floor = a.request_tokens();
+        if !a.wants_more() {
+            // Out of rows (or closed): what the lane holds beyond its requests in flight
+            // (kept twice over) goes back now, for the partitions still going.
+            let inflight = a.demand().saturating_sub(a.completed());
+            let keep = a.demand() + inflight + floor;
+            if granted > keep {
+                let mut log = self.log.lock().await;
+                let tokens = (granted - keep).min(unused(&log, &lane.dataset));
+                if tokens > 0 {
+                    tracing::info!(dataset = %lane.dataset, tokens,
+                        "out of items: giving unused budget back to the job's pool");
+                    release(&mut log, &mut lane.ledger, &lane.dataset, &writer, tokens).await?;
+                    a.set(
+                        Agent::granted(&log, &lane.dataset, &writer, &a),
+                        a.is_last(),
+                    );
+                }
+            }
+            return Ok(());
+        }
         // Room for at least one more request, or a ticket of what the pool had last seen.
         let want = a.demand()
             + ticket_size(lane.ledger.pool(lane.budget), partition.count, floor).max(floor);
@@ -505,7 +590,21 @@ impl Agent {
         lane.ledger.catch_up().await?;
         let pool = lane.ledger.pool(lane.budget);
         if pool == 0 {
-            if !a.is_last() {
+            let (bucket, ds) = (self.bucket.clone(), lane.dataset.clone());
+            if !lane.marked {
+                bucket
+                    .put(&waiting_key(&ds, partition.index), "waiting".into())
+                    .await?;
+                lane.marked = true;
+                lane.empty_since = Some(std::time::Instant::now());
+            }
+            // The last of the pool only once no partition still running could give some
+            // back (or after waiting long enough).
+            let waited = lane.empty_since.is_some_and(|t| t.elapsed() >= MAX_WAIT);
+            if !a.is_last()
+                && (waited || !others_may_return(&bucket, partition, &ds, &lane.ledger).await?)
+            {
+                tracing::info!(dataset = %ds, granted, "the job's budget is all taken: this partition finishes on what it holds");
                 a.set(granted, true);
             }
             lane.backoff = (lane.backoff * 2).clamp(Duration::from_secs(1), MAX_BACKOFF);
@@ -541,6 +640,13 @@ impl Agent {
         };
         lane.backoff = Duration::ZERO;
         lane.quiet_until = None;
+        lane.empty_since = None;
+        if lane.marked {
+            self.bucket
+                .delete(&waiting_key(&lane.dataset, partition.index))
+                .await?;
+            lane.marked = false;
+        }
         let mut log = self.log.lock().await;
         log.append_anyway(Record::Claim(Claim {
             head: Head::new("claim", partition, &writer),
@@ -549,7 +655,7 @@ impl Agent {
             tokens,
         }))
         .await?;
-        let granted = Agent::granted(&log, &lane.dataset, &writer);
+        let granted = Agent::granted(&log, &lane.dataset, &writer, &a);
         drop(log);
         tracing::debug!(dataset = %lane.dataset, ticket, tokens, granted, pool = pool - tokens,
             "budget ticket claimed");
@@ -562,7 +668,7 @@ impl Agent {
     pub async fn refresh(&self) {
         let log = self.log.lock().await;
         for lane in &self.lanes {
-            let granted = Agent::granted(&log, &lane.dataset, &self.writer);
+            let granted = Agent::granted(&log, &lane.dataset, &self.writer, &lane.allowance);
             lane.allowance.set(granted, lane.allowance.is_last());
         }
     }

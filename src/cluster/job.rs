@@ -411,6 +411,38 @@ impl Established {
 /// The hint of a worker's mismatch.
 const WORKER_HINT: &str = "run it with the job's config and inputs, give it a new output_dir, or `spool run --reshape` for a change that is safe (README, Running on a cluster)";
 
+/// Refuses `here` against the latest record before a worker reads or writes anything
+/// else: any difference without `reshape`, a difference `--reshape` does not make with it.
+pub async fn precheck(bucket: &Bucket, here: &JobRecord, reshape: bool) -> Result<(), JobError> {
+    let Some(r) = read_latest(bucket).await? else {
+        return Ok(());
+    };
+    let d = differences(&r, here, true);
+    if d.is_empty() {
+        return Ok(());
+    }
+    if !reshape {
+        return Err(JobError::Mismatch {
+            key: job_key(r.version),
+            differences: d.iter().map(ToString::to_string).collect(),
+            hint: WORKER_HINT,
+        });
+    }
+    let unsafe_: Vec<String> = d
+        .iter()
+        .filter(|d| !d.safe)
+        .map(ToString::to_string)
+        .collect();
+    if unsafe_.is_empty() {
+        Ok(())
+    } else {
+        Err(JobError::Unsafe {
+            key: job_key(r.version),
+            differences: unsafe_,
+        })
+    }
+}
+
 /// Reads the job record and settles it with the worker's shape `here`: creates version 0
 /// when there is none; refuses a difference unless `reshape`, which writes the next
 /// version when every difference is safe. Conditional creates: a lost race reads the

@@ -154,6 +154,11 @@ pub async fn run(
         .map_err(Error::runtime)??
     };
     let here = job::shape_of(&cfg, partition.count, &inputs, &writer);
+    // Nothing else is read or written before the shape is the job's.
+    persevere("read the job record", async || {
+        Ok(job::precheck(&bucket, &here, reshape).await?)
+    })
+    .await?;
     let log = persevere("read the partition's commit log", async || {
         Ok(CommitLog::load(bucket.clone(), partition, LoadOptions::WORKER).await?)
     })
@@ -178,7 +183,11 @@ pub async fn run(
         }
         log.refuse_sealed()?;
     }
-    match job::establish(&bucket, &here, reshape).await? {
+    let established = persevere("write the job record", async || {
+        Ok(job::establish(&bucket, &here, reshape).await?)
+    })
+    .await?;
+    match established {
         Established::Created(r) => {
             tracing::info!(key = %job::job_key(r.version), partitions = r.partitions,
             "job record created: this job's shape is fixed")
@@ -190,13 +199,17 @@ pub async fn run(
         }
         Established::Matched(_) => {}
     }
-    tracing::info!(partition = partition.index, partitions = partition.count, writer = %writer,
-        commits = log.len(), output = %bucket.url(), "cluster worker starting");
     // From here on this partition is running: status and finalize must not see it done.
-    bucket.delete(&commits::done_key(partition.index)).await?;
+    persevere("withdraw the done marker", async || {
+        Ok(bucket.delete(&commits::done_key(partition.index)).await?)
+    })
+    .await?;
     if let Err(e) = heartbeat::write(&bucket, partition, &writer, true, None).await {
         tracing::warn!(error = %e, "cannot write the partition's status yet");
     }
+    tracing::info!(partition = partition.index, partitions = partition.count, writer = %writer,
+        commits = log.len(), output = %bucket.url(), startup_requests = bucket.requests(),
+        "cluster worker starting");
     let retried: Vec<String> = cfg
         .datasets
         .iter()
@@ -214,13 +227,18 @@ pub async fn run(
             Ok(BudgetLog::load(bucket.clone(), &d.name, partition.count).await?)
         })
         .await?;
+        // Running again: this partition may take and give back budget.
+        bucket
+            .delete(&budget::waiting_key(&d.name, partition.index))
+            .await?;
         let mut log = shared.lock().await;
         budget::reconcile(&mut log, &mut ledger, &d.name, &writer).await?;
-        let granted = Agent::granted(&log, &d.name, &writer);
+        let allowance = Arc::new(Allowance::new(0));
+        let granted = Agent::granted(&log, &d.name, &writer, &allowance);
+        allowance.set(granted, false);
         tracing::info!(dataset = %d.name, budget = total, allowance = log.dataset(&d.name).allowance(),
             committed = log.committed_tokens(&d.name), pool = ledger.pool(total),
             "partition's budget: tickets from the job's pool as needed");
-        let allowance = Arc::new(Allowance::new(granted));
         cfg.allowances.insert(d.name.clone(), allowance.clone());
         d.token_budget = Some(granted);
         lanes.push(budget::Lane::new(&d.name, total, ledger, allowance));
@@ -462,6 +480,14 @@ async fn settle_budgets(
             )
             .await?;
         }
+        // Stopped: it gives nothing more back, so no one waits for it.
+        agent
+            .bucket
+            .put(
+                &budget::waiting_key(&lane.dataset, p.index),
+                "stopped".into(),
+            )
+            .await?;
     }
     Ok(())
 }
@@ -562,7 +588,7 @@ impl Publisher {
         let mut log = self.log.lock().await;
         if log.catch_up().await.is_ok() {
             for (dataset, a) in &self.allowances {
-                a.set(Agent::granted(&log, dataset, &self.writer), a.is_last());
+                a.set(Agent::granted(&log, dataset, &self.writer, a), a.is_last());
             }
         }
     }
@@ -622,6 +648,7 @@ impl Publisher {
         loop {
             let mut left_out: HashSet<&str> = HashSet::new();
             let mut over_share = 0u64;
+            let mut duplicate_tokens = 0u64;
             {
                 let log = self.log.lock().await;
                 log.refuse_sealed()?;
@@ -632,6 +659,7 @@ impl Publisher {
                 for (id, tokens) in &items {
                     if d.committed.contains(id) {
                         left_out.insert(id);
+                        duplicate_tokens += tokens;
                     } else if cap.is_some_and(|cap| spent + tokens > cap) {
                         left_out.insert(id);
                         over_share += 1;
@@ -700,6 +728,9 @@ impl Publisher {
             let appended = self.log.lock().await.append(Record::Shard(record)).await;
             match appended {
                 Ok(Appended::Committed(seq)) => {
+                    if let Some((_, a)) = self.allowances.iter().find(|(n, _)| n == dataset) {
+                        a.add_duplicates(duplicate_tokens);
+                    }
                     if file != path {
                         // The rewritten copy has served: the local shard stays the record.
                         let _ = std::fs::remove_file(&file);

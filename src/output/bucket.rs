@@ -659,12 +659,22 @@ impl Bucket {
         Ok(n)
     }
 
-    /// Deletes `key` (absent is fine).
+    /// Deletes `key` (absent is fine). A delete is idempotent, so one that failed in
+    /// transit is tried again (S3's is a POST, which the store's own retries leave alone).
     pub async fn delete(&self, key: &str) -> Result<(), BucketError> {
-        self.count(&self.counts.delete);
-        match self.store.delete(&self.path(key)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(self.err("delete", key)(e)),
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            self.count(&self.counts.delete);
+            match self.store.delete(&self.path(key)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => return Ok(()),
+                Err(e) if tries >= CREATE_TRIES => return Err(self.err("delete", key)(e)),
+                Err(e) => {
+                    tracing::debug!(url = %self.url, key, tries, error = %redacted(&self.secrets, &e),
+                        "delete failed in transit; trying again");
+                    tokio::time::sleep(Duration::from_millis(100 << tries.min(6))).await;
+                }
+            }
         }
     }
 }

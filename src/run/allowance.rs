@@ -21,10 +21,18 @@ pub struct Allowance {
     last: AtomicBool,
     /// Completed tokens plus the expected final tokens of the requests in flight.
     demand: AtomicU64,
+    /// Completed tokens.
+    completed: AtomicU64,
+    /// The scheduler has reported at least once.
+    reported: AtomicBool,
     /// The expected tokens of one new request.
     request_tokens: AtomicU64,
     /// The lane has rows it would dispatch with more budget.
     wants: AtomicBool,
+    /// Tokens this run completed for items another writer committed first (a twin): in
+    /// the lane's completed tokens and in the partition's, so counted once by adding them
+    /// back.
+    duplicates: AtomicU64,
     /// Woken when `granted` or `last` change (the dispatcher then looks again).
     pub changed: Notify,
 }
@@ -57,12 +65,24 @@ impl Allowance {
     }
 
     /// What the lane wants (the scheduler, as it decides).
-    pub fn report(&self, demand: f64, request_tokens: f64, wants: bool) {
+    pub fn report(&self, demand: f64, completed: u64, request_tokens: f64, wants: bool) {
         self.demand
             .store(demand.max(0.0).ceil() as u64, Ordering::Relaxed);
+        self.completed.store(completed, Ordering::Relaxed);
         self.request_tokens
             .store(request_tokens.max(1.0).ceil() as u64, Ordering::Relaxed);
         self.wants.store(wants, Ordering::Relaxed);
+        self.reported.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the scheduler has reported yet (before, `wants_more` means nothing).
+    pub fn reported(&self) -> bool {
+        self.reported.load(Ordering::Relaxed)
+    }
+
+    /// Completed tokens, as last reported.
+    pub fn completed(&self) -> u64 {
+        self.completed.load(Ordering::Relaxed)
     }
 
     /// Completed tokens plus the expected final tokens in flight, as last reported.
@@ -78,5 +98,15 @@ impl Allowance {
     /// Whether the lane has rows it would dispatch with more budget.
     pub fn wants_more(&self) -> bool {
         self.wants.load(Ordering::Relaxed)
+    }
+
+    /// Counts tokens completed here for items another writer committed first.
+    pub fn add_duplicates(&self, tokens: u64) {
+        self.duplicates.fetch_add(tokens, Ordering::Relaxed);
+    }
+
+    /// Tokens completed here for items another writer committed first.
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates.load(Ordering::Relaxed)
     }
 }

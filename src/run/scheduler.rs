@@ -419,6 +419,7 @@ impl Scheduler {
             if let Some(a) = &lane.spec.allowance {
                 a.report(
                     lane.committed_estimate(true),
+                    lane.completed_tokens,
                     lane.lengths.expected_new(),
                     !lane.closed && lane.has_rows(),
                 );

@@ -7,6 +7,7 @@ mod support;
 mod bad_input;
 mod budget;
 mod cluster;
+mod cluster_job;
 mod crash;
 mod demo;
 mod deploy;
