@@ -780,6 +780,35 @@ mod tests {
         });
     }
 
+    /// A download pinned to the ETag seen (`If-Match`) reads the object while it is that
+    /// version and is refused once it was replaced, leaving no local file.
+    #[test]
+    fn a_download_pinned_to_an_etag_refuses_another_version() {
+        rt().block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("file://{}/store", dir.path().display());
+            let b = Bucket::open(&url, &BucketOptions::default()).unwrap();
+            b.put("in.jsonl", Bytes::from("first\n")).await.unwrap();
+            let (_, etag) = b.head("in.jsonl").await.unwrap().unwrap();
+            let etag = etag.expect("an ETag");
+            let local = dir.path().join("in.jsonl");
+            b.download_if("in.jsonl", &local, Some(&etag))
+                .await
+                .unwrap();
+            assert_eq!(std::fs::read(&local).unwrap(), b"first\n");
+            std::fs::remove_file(&local).unwrap();
+            // Replaced between the look and the read (another size: another ETag).
+            b.put("in.jsonl", Bytes::from("second, longer\n"))
+                .await
+                .unwrap();
+            assert!(b
+                .download_if("in.jsonl", &local, Some(&etag))
+                .await
+                .is_err());
+            assert!(!local.exists());
+        });
+    }
+
     /// A file of several parts uploads whole, with its checksum, and downloads the same;
     /// listing gives keys relative to the root, sorted.
     #[test]

@@ -335,3 +335,105 @@ async fn a_failed_item_is_published_as_a_failure_and_retried_through_the_store()
     assert_verify_clean(&cfg);
     big.stop().await;
 }
+
+/// `finalize` run again skips what it published (one HEAD each, no copy); `--gc` then
+/// removes every upload under `_spool/*/shards/` — the published shards' originals and
+/// an orphan no record names — and the output still verifies clean. `--partial` names the
+/// unfinished partition in the manifest and `status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalize_reruns_skip_what_is_published_and_gc_removes_uploads() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = Mock::start(fast_mock()).await;
+    let shared = dir.path().join("shared");
+    let cfg = cluster_config(
+        dir.path(),
+        &mock.url,
+        &format!("file://{}", shared.display()),
+        2,
+        40,
+        1_000_000,
+    );
+    ok(&cfg, &["run", "-q", "--partition", "0"], &[]);
+    // Partition 1 has not run: --partial publishes partition 0 and names 1.
+    let said = ok(&cfg, &["finalize", "--partial"], &[]);
+    assert!(
+        said.contains("partitions [1] published unfinished"),
+        "{said}"
+    );
+    assert_eq!(manifest(&shared)["incomplete"], serde_json::json!([1]));
+    let table = ok(&cfg, &["status"], &[]);
+    assert!(table.contains("partitions [1] unfinished"), "{table}");
+    // A worker of the sealed, unfinished partition is refused: the job is published.
+    let o = spool(&cfg, &["run", "-q", "--partition", "1"], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--partial"), "{}", stderr(&o));
+    let orphan = shared.join("_spool/p0000/shards/0123456789abcdef/alpha/part-000009-0.parquet");
+    std::fs::create_dir_all(orphan.parent().unwrap()).unwrap();
+    std::fs::write(&orphan, b"an upload no record names").unwrap();
+    let again = spool(&cfg, &["finalize", "--partial", "--gc"], &[]);
+    let err = stderr(&again);
+    assert!(again.status.success(), "{err}");
+    let shards = manifest(&shared)["datasets"]["alpha"]["shards"]
+        .as_array()
+        .unwrap()
+        .len()
+        + manifest(&shared)["datasets"]["beta"]["shards"]
+            .as_array()
+            .unwrap()
+            .len();
+    assert!(
+        err.contains(&format!("copied=0 skipped={shards}")),
+        "a rerun copies nothing: {err}"
+    );
+    assert!(!orphan.exists(), "the orphan upload is gone");
+    let left: Vec<String> = crate::forged::objects(&shared)
+        .into_iter()
+        .filter(|k| k.contains("/shards/"))
+        .collect();
+    assert!(left.is_empty(), "uploads left: {left:?}");
+    assert_verify_clean(&cfg);
+    mock.stop().await;
+}
+
+/// A worker killed with SIGKILL leaves its status saying it runs; its heartbeat ages, and
+/// `status` shows the partition stale (no heartbeat for more than a minute: dead or cut
+/// off) rather than running forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_worker_shows_stale_not_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = Mock::start(spool::mock::MockConfig {
+        capacity_tps: 0.5,
+        per_request_tps: 0.2,
+        ..spool::mock::MockConfig::for_tests()
+    })
+    .await;
+    let shared = dir.path().join("shared");
+    let cfg = cluster_config(
+        dir.path(),
+        &mock.url,
+        &format!("file://{}", shared.display()),
+        1,
+        100,
+        1_000_000,
+    );
+    let mut p = Proc::spawn(&cfg, &["run", "--partition", "0"], &[]);
+    p.wait_for("cluster worker starting", 1, Duration::from_secs(60))
+        .await;
+    p.signal(libc::SIGKILL);
+    let _ = p.wait(Duration::from_secs(30)).await;
+    let key = shared.join("_spool/p0000/status.json");
+    let mut s: Value = serde_json::from_slice(&std::fs::read(&key).unwrap()).unwrap();
+    assert_eq!(s["running"], true, "{s}");
+    let st = status(&cfg);
+    assert_eq!(st["partitions"][0]["stale"], false, "fresh: {st}");
+    // Two minutes later, as far as the heartbeat says.
+    let beat = s["heartbeat_unix"].as_u64().unwrap();
+    s["heartbeat_unix"] = Value::from(beat - 120);
+    std::fs::write(&key, serde_json::to_vec(&s).unwrap()).unwrap();
+    let st = status(&cfg);
+    assert_eq!(st["partitions"][0]["stale"], true, "{st}");
+    assert!(st["partitions"][0]["heartbeat_age_s"].as_u64().unwrap() >= 120);
+    let table = ok(&cfg, &["status"], &[]);
+    assert!(table.contains("STALE: no heartbeat for"), "{table}");
+    mock.stop().await;
+}
