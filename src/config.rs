@@ -571,6 +571,8 @@ pub struct Overrides {
     pub output_dir: Option<PathBuf>,
     pub concurrency: Option<usize>,
     pub metrics_addr: Option<String>,
+    /// Replaces `[server] urls` (a Slurm task's own server port).
+    pub server_urls: Vec<String>,
 }
 
 impl Config {
@@ -612,6 +614,9 @@ impl Config {
         }
         if let Some(a) = &o.metrics_addr {
             self.run.metrics_addr = a.clone();
+        }
+        if !o.server_urls.is_empty() {
+            self.server.urls = o.server_urls.clone();
         }
     }
 

@@ -43,6 +43,9 @@ struct Cli {
     /// Override `run.metrics_addr` ("" disables the endpoint).
     #[arg(long, global = true)]
     metrics_addr: Option<String>,
+    /// Override `server.urls` (repeat for several): a Slurm task's own server port.
+    #[arg(long = "server-url", global = true, value_name = "URL")]
+    server_urls: Vec<String>,
     /// Override `run.partitions`: the workers of a cluster job.
     #[arg(long, global = true, value_name = "N")]
     partitions: Option<u32>,
@@ -265,6 +268,7 @@ fn overrides(cli: &Cli) -> Overrides {
         output_dir: cli.output_dir.clone(),
         concurrency: cli.concurrency,
         metrics_addr: cli.metrics_addr.clone(),
+        server_urls: cli.server_urls.clone(),
     }
 }
 
