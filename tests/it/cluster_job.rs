@@ -437,3 +437,67 @@ async fn a_dead_worker_shows_stale_not_running() {
     assert!(table.contains("STALE: no heartbeat for"), "{table}");
     mock.stop().await;
 }
+
+/// A partition whose worker dies holding budget tickets does not strand them: partition 0
+/// takes tickets, commits and is SIGKILLed for good; partition 1, budget-bound, finds the
+/// pool empty and partition 0's heartbeat stale (here after a second), takes back its
+/// unused allowance (a release in partition 0's log, returned to the pool) and uses it:
+/// the job's tokens reach the budget, never pass it (policy "cancel").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_partitions_unused_budget_goes_back_to_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = Mock::start(spool::mock::MockConfig {
+        capacity_tps: 2.0,
+        per_request_tps: 0.5,
+        ..spool::mock::MockConfig::for_tests()
+    })
+    .await;
+    let shared = dir.path().join("shared");
+    let budget = 6_000;
+    let cfg = cluster_config(
+        dir.path(),
+        &mock.url,
+        &format!("file://{}", shared.display()),
+        2,
+        20,
+        budget,
+    );
+    write_prompts(&dir.path().join("b.jsonl"), "b", 600);
+    let mut p0 = Proc::spawn(&cfg, &["run", "--partition", "0"], &[]);
+    p0.wait_for("shard committed", 2, Duration::from_secs(60))
+        .await;
+    p0.signal(libc::SIGKILL);
+    let _ = p0.wait(Duration::from_secs(30)).await;
+    let held: u64 = std::fs::read_dir(shared.join("_spool/budget/beta"))
+        .unwrap()
+        .map(|e| {
+            serde_json::from_slice::<Value>(&std::fs::read(e.unwrap().path()).unwrap()).unwrap()
+        })
+        .filter(|t| t["partition"] == 0 && t["kind"] == "claim")
+        .map(|t| t["tokens"].as_u64().unwrap())
+        .sum();
+    assert!(held > 0, "partition 0 took no ticket");
+    let mut p1 = Proc::spawn(
+        &cfg,
+        &["run", "--partition", "1"],
+        &[("SPOOL_FAULT_STALE_AFTER_MS", "1000")],
+    );
+    let (s, _) = p1.wait(Duration::from_secs(240)).await;
+    assert!(s.success(), "{}", p1.stderr());
+    assert!(
+        p1.stderr()
+            .contains("taking back the unused budget of a partition"),
+        "{}",
+        p1.stderr()
+    );
+    ok(&cfg, &["finalize", "--partial"], &[]);
+    let tokens = manifest(&shared)["datasets"]["beta"]["completion_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        tokens <= budget && tokens >= budget * 97 / 100,
+        "beta: {tokens} tokens of {budget} (partition 0 held {held})"
+    );
+    assert_verify_clean(&cfg);
+    mock.stop().await;
+}
