@@ -190,7 +190,8 @@ impl From<DatasetError> for Error {
             DatasetError::Open { .. }
             | DatasetError::Read { .. }
             | DatasetError::Format { .. }
-            | DatasetError::Parquet { .. } => Kind::Usage,
+            | DatasetError::Parquet { .. }
+            | DatasetError::Limit(_) => Kind::Usage,
         };
         Error::new(kind, e)
     }
@@ -251,9 +252,10 @@ impl From<IntakeError> for Error {
             IntakeError::Sink(e) => e
                 .downcast_ref::<QueueError>()
                 .map_or(Kind::Runtime, queue_kind),
-            IntakeError::Spill(_) | IntakeError::NotOpened(_) | IntakeError::Panicked => {
-                Kind::Runtime
-            }
+            IntakeError::Spill(_)
+            | IntakeError::NotOpened(_)
+            | IntakeError::Panicked
+            | IntakeError::Render { .. } => Kind::Runtime,
         };
         Error::new(kind, e)
     }

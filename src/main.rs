@@ -5,6 +5,7 @@
 use clap::{Parser, Subcommand};
 use spool::config::{Config, Overrides};
 use spool::error::{exit, exit_code, Context, Error};
+use spool::observe::printable::{escape_except, json_safe};
 use spool::observe::status::StatusReport;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -139,6 +140,9 @@ enum Command {
         /// `token-freq`/`draft-vocab`: the target model's vocabulary size (default: `vocab_size` of the `config.json` beside the tokenizer).
         #[arg(long, value_name = "N")]
         target_vocab: Option<usize>,
+        /// Hold out this fraction of each dataset's items (whole conversations, by id hash) in an eval file beside the output (e.g. 0.02).
+        #[arg(long, value_name = "FRACTION")]
+        holdout: Option<f64>,
         /// Leave out rows with these finish reasons (comma-separated, e.g. `length,abort`; default: keep all).
         #[arg(long, value_delimiter = ',', value_name = "REASONS")]
         exclude_finish: Vec<String>,
@@ -162,7 +166,13 @@ fn main() -> ExitCode {
     match real_main(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("spool: error: {}", spool::error::render(&e));
+            // Errors quote files and servers: their control characters are escaped (the
+            // line breaks of a config error's excerpt are spool's own).
+            let msg = spool::error::render(&e);
+            eprintln!(
+                "spool: error: {}",
+                spool::observe::printable::escape_except(&msg, &['\n'])
+            );
             ExitCode::from(exit_code(&e))
         }
     }
@@ -394,6 +404,12 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             // (dropping the runtime would wait for its blocking tasks forever).
             rt.shutdown_timeout(std::time::Duration::from_secs(5));
             let summary = summary?;
+            if !summary.limited.is_empty() {
+                eprintln!(
+                    "spool: intake of {} stopped at an input limit (the log names the file and the limit); the other datasets ran",
+                    summary.limited.join(", ")
+                );
+            }
             if summary.ending() == Some(spool::error::Kind::ItemsFailed) {
                 let failed = summary.report.failed();
                 if cluster {
@@ -424,9 +440,9 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                         ))?;
                         tracing::info!(requests = %job.bucket.request_counts(), "store requests");
                         if *json {
-                            println!("{}", serde_json::to_string_pretty(&st)?);
+                            println!("{}", json_safe(serde_json::to_string_pretty(&st)?));
                         } else {
-                            print!("{}", st.render_table());
+                            print!("{}", escape_except(&st.render_table(), &['\n']));
                         }
                         return Ok(exit::OK);
                     }
@@ -434,7 +450,7 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                 }
             };
             if *json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                println!("{}", json_safe(serde_json::to_string_pretty(&report)?));
             } else {
                 print!("{}", report.render_table());
             }
@@ -634,6 +650,7 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             per_turn,
             draft_vocab,
             target_vocab,
+            holdout,
             exclude_finish,
             keep_empty,
             think_markers,
@@ -649,7 +666,25 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                 _ => PathBuf::from("."),
             };
             remove_on_signal();
-            remove_on_signal_too(spool::output::export::temp_path(out));
+            let mut opts = spool::output::export::ExportOptions {
+                format: *format,
+                out: out.clone(),
+                dataset: dataset.clone(),
+                per_turn: *per_turn,
+                draft_vocab: *draft_vocab,
+                target_vocab: *target_vocab,
+                holdout: *holdout,
+                gates: spool::output::export::Gates {
+                    exclude_finish: exclude_finish.clone(),
+                    keep_empty: *keep_empty,
+                    think: *think_markers,
+                    ..Default::default()
+                },
+                status: None,
+            };
+            for (tmp, _) in spool::output::export::outputs(&opts) {
+                remove_on_signal_too(tmp);
+            }
             // A cluster job's output: the published shards, fetched (and checked against
             // the manifest) into a private scratch folder beside --out (its file system),
             // read like an output folder, removed on every exit.
@@ -692,21 +727,7 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             } else {
                 None
             };
-            let opts = spool::output::export::ExportOptions {
-                format: *format,
-                out: out.clone(),
-                dataset: dataset.clone(),
-                per_turn: *per_turn,
-                draft_vocab: *draft_vocab,
-                target_vocab: *target_vocab,
-                gates: spool::output::export::Gates {
-                    exclude_finish: exclude_finish.clone(),
-                    keep_empty: *keep_empty,
-                    think: *think_markers,
-                    ..Default::default()
-                },
-                status,
-            };
+            opts.status = status;
             let r = spool::output::export::export(&cfg, &opts).map_err(Error::runtime);
             drop(scratch);
             let r = r?;
@@ -723,6 +744,15 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                 out.display(),
                 spool::output::export::summary_path(out).display()
             );
+            for (_, also) in spool::output::export::outputs(&opts).iter().skip(1) {
+                println!("  and {}", also.display());
+            }
+            if *format == spool::output::export::Format::DraftVocab {
+                println!(
+                    "SpecForge's vocab_mapping_path takes a .pt: python -c 'import torch; from safetensors.torch import load_file; torch.save(load_file(\"{}\"), \"vocab_mapping.pt\")'",
+                    out.display()
+                );
+            }
             Ok(exit::OK)
         }
         Command::MockServer(mcfg) => {
@@ -769,9 +799,11 @@ async fn remote_status(url: &str) -> Result<StatusReport, Error> {
         .map_err(Error::msg)
 }
 
-/// The running process's `/status` when it answers, else the queue alone.
+/// The running process's `/status` when it answers and proves it owns the queue (the
+/// token it wrote in `data_dir`), else the queue alone.
 async fn status_report(cfg: &Config, faults: &spool::knobs::Faults) -> Result<StatusReport, Error> {
-    {
+    let token = std::fs::read_to_string(cfg.data_dir.join(spool::run::job::TOKEN_FILE));
+    if let Ok(token) = token {
         // The address a running process actually bound (it may have been given on its
         // command line, or be port 0), then the configured one.
         let mut addrs = Vec::new();
@@ -781,18 +813,20 @@ async fn status_report(cfg: &Config, faults: &spool::knobs::Faults) -> Result<St
         if !cfg.run.metrics_addr.is_empty() {
             addrs.push(cfg.run.metrics_addr.clone());
         }
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(std::time::Duration::from_secs(2))
-            .build()?;
+        addrs.dedup();
         for addr in addrs.iter().filter(|a| !a.ends_with(":0")) {
-            let url = format!("http://{addr}/status");
-            if let Ok(r) = client.get(&url).send().await {
-                if r.status().is_success() {
-                    if let Ok(rep) = r.json::<StatusReport>().await {
-                        return Ok(rep);
-                    }
+            match spool::observe::status::fetch_own(
+                addr,
+                token.trim(),
+                std::time::Duration::from_secs(2),
+            )
+            .await
+            {
+                Ok(rep) => return Ok(rep),
+                Err(e @ spool::observe::status::OwnStatusError::Untrusted(_)) => {
+                    tracing::warn!("{e}")
                 }
+                Err(e) => tracing::debug!(error = %e, "no live status"),
             }
         }
     }

@@ -178,6 +178,7 @@ pub async fn run(
                 "this partition is published (sealed by spool finalize) and was done: nothing to do");
             return Ok(RunSummary {
                 interrupted: false,
+                limited: Vec::new(),
                 report: StatusReport::default(),
             });
         }

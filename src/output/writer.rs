@@ -425,7 +425,7 @@ fn id_lists(rows: &[ShardRow], f: impl Fn(&ShardRow) -> Option<&Vec<u32>>) -> Ar
     Arc::new(builder.finish())
 }
 
-fn rows_to_batch(rows: &[ShardRow]) -> Result<RecordBatch, ArrowError> {
+pub(crate) fn rows_to_batch(rows: &[ShardRow]) -> Result<RecordBatch, ArrowError> {
     let columns: Vec<ArrayRef> = vec![
         strings(rows, |r| &r.id),
         strings(rows, |r| &r.dataset),
@@ -459,6 +459,7 @@ fn rows_to_batch(rows: &[ShardRow]) -> Result<RecordBatch, ArrowError> {
         opt_strings(rows, |r| r.tools.as_deref()),
         opt_strings(rows, |r| r.sampling.as_deref()),
         opt_strings(rows, |r| r.partial.as_deref()),
+        opt_strings(rows, |r| r.prompt_ids_source.map(|s| s.as_str())),
     ];
     RecordBatch::try_new(schema(), columns)
 }
@@ -514,6 +515,11 @@ pub(crate) mod tests {
             tools: i.is_multiple_of(3).then(|| "[]".into()),
             sampling: Some(format!(r#"{{"seed":{i}}}"#)),
             partial: (i % 4 == 3).then(|| "budget".into()),
+            prompt_ids_source: match i % 3 {
+                0 => None,
+                1 => Some(crate::prompt::remote::IdsSource::Client),
+                _ => Some(crate::prompt::remote::IdsSource::Server),
+            },
         }
     }
 
@@ -674,7 +680,7 @@ pub(crate) mod tests {
         let md = builder.metadata();
         assert!(md.num_row_groups() >= 1);
         for rg in md.row_groups() {
-            assert_eq!(rg.columns().len(), 23);
+            assert_eq!(rg.columns().len(), 24);
             for c in rg.columns() {
                 assert!(
                     matches!(c.compression(), Compression::ZSTD(_)),

@@ -17,7 +17,8 @@
 //! is started: a worker between attempts gives its lease back at once.
 //!
 //! A generation's request is built by [`prepare`] (the sample's draw, the template with
-//! the row's tools, unless the intake's rendering holds) and its row by [`to_row`]
+//! the row's tools, unless the intake's rendering holds; with `source = "server"` the
+//! server renders it, [`render_on_server`]) and its row by [`to_row`]
 //! (thinking and tool calls split out of raw text by the run's [`RunSyntax`]); items of
 //! several generations run their turns in [`crate::run::turns`].
 
@@ -26,8 +27,10 @@ use crate::input::batch::RowSampling;
 use crate::observe::metrics::DatasetMetrics;
 use crate::prompt::conversation::replies_before;
 use crate::prompt::draw::{Draw, Drawer};
+use crate::prompt::remote::{IdsSource, RemoteError, RemoteRenderer, RenderInput};
 use crate::prompt::syntax::Syntax;
 use crate::prompt::PromptBuilder;
+use crate::run::enqueue::ids_source_of;
 use crate::run::scheduler::{Lease, Scheduler};
 use crate::run::servers::Servers;
 use crate::store::queue::{Failure, Item, Outcome, Queue};
@@ -79,6 +82,8 @@ pub(crate) struct Ctx {
     pub(crate) nonce: AtomicU64,
     /// Panics a test injects (none in a plain run).
     pub(crate) faults: FaultPoints,
+    /// `[tokenizer] source = "server"`: prompts rendered per generation are rendered there.
+    pub(crate) renderer: Option<Arc<dyn RemoteRenderer>>,
 }
 
 /// A run's [`Syntax`] with the stop-token ids its split drops from the end of the ids.
@@ -351,10 +356,15 @@ async fn generate_item(ctx: &Ctx, lease: &Lease, attempts: &mut u32) -> End {
         .as_deref()
         .and_then(|m| serde_json::from_str(m).ok());
     let turn = replies_before(messages.as_ref());
-    let req = match prepare(ctx, lease, &mut item, false, messages, true) {
+    let mut req = match prepare(ctx, lease, &mut item, false, messages, true) {
         Ok(r) => r,
         Err(reason) => return failed(lease, reason, (*attempts).max(1)),
     };
+    match render_on_server(ctx, &mut req).await {
+        Ok(()) => {}
+        Err(Ended::GiveBack) => return End::GiveBack,
+        Err(Ended::Failed(reason)) => return failed(lease, reason, (*attempts).max(1)),
+    }
     match generate(ctx, lease, &req, attempts).await {
         Ok(a) => {
             let ttft_s = a.generation.ttft_ms.map(|t| f64::from(t) / 1000.0);
@@ -393,6 +403,10 @@ fn failed(lease: &Lease, reason: String, attempts: u32) -> End {
 pub(crate) struct Prepared {
     prompt: String,
     prompt_ids: Option<Vec<u32>>,
+    /// Who made `prompt_ids`.
+    ids_from: Option<IdsSource>,
+    /// A prompt left to the server to render ([`render_on_server`]).
+    remote: Option<RenderInput>,
     messages: Option<serde_json::Value>,
     /// The messages as the row records them (JSON text).
     messages_text: Option<String>,
@@ -431,24 +445,44 @@ pub(crate) fn prepare(
     let tools_text = tools.as_ref().map(|t| t.to_string());
     let chat = ctx.cfg.server.api == Api::Chat;
     let stored = first && drawer.is_fixed();
-    let (prompt, prompt_ids) = match &messages {
+    let kwargs = || {
+        let mut extra = draw.chat_template_kwargs.clone();
+        if let Some(t) = &tools {
+            extra.insert("tools".into(), t.clone());
+        }
+        extra
+    };
+    let (prompt, prompt_ids, ids_from, remote) = match &messages {
+        Some(m) if !stored && ctx.renderer.is_some() => {
+            let input = RenderInput::Chat {
+                messages: m.clone(),
+                kwargs: kwargs(),
+            };
+            (String::new(), None, None, Some(input))
+        }
         Some(m) if !stored && ctx.builder.has_template() => {
-            let mut extra = draw.chat_template_kwargs.clone();
-            if let Some(t) = &tools {
-                extra.insert("tools".into(), t.clone());
-            }
             // Tool-call arguments reach the template as objects, as the servers pass them.
             let objects = crate::prompt::syntax::arguments_as_objects(m);
             let built = ctx
                 .builder
-                .build_chat_with(objects.as_ref().unwrap_or(m), &extra)
+                .build_chat_with(objects.as_ref().unwrap_or(m), &kwargs())
                 .map_err(|e| e.to_string())?;
-            (built.text, built.token_ids)
+            let from = built.token_ids.as_ref().map(|_| IdsSource::Client);
+            (built.text, built.token_ids, from, None)
         }
-        Some(m) if !stored && chat => (m.to_string(), None),
+        Some(m) if !stored && chat => (m.to_string(), None, None, None),
         // The stored prompt moves into the request unless the item serves more turns.
-        _ if reuse => (item.prompt.clone(), item.prompt_ids.clone()),
-        _ => (std::mem::take(&mut item.prompt), item.prompt_ids.take()),
+        _ if reuse => (
+            item.prompt.clone(),
+            item.prompt_ids.clone(),
+            ids_source_of(item),
+            None,
+        ),
+        _ => {
+            let from = ids_source_of(item);
+            let ids = item.prompt_ids.take();
+            (std::mem::take(&mut item.prompt), ids, from, None)
+        }
     };
     let messages_text = match (&messages, first) {
         (_, true) if lease.multi => messages.as_ref().map(|m| m.to_string()),
@@ -459,6 +493,8 @@ pub(crate) fn prepare(
     Ok(Prepared {
         prompt,
         prompt_ids,
+        ids_from,
+        remote,
         messages,
         messages_text,
         draw,
@@ -467,6 +503,29 @@ pub(crate) fn prepare(
         server: lease.server,
         turn: None,
     })
+}
+
+/// Renders on the server a prompt [`prepare`] left to it (`source = "server"`): a
+/// refusal fails the generation, a server that does not answer gives the lease back.
+pub(crate) async fn render_on_server(ctx: &Ctx, prep: &mut Prepared) -> Result<(), Ended> {
+    let (Some(input), Some(renderer)) = (prep.remote.take(), &ctx.renderer) else {
+        return Ok(());
+    };
+    match renderer.render(&input).await {
+        Ok(b) => {
+            prep.prompt = b.text;
+            prep.prompt_ids = b.token_ids;
+            prep.ids_from = Some(IdsSource::Server);
+            Ok(())
+        }
+        Err(RemoteError::Refused(why)) => Err(Ended::Failed(format!(
+            "the server refused to render the prompt: {why}"
+        ))),
+        Err(RemoteError::Unavailable(why)) => {
+            tracing::warn!(error = %why, "the server could not render a prompt; the item goes back to the queue");
+            Err(Ended::GiveBack)
+        }
+    }
 }
 
 /// Why a generation did not come back.
@@ -688,9 +747,22 @@ pub(crate) fn to_row(
         ),
         (None, false, None) => (g.chunks, CountSource::Chunks),
     };
+    let (prompt_token_ids, prompt_ids_source) = crate::run::prompt_ids::settle(
+        ctx.cfg.server.api == Api::Chat,
+        &ctx.dmetrics[lease.lane],
+        &ctx.names[lease.lane],
+        lease.row,
+        crate::run::prompt_ids::Sides {
+            chat_rendered: req.messages.is_some(),
+            ours: req.prompt_ids,
+            ours_from: req.ids_from,
+            theirs: g.prompt_token_ids,
+            usage: g.prompt_tokens,
+        },
+    );
     let prompt_tokens = g
         .prompt_tokens
-        .or_else(|| req.prompt_ids.as_ref().map(|i| i.len() as u32))
+        .or_else(|| prompt_token_ids.as_ref().map(|i| i.len() as u32))
         .unwrap_or(0);
     let completed_at_ms = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -736,7 +808,7 @@ pub(crate) fn to_row(
             row: lease.row,
             prompt: req.prompt,
             messages: req.messages_text,
-            prompt_token_ids: req.prompt_ids,
+            prompt_token_ids,
             completion,
             completion_token_ids: completion_ids,
             prompt_tokens,
@@ -754,6 +826,7 @@ pub(crate) fn to_row(
             tools: req.tools_text,
             sampling,
             partial: None,
+            prompt_ids_source,
         },
         source,
     )

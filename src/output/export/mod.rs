@@ -21,12 +21,17 @@
 //!   checked against what the shards hold (see [`gates::Accounting::check`]).
 
 pub mod batch;
+pub mod charts;
 pub mod gates;
 pub mod hf;
+pub mod holdout;
+pub mod npy;
+pub mod report;
 pub mod rows;
 pub mod sharegpt;
 pub mod specforge;
 pub mod speculators;
+pub mod stats;
 pub mod tokens;
 pub mod vocab;
 
@@ -64,6 +69,8 @@ pub enum Format {
     OpenaiBatch,
     /// A folder HuggingFace `datasets` loads as a `DatasetDict`, with a dataset card.
     Hf,
+    /// One HTML page of counts and histograms: what was generated, at a glance.
+    Report,
 }
 
 impl Format {
@@ -80,6 +87,7 @@ impl Format {
             Format::DraftVocab => "draft-vocab",
             Format::OpenaiBatch => "openai-batch",
             Format::Hf => "hf",
+            Format::Report => "report",
         }
     }
 
@@ -111,6 +119,8 @@ pub struct ExportOptions {
     /// `token-freq`/`draft-vocab`: the target model's vocabulary size (default: `vocab_size`
     /// of the `config.json` beside the tokenizer).
     pub target_vocab: Option<usize>,
+    /// Hold out this fraction of each dataset's items for evaluation ([`holdout`]).
+    pub holdout: Option<f64>,
     pub gates: Gates,
     /// The queue's counts (from the running process or the queue), for the item-level
     /// accounting; None when neither answers.
@@ -128,6 +138,7 @@ impl ExportOptions {
             per_turn: false,
             draft_vocab: None,
             target_vocab: None,
+            holdout: None,
             gates: Gates::default(),
             status: None,
         }
@@ -203,6 +214,16 @@ impl Jsonl {
     }
 }
 
+/// Writes `bytes` as the file at `path` (a new file, or one replaced) and syncs it; errors
+/// name the file.
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = crate::output::files::replace(path, crate::output::files::FILE_MODE)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
 /// Why `--out` cannot be written as asked: the user's to settle.
 #[derive(Debug, thiserror::Error)]
 pub enum OutError {
@@ -219,8 +240,8 @@ pub enum OutError {
     },
 }
 
-/// Whether `dir` holds nothing but an earlier `hf` export (its card and Parquet files), or
-/// nothing at all: what an export may replace.
+/// Whether `dir` holds nothing but an earlier `hf` export (its card, Parquet files and
+/// pictures), or nothing at all: what an export may replace.
 pub fn is_spool_export(dir: &Path) -> bool {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return false;
@@ -237,14 +258,17 @@ pub fn is_spool_export(dir: &Path) -> bool {
                     && std::fs::read_to_string(e.path())
                         .is_ok_and(|card| card.contains(hf::CARD_MARK))
             }
-            Some("data") if kind.is_dir() => std::fs::read_dir(e.path()).is_ok_and(|files| {
-                files.into_iter().all(|f| {
-                    f.is_ok_and(|f| {
-                        f.file_type().is_ok_and(|t| t.is_file())
-                            && f.file_name().to_string_lossy().ends_with(".parquet")
+            Some(dir @ ("data" | "images")) if kind.is_dir() => {
+                let ext = if dir == "data" { ".parquet" } else { ".svg" };
+                std::fs::read_dir(e.path()).is_ok_and(|files| {
+                    files.into_iter().all(|f| {
+                        f.is_ok_and(|f| {
+                            f.file_type().is_ok_and(|t| t.is_file())
+                                && f.file_name().to_string_lossy().ends_with(ext)
+                        })
                     })
                 })
-            }),
+            }
             _ => false,
         };
         if !ok {
@@ -315,24 +339,68 @@ pub fn summary_path(out: &Path) -> PathBuf {
     out.with_file_name(format!("{name}.summary.json"))
 }
 
-fn open_sink(opts: &ExportOptions, ctx: &ExportContext, tmp: &Path) -> Result<Box<dyn Sink>> {
-    Ok(match opts.format {
-        Format::Sharegpt => Box::new(sharegpt::ShareGptSink::create(tmp)?),
-        Format::Tokens => Box::new(tokens::TokensSink::parquet(tmp)?),
-        Format::TokensJsonl => Box::new(tokens::TokensSink::jsonl(tmp)?),
-        Format::Specforge => specforge::ids_sink(tmp)?,
-        Format::SpecforgeChat => specforge::chat_sink(tmp, opts.per_turn)?,
-        Format::Speculators => speculators::sink(tmp, ctx)?,
-        Format::TokenFreq => vocab::token_freq_sink(tmp, ctx, opts.target_vocab)?,
-        Format::DraftVocab => {
-            let Some(n) = opts.draft_vocab else {
-                bail!("--format draft-vocab needs --draft-vocab N (the draft vocabulary's size)");
-            };
-            vocab::draft_vocab_sink(tmp, ctx, n, opts.target_vocab)?
-        }
-        Format::OpenaiBatch => batch::output_sink(tmp, ctx)?,
-        Format::Hf => hf::sink(tmp, ctx)?,
-    })
+fn open_sink(
+    opts: &ExportOptions,
+    ctx: &ExportContext,
+    tmp: &Path,
+    holdout: Option<holdout::Holdout>,
+) -> Result<Box<dyn Sink>> {
+    let one = |tmp: &Path| -> Result<Box<dyn Sink>> {
+        Ok(match opts.format {
+            Format::Sharegpt => Box::new(sharegpt::ShareGptSink::create(tmp)?),
+            Format::Tokens => Box::new(tokens::TokensSink::parquet(tmp)?),
+            Format::TokensJsonl => Box::new(tokens::TokensSink::jsonl(tmp)?),
+            Format::Specforge => specforge::ids_sink(tmp)?,
+            Format::SpecforgeChat => specforge::chat_sink(tmp, opts.per_turn)?,
+            Format::Speculators => speculators::sink(tmp, ctx)?,
+            Format::TokenFreq => vocab::token_freq_sink(tmp, ctx, opts.target_vocab)?,
+            Format::DraftVocab => {
+                let Some(n) = opts.draft_vocab else {
+                    bail!(
+                        "--format draft-vocab needs --draft-vocab N (the draft vocabulary's size)"
+                    );
+                };
+                vocab::draft_vocab_sink(tmp, &opts.out, ctx, n, opts.target_vocab)?
+            }
+            Format::OpenaiBatch => batch::output_sink(tmp, ctx)?,
+            Format::Hf => hf::sink(tmp, ctx, holdout)?,
+            Format::Report => report::sink(tmp, ctx, holdout)?,
+        })
+    };
+    let train = one(tmp)?;
+    let Some(h) = holdout else {
+        return Ok(train);
+    };
+    let eval: Box<dyn Sink> = match opts.format {
+        // Both split inside their own output.
+        Format::Hf | Format::Report => return Ok(train),
+        // A draft vocabulary comes from the training rows alone.
+        Format::DraftVocab => Box::new(holdout::Discard),
+        _ => one(&temp_path(&holdout::eval_path(&opts.out)))?,
+    };
+    Ok(Box::new(holdout::SplitSink {
+        holdout: h,
+        train,
+        eval,
+    }))
+}
+
+/// Every (temporary, final) path an export in `opts` writes besides its summary: the
+/// output, the eval file with `--holdout`, and the `.npy` files of `draft-vocab`. The
+/// temporary ones are removed if the export stops before its end.
+pub fn outputs(opts: &ExportOptions) -> Vec<(PathBuf, PathBuf)> {
+    let mut v = vec![opts.out.clone()];
+    let splits_inside = matches!(
+        opts.format,
+        Format::Hf | Format::Report | Format::DraftVocab
+    );
+    if opts.holdout.is_some() && !splits_inside {
+        v.push(holdout::eval_path(&opts.out));
+    }
+    if let (Format::DraftVocab, Some(n)) = (opts.format, opts.draft_vocab) {
+        v.extend(vocab::npy_paths(&opts.out, n));
+    }
+    v.into_iter().map(|p| (temp_path(&p), p)).collect()
 }
 
 /// Writes the sealed shards of `cfg`'s datasets to `opts.out` in `opts.format`.
@@ -358,11 +426,27 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
         crate::output::files::create_dir_all(dir, crate::output::files::DIR_MODE)
             .with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    claim_out(out, opts.format, false)?;
+    let holdout = opts.holdout.map(holdout::Holdout::new).transpose()?;
+    let files = outputs(opts);
+    for (tmp, path) in &files {
+        // Beside a folder export only files go; a file export's eval file and .npy files
+        // are files too.
+        let format = if path == out {
+            opts.format
+        } else {
+            Format::Sharegpt
+        };
+        claim_out(path, format, false)?;
+        remove_path(tmp)?;
+    }
     let tmp = temp_path(out);
-    remove_path(&tmp)?;
+    let remove_temps = || {
+        for (t, _) in &files {
+            let _ = remove_path(t);
+        }
+    };
     let res = (|| {
-        let mut sink = open_sink(opts, &ctx, &tmp)?;
+        let mut sink = open_sink(opts, &ctx, &tmp, holdout)?;
         let mut acc = Accounting::new(opts.format, &opts.gates);
         let mut shards = 0;
         for name in &names {
@@ -372,7 +456,12 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
                 shards += 1;
                 rows::for_each_row(&shard, ctx.end_of_turn.as_ref(), |row| {
                     match acc.judge(&opts.gates, opts.format, row) {
-                        Some(row) => sink.push(&row),
+                        Some(row) => {
+                            if holdout.is_some_and(|h| h.holds(&row)) {
+                                acc.hold_out(&row);
+                            }
+                            sink.push(&row)
+                        }
                         None => Ok(()),
                     }
                 })?;
@@ -397,26 +486,29 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
             accounting: acc,
         })
     })();
-    let report = match res {
+    let mut report = match res {
         Ok(r) => r,
         Err(e) => {
-            let _ = remove_path(&tmp);
+            remove_temps();
             return Err(e);
         }
     };
+    report.accounting.holdout = holdout.map(|h| h.fraction());
     if opts.format == Format::Hf && out.is_dir() {
         // A folder cannot be renamed over a non-empty one: the old export goes first, and
         // only an export (checked again: it may have changed while this one ran).
         if let Err(e) = claim_out(out, opts.format, false) {
-            let _ = remove_path(&tmp);
+            remove_temps();
             return Err(e.into());
         }
         std::fs::remove_dir_all(out)
             .with_context(|| format!("cannot replace {}", out.display()))?;
     }
-    std::fs::rename(&tmp, out)
-        .and_then(|()| crate::store::blocks::sync_parent(out))
-        .with_context(|| format!("cannot rename {} to {}", tmp.display(), out.display()))?;
+    for (tmp, path) in &files {
+        std::fs::rename(tmp, path)
+            .and_then(|()| crate::store::blocks::sync_parent(path))
+            .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
+    }
     let summary = summary_path(out);
     crate::output::files::write_durably(&summary, report.accounting.summary_json(out)?.as_bytes())
         .with_context(|| format!("cannot write {}", summary.display()))?;

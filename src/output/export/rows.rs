@@ -11,13 +11,19 @@ use crate::config::Config;
 use crate::output::reader::{batch_to_rows, ShardReader};
 use crate::output::schema::META_COUNT_SOURCE;
 use crate::output::shard::{folder_entries, parse_shard_index};
+use crate::prompt::model_folder::ModelFiles;
 use crate::prompt::syntax::{Family, Syntax};
 use crate::prompt::tokenizer::Tokenizer;
 use crate::prompt::ChatTemplate;
 use crate::store::row::ShardRow;
 use anyhow::{anyhow, Context, Result};
+use arrow_array::cast::AsArray;
+use arrow_array::Array;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// The shard column saying why a generation ended, where shards have it.
+pub const STOP_REASON: &str = "stop_reason";
 
 /// The token that closes an assistant turn, and where spool learned it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +48,9 @@ pub struct ExportRow {
     pub end_of_turn_appended: bool,
     /// Think markers are left in the answer although the thinking was split off.
     pub leftover_think: bool,
+    /// Why the generation ended as the shard's `stop_reason` column says, read by name;
+    /// None when the shard has no such column or the row no value.
+    pub stop_reason: Option<String>,
 }
 
 impl ExportRow {
@@ -198,12 +207,10 @@ fn family_of(cfg: &Config) -> Option<Family> {
     let t = cfg.tokenizer.as_ref()?;
     let template = match &t.chat_template {
         Some(p) => ChatTemplate::from_file(p).ok(),
-        None => {
-            let c = folder_of(&t.path).join("tokenizer_config.json");
-            c.is_file()
-                .then(|| ChatTemplate::from_file(&c).ok())
-                .flatten()
-        }
+        None => ModelFiles::locate(&t.path)
+            .ok()
+            .and_then(|files| files.chat_template)
+            .and_then(|p| ChatTemplate::from_file(&p).ok()),
     };
     let syntax = template
         .map(|tpl| Syntax::of_template(tpl.source()))
@@ -291,11 +298,28 @@ pub fn for_each_row(
         batch_to_rows(path, &batch, &mut rows)
             .map_err(|e| anyhow!(e.detail()))
             .with_context(|| format!("cannot decode {}", path.display()))?;
-        for row in rows.drain(..) {
-            f(prepare(row, count_source.clone(), end_of_turn))?;
+        let stop = stop_reasons(&batch);
+        for (i, row) in rows.drain(..).enumerate() {
+            let mut row = prepare(row, count_source.clone(), end_of_turn);
+            row.stop_reason = stop.get(i).cloned().flatten();
+            f(row)?;
         }
     }
     Ok(())
+}
+
+/// Each row's `stop_reason` in `batch`, read by name: empty when the batch has no such
+/// string column (shards written before it), None where a row has no value.
+fn stop_reasons(batch: &arrow_array::RecordBatch) -> Vec<Option<String>> {
+    let Some(c) = batch
+        .column_by_name(STOP_REASON)
+        .and_then(|c| c.as_string_opt::<i32>())
+    else {
+        return Vec::new();
+    };
+    (0..c.len())
+        .map(|i| c.is_valid(i).then(|| c.value(i).to_owned()))
+        .collect()
 }
 
 /// A shard row with its end of turn made explicit.
@@ -322,6 +346,7 @@ pub fn prepare(
         count_source,
         end_of_turn_appended: appended,
         leftover_think: false,
+        stop_reason: None,
     }
 }
 
@@ -367,6 +392,36 @@ mod tests {
         assert_eq!(r.row.completion_token_ids, Some(vec![5, 9]));
         let (ids, mask) = r.ids_and_mask().unwrap();
         assert_eq!((ids, mask), (vec![1, 2, 5, 9], vec![0, 0, 1, 1]));
+    }
+
+    /// `stop_reason` is read by name where a batch has the column, and missing otherwise.
+    #[test]
+    fn stop_reasons_are_read_by_name_when_present() {
+        let rows = vec![row("stop", None), row("length", None)];
+        let batch = crate::output::writer::rows_to_batch(&rows).unwrap();
+        assert!(stop_reasons(&batch).is_empty());
+        let mut fields: Vec<arrow_schema::Field> = batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields.push(arrow_schema::Field::new(
+            STOP_REASON,
+            arrow_schema::DataType::Utf8,
+            true,
+        ));
+        let mut cols = batch.columns().to_vec();
+        cols.push(std::sync::Arc::new(arrow_array::StringArray::from(vec![
+            Some("eos"),
+            None,
+        ])));
+        let with = arrow_array::RecordBatch::try_new(
+            std::sync::Arc::new(arrow_schema::Schema::new(fields)),
+            cols,
+        )
+        .unwrap();
+        assert_eq!(stop_reasons(&with), vec![Some("eos".to_string()), None]);
     }
 
     /// Qwen3's tokenizer config names `<|im_end|>` (151645) as the end of a turn.
