@@ -335,7 +335,8 @@ impl From<crate::cluster::commits::CommitError> for Error {
             | CommitError::Malformed { .. }
             | CommitError::Newer { .. }
             | CommitError::Gap { .. }
-            | CommitError::Untrusted { .. } => Kind::Runtime,
+            | CommitError::Untrusted { .. }
+            | CommitError::Outdated { .. } => Kind::Runtime,
         };
         Error::new(kind, e)
     }

@@ -26,7 +26,7 @@
 //! budget log taken by it, for as many tokens. Anything else is named.
 
 use crate::cluster::commits::{
-    self, untrusted, Claim, CommitError, CommitLog, Head, Record, Release,
+    self, untrusted, Appended, Claim, CommitError, CommitLog, Head, Record, Release,
 };
 use crate::cluster::partition::Partition;
 use crate::output::bucket::{Bucket, Created};
@@ -388,18 +388,24 @@ pub async fn release(
     writer: &str,
     tokens: u64,
 ) -> Result<(), CommitError> {
-    if tokens == 0 {
-        return Ok(());
-    }
     let p = log.partition();
-    let seq = log
-        .append_anyway(Record::Release(Release {
-            head: Head::new("release", p, writer),
-            dataset: dataset.into(),
-            tokens,
-        }))
-        .await?;
-    budget.give_back(p, writer, seq, tokens).await
+    loop {
+        // A twin's records may come first: give back at most what is still unused.
+        let tokens = tokens.min(unused(log, dataset));
+        if tokens == 0 {
+            return Ok(());
+        }
+        let appended = log
+            .append(Record::Release(Release {
+                head: Head::new("release", p, writer),
+                dataset: dataset.into(),
+                tokens,
+            }))
+            .await?;
+        if let Appended::Committed(seq) = appended {
+            return budget.give_back(p, writer, seq, tokens).await;
+        }
+    }
 }
 
 /// What a partition holds and has not used: its allowance less its committed tokens.

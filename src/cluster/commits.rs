@@ -92,6 +92,11 @@ pub enum CommitError {
     #[error("{key}: not a record this job's workers wrote: {detail}; nothing was published from it (move it out of the prefix once you know where it came from)")]
     Untrusted { key: String, detail: String },
     /// The log ends with `spool finalize`'s seal: the job is published.
+    /// A record that must go in whatever others appended no longer fits the log.
+    #[error(
+        "partition {partition}: a record no longer fits the log ({detail}); nothing was written"
+    )]
+    Outdated { partition: u32, detail: String },
     #[error("partition {partition} is sealed ({key}): `spool finalize` published this job{partial}, so nothing more is committed to it; new work goes to a new output prefix, and `spool retry` reopens it for failed items")]
     Sealed {
         partition: u32,
@@ -105,7 +110,9 @@ impl CommitError {
     /// about a sealed log).
     pub fn key(&self) -> Option<&str> {
         match self {
-            CommitError::Bucket(_) | CommitError::Sealed { .. } => None,
+            CommitError::Bucket(_) | CommitError::Sealed { .. } | CommitError::Outdated { .. } => {
+                None
+            }
             CommitError::Malformed { key, .. }
             | CommitError::Newer { key, .. }
             | CommitError::Gap { key, .. }
@@ -361,6 +368,10 @@ pub enum Appended {
     /// Another writer took the sequence number first; its record is now in the log, and
     /// the caller must check again (its shard, its release) before the next try.
     Lost(u64),
+    /// Nothing was written: the log moved on since the caller made the record (a twin
+    /// committed one of its items or gave back budget), so it no longer fits; the caller
+    /// makes it again from the log as it is now.
+    Outdated(String),
 }
 
 /// What the log says of one dataset.
@@ -852,6 +863,11 @@ impl CommitLog {
                 return Err(e);
             }
         }
+        // Checked before the write: once created, a record that contradicts the log would
+        // make every reader refuse the partition.
+        if let Some(why) = self.conflict(&record) {
+            return Ok(Appended::Outdated(why));
+        }
         let seq = self.len;
         record.set_seq(seq);
         let key = commit_key(self.partition.index, seq);
@@ -883,12 +899,54 @@ impl CommitLog {
             match self.append(record.clone()).await? {
                 Appended::Committed(seq) => return Ok(seq),
                 Appended::Lost(_) => {}
+                Appended::Outdated(detail) => {
+                    return Err(CommitError::Outdated {
+                        partition: self.partition.index,
+                        detail,
+                    })
+                }
             }
             if !matches!(record, Record::Retry(_) | Record::Seal(_)) {
                 if let Some(e) = self.sealed_error() {
                     return Err(e);
                 }
             }
+        }
+    }
+
+    /// Why `record` would contradict the log as read so far (what [`Self::push`] refuses
+    /// in a stored record), if it would.
+    fn conflict(&self, record: &Record) -> Option<String> {
+        match record {
+            Record::Shard(c) => {
+                let d = self.datasets.get(&c.dataset)?;
+                c.ids
+                    .iter()
+                    .find(|id| d.committed.contains(*id))
+                    .map(|id| format!("item {id:?} of `{}` is committed already", c.dataset))
+            }
+            Record::Release(r) => {
+                let held = self.dataset(&r.dataset).allowance();
+                (r.tokens > held).then(|| {
+                    format!(
+                        "it gives back {} tokens of `{}`, the partition holds {held}",
+                        r.tokens, r.dataset
+                    )
+                })
+            }
+            Record::Claim(c) => {
+                let d = self.datasets.get(&c.dataset)?;
+                d.claims
+                    .get(&c.ticket)
+                    .filter(|&&t| t != c.tokens)
+                    .map(|t| {
+                        format!(
+                            "ticket {} of `{}` is recorded as {t} tokens",
+                            c.ticket, c.dataset
+                        )
+                    })
+            }
+            Record::Failed(_) | Record::Retry(_) | Record::Seal(_) => None,
         }
     }
 

@@ -646,6 +646,9 @@ impl Publisher {
                 }
             }
         }
+        // Under "cancel", a budget-bound dataset commits no more than the partition holds.
+        let capped = self.cancel_cap && self.allowances.iter().any(|(n, _)| n == dataset);
+        let cap_of = |log: &CommitLog| capped.then(|| log.dataset(dataset).allowance());
         loop {
             let mut left_out: HashSet<&str> = HashSet::new();
             let mut over_share = 0u64;
@@ -654,8 +657,7 @@ impl Publisher {
                 let log = self.log.lock().await;
                 log.refuse_sealed()?;
                 let d = log.dataset(dataset);
-                let cap = (self.cancel_cap && self.allowances.iter().any(|(n, _)| n == dataset))
-                    .then(|| d.allowance());
+                let cap = cap_of(&log);
                 let mut spent = d.tokens;
                 for (id, tokens) in &items {
                     if d.committed.contains(id) {
@@ -726,7 +728,18 @@ impl Publisher {
                 record.bytes = up.bytes;
                 record.sha256 = up.sha256;
             }
-            let appended = self.log.lock().await.append(Record::Shard(record)).await;
+            let appended = {
+                let mut log = self.log.lock().await;
+                // Twins' commits read while this shard uploaded count against the cap too.
+                let spent = log.dataset(dataset).tokens;
+                if tokens > 0 && cap_of(&log).is_some_and(|cap| spent + tokens > cap) {
+                    Ok(Appended::Outdated(format!(
+                        "{tokens} tokens would pass the partition's allowance"
+                    )))
+                } else {
+                    log.append(Record::Shard(record)).await
+                }
+            };
             match appended {
                 Ok(Appended::Committed(seq)) => {
                     if let Some((_, a)) = self.allowances.iter().find(|(n, _)| n == dataset) {
@@ -754,6 +767,15 @@ impl Publisher {
                         seq,
                         partition = self.partition.index,
                         "another worker committed first; checking this shard against its record"
+                    );
+                }
+                Ok(Appended::Outdated(why)) => {
+                    tracing::info!(
+                        dataset,
+                        index,
+                        why,
+                        partition = self.partition.index,
+                        "the log moved on while this shard uploaded; checking it again"
                     );
                 }
                 Err(e @ commits::CommitError::Sealed { .. }) => {

@@ -416,3 +416,52 @@ fn seals_failures_retries_and_budget_records_add_up() {
         assert!(e.to_string().contains("holds 70"), "{e}");
     });
 }
+
+/// A record made before a twin's commit was read is not written when it no longer fits:
+/// a shard holding an item the twin committed, and a release of more than the partition
+/// holds, come back `Outdated` with nothing at their sequence number, so the log stays
+/// one every reader accepts (written, either would make every reader refuse it).
+#[test]
+fn a_record_the_log_outgrew_is_not_written() {
+    rt().block_on(async {
+        let b = memory();
+        let p = Partition { index: 0, count: 1 };
+        let mut mine = CommitLog::load(b.clone(), p, LoadOptions::WORKER)
+            .await
+            .unwrap();
+        let mut twin = CommitLog::load(b.clone(), p, LoadOptions::WORKER)
+            .await
+            .unwrap();
+        let ids = owned("d", 0, 1, 2);
+        let made = Record::Shard(record(p, 0, ids.clone()));
+        let theirs = record(p, 0, vec![ids[0].clone()]);
+        let theirs = Commit {
+            writer: "fedcba9876543210".into(),
+            key: Some(shard_key(0, "fedcba9876543210", "d", 0, &theirs.sha256)),
+            ..theirs
+        };
+        assert_eq!(
+            twin.append(Record::Shard(theirs)).await.unwrap(),
+            Appended::Committed(0)
+        );
+        mine.catch_up().await.unwrap();
+        match mine.append(made).await.unwrap() {
+            Appended::Outdated(why) => assert!(why.contains(&ids[0]), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        let release = Record::Release(Release {
+            head: Head::new("release", p, "0123456789abcdef"),
+            dataset: "d".into(),
+            tokens: 1,
+        });
+        assert!(matches!(
+            mine.append(release).await.unwrap(),
+            Appended::Outdated(_)
+        ));
+        assert_eq!(b.get(&commit_key(0, 1)).await.unwrap(), None);
+        let reread = CommitLog::load(b.clone(), p, LoadOptions::READER)
+            .await
+            .unwrap();
+        assert_eq!(reread.len(), 1);
+    });
+}
