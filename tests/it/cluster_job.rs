@@ -501,3 +501,48 @@ async fn a_dead_partitions_unused_budget_goes_back_to_the_pool() {
     assert_verify_clean(&cfg);
     mock.stop().await;
 }
+
+/// A `file://` store is durable before a commit returns: the worker fsyncs each shard it
+/// uploads and each commit record, and the folders their names are in (seen in the
+/// binary's system calls), so after a power cut no record outlives its shard's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_store_is_fsynced_before_a_commit_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let mock = Mock::start(fast_mock()).await;
+    let shared = root.join("shared");
+    let cfg = cluster_config(
+        &root,
+        &mock.url,
+        &format!("file://{}", shared.display()),
+        1,
+        20,
+        1_000_000,
+    );
+    let trace = root.join("trace");
+    let st = std::process::Command::new("strace")
+        .args(["-f", "-qq", "-y", "-e", "trace=fsync,fdatasync"])
+        .args(["-e", "status=successful", "-o"])
+        .arg(&trace)
+        .arg(crate::support::spool_bin())
+        .args(["run", "-q", "--partition", "0", "-c"])
+        .arg(&cfg)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let synced: Vec<String> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .filter_map(|l| Some(l.split_once("sync(")?.1.to_string()))
+        .collect();
+    let shared_s = shared.display().to_string();
+    let commits = format!("<{shared_s}/_spool/p0000/commits>)");
+    let record = format!("<{shared_s}/_spool/p0000/commits/0000000000.json");
+    let shard = |l: &String| {
+        l.contains(&format!("<{shared_s}/_spool/p0000/shards/")) && l.contains(".parquet")
+    };
+    assert!(synced.iter().any(|l| l.contains(&commits)), "{synced:#?}");
+    assert!(synced.iter().any(|l| l.contains(&record)), "{synced:#?}");
+    assert!(synced.iter().any(shard), "{synced:#?}");
+    mock.stop().await;
+}
