@@ -12,7 +12,8 @@
 //! visible in part), minus the items an earlier record of the partition holds (and, under
 //! "cancel", those past its allowance), to a key unique to its writer, shard and content;
 //! having read records `0..k` it creates record `k` with a conditional put; if another
-//! writer's record `k` is there it reads it and starts again at `k+1`. A worker that
+//! writer's record `k` is there it reads it and starts again at `k+1`; records read while
+//! the shard uploaded are checked against it before the put. A worker that
 //! starts withdraws its partition's done marker; one that finishes records its items that
 //! failed for good, gives back unused budget and writes the marker. `finalize` refuses
 //! until every partition has a marker (or `--partial`), appends a seal to every log (a
