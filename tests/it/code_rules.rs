@@ -61,6 +61,12 @@ const IMPORT_DEBTS: &[(&str, &str, &str, &str)] = &[
         "`server.ca_cert` is loaded by tls::load_ca",
     ),
     (
+        "config",
+        "run",
+        "config.rs",
+        "a partition's growing allowances ride in Config until a JobPlan carries them",
+    ),
+    (
         "input",
         "cluster",
         "input/intake.rs",
