@@ -1,5 +1,5 @@
 # spool: the two commands that do everything are `make demo` and `make test`.
-.PHONY: demo test lint build soak test-llama-server bench bench-eta bench-tokenize bench-tokenize-kimi clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions bench-bombs
+.PHONY: demo test lint build soak test-llama-server bench bench-eta bench-tokenize bench-tokenize-kimi clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions bench-bombs bench-cluster-scale
 
 build:
 	cargo build
@@ -145,3 +145,9 @@ bench-bombs:
 bench-partitions:
 	BIN=$${SPOOL_BENCH_BIN:-$$(bash scripts/spool_bin.sh --release)} && \
 		SPOOL_BENCH_BIN="$$BIN" python3 bench/partitions/bench.py $(BENCH_PARTITIONS_ARGS)
+
+## A cluster job of 256 partitions × 1000 commits on a local store: a worker's start-up,
+## `spool status` and `spool finalize` (and a rerun), timed, with their store requests.
+bench-cluster-scale:
+	BIN=$${SPOOL_BENCH_BIN:-$$(bash scripts/spool_bin.sh --release)} && \
+		SPOOL_BENCH_BIN="$$BIN" python3 bench/cluster_scale/bench.py $(BENCH_CLUSTER_SCALE_ARGS)

@@ -113,6 +113,10 @@ pub struct Config {
     /// (not a key: read from the store at start).
     #[serde(skip)]
     pub committed: HashMap<String, Arc<HashSet<String>>>,
+    /// Per dataset, a budget that grows while the run goes (a cluster partition's part of
+    /// its job's budget), read in place of `token_budget` (not a key).
+    #[serde(skip)]
+    pub allowances: HashMap<String, Arc<crate::run::allowance::Allowance>>,
 }
 
 /// The inference server(s).
@@ -670,6 +674,8 @@ pub struct Overrides {
     pub output_dir: Option<PathBuf>,
     pub concurrency: Option<usize>,
     pub metrics_addr: Option<String>,
+    /// Replaces `[server] urls` (a Slurm task's own server port).
+    pub server_urls: Vec<String>,
 }
 
 impl Config {
@@ -711,6 +717,9 @@ impl Config {
         }
         if let Some(a) = &o.metrics_addr {
             self.run.metrics_addr = a.clone();
+        }
+        if !o.server_urls.is_empty() {
+            self.server.urls = o.server_urls.clone();
         }
     }
 

@@ -325,9 +325,39 @@ impl From<UpstreamError> for Error {
     }
 }
 
+/// A sealed log is the user's (the job is published); the rest is the store's or a record's.
 impl From<crate::cluster::commits::CommitError> for Error {
     fn from(e: crate::cluster::commits::CommitError) -> Error {
-        Error::runtime(e)
+        use crate::cluster::commits::CommitError;
+        let kind = match &e {
+            CommitError::Sealed { .. } => Kind::Usage,
+            CommitError::Bucket(_)
+            | CommitError::Malformed { .. }
+            | CommitError::Newer { .. }
+            | CommitError::Gap { .. }
+            | CommitError::Untrusted { .. }
+            | CommitError::Outdated { .. } => Kind::Runtime,
+        };
+        Error::new(kind, e)
+    }
+}
+
+/// A config that is not the job's shape, a change `--reshape` refuses, a store without
+/// conditional creates, no count: the user's to settle.
+impl From<crate::cluster::job::JobError> for Error {
+    fn from(e: crate::cluster::job::JobError) -> Error {
+        use crate::cluster::job::JobError;
+        let kind = match &e {
+            JobError::Mismatch { .. }
+            | JobError::Unsafe { .. }
+            | JobError::NoConditionalCreates { .. }
+            | JobError::NoCount { .. } => Kind::Usage,
+            JobError::Bucket(_)
+            | JobError::Untrusted { .. }
+            | JobError::Newer { .. }
+            | JobError::Io { .. } => Kind::Runtime,
+        };
+        Error::new(kind, e)
     }
 }
 

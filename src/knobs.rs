@@ -30,10 +30,13 @@ pub const FAULT_PANIC_IN_ROW: &str = "SPOOL_FAULT_PANIC_IN_ROW";
 pub const FAULT_QUEUE_TORN_COMMIT: &str = "SPOOL_FAULT_QUEUE_TORN_COMMIT";
 /// Env var: a migration stops with an error after its Nth durable batch.
 pub const FAULT_QUEUE_MIGRATION_STOP: &str = "SPOOL_FAULT_QUEUE_MIGRATION_STOP";
+/// Env var: a cluster partition whose worker shows no heartbeat for this many ms has its
+/// unused budget taken back (ten minutes unless a test shortens it).
+pub const FAULT_STALE_AFTER: &str = "SPOOL_FAULT_STALE_AFTER_MS";
 /// Env var: how often (ms) "no inference server reachable" is repeated; tests shorten it.
 pub const DOWN_LOG_INTERVAL: &str = "SPOOL_DOWN_LOG_INTERVAL_MS";
 /// Every fault-point variable.
-pub const FAULT_VARS: [&str; 8] = [
+pub const FAULT_VARS: [&str; 9] = [
     FAULT_SHARD_PAUSE,
     FAULT_PUBLISH_PAUSE,
     FAULT_SHARD_WRITE_ERROR,
@@ -42,6 +45,7 @@ pub const FAULT_VARS: [&str; 8] = [
     FAULT_PANIC_IN_ROW,
     FAULT_QUEUE_TORN_COMMIT,
     FAULT_QUEUE_MIGRATION_STOP,
+    FAULT_STALE_AFTER,
 ];
 
 /// Whether this build obeys the `SPOOL_FAULT_*` variables: only a build made for tests.
@@ -97,6 +101,9 @@ pub struct Faults {
     pub queue_torn_commit: Option<u64>,
     /// The migration batch (from 1) after which the migration stops; `None`: none.
     pub queue_migration_stop: Option<u64>,
+    /// How long a cluster partition may show no heartbeat before its unused budget is
+    /// taken back; `None`: the default.
+    pub stale_after: Option<Duration>,
 }
 
 /// Benchmark switches; all off by default.
@@ -172,6 +179,7 @@ impl Knobs {
                 panic_in_row: lookup(FAULT_PANIC_IN_ROW).and_then(|v| range(&v)),
                 queue_torn_commit: count(FAULT_QUEUE_TORN_COMMIT),
                 queue_migration_stop: count(FAULT_QUEUE_MIGRATION_STOP),
+                stale_after: millis(FAULT_STALE_AFTER),
             },
             bench: Bench {
                 no_nfc_bypass: set(BENCH_NO_NFC_BYPASS),

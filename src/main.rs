@@ -84,10 +84,17 @@ enum Command {
         concurrency: Option<usize>,
         #[command(flatten)]
         metrics: MetricsArg,
+        /// Override `server.urls` (repeat for several): a Slurm task's own server port.
+        #[arg(long = "server-url", value_name = "URL")]
+        server_urls: Vec<String>,
         #[command(flatten)]
         partitions: PartitionsArg,
         #[command(flatten)]
         partition: PartitionArg,
+        /// A cluster worker: change the job record where that is safe (a budget, a higher
+        /// max_prompts, new input, a new dataset) instead of refusing the difference.
+        #[arg(long)]
+        reshape: bool,
     },
     /// A table per dataset from the queue (or the running process).
     Status {
@@ -126,6 +133,10 @@ enum Command {
         /// Machine-readable output (the manifest).
         #[arg(long)]
         json: bool,
+        /// Then delete the uploads under `_spool/*/shards/` (published shards' originals and
+        /// orphans of killed uploads).
+        #[arg(long)]
+        gc: bool,
     },
     /// Move permanently failed items back to pending.
     Retry {
@@ -271,16 +282,19 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             cfg,
             concurrency,
             metrics,
+            server_urls,
             partitions,
             partition,
+            reshape,
         } => {
             let flags = Flags {
                 concurrency: *concurrency,
                 metrics_addr: metrics.metrics_addr.clone(),
+                server_urls: server_urls.clone(),
                 partition: partition.partition,
                 ..Flags::of(cfg).with_partitions(partitions)
             };
-            run(&flags, knobs)
+            run(&flags, knobs, *reshape)
         }
         Command::Status {
             cfg,
@@ -303,7 +317,13 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             partitions,
             partial,
             json,
-        } => finalize(&Flags::of(cfg).with_partitions(partitions), *partial, *json),
+            gc,
+        } => finalize(
+            &Flags::of(cfg).with_partitions(partitions),
+            *partial,
+            *json,
+            *gc,
+        ),
         Command::Retry {
             cfg,
             partitions,

@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""`make bench-partitions`: one process against 4 partitions on the same mock capacity.
+"""`make bench-partitions`: one process against N partitions on the same mock capacity.
 
 One mock server (its capacity model: a fixed aggregate tok/s shared by the requests in
 flight) serves two datasets: `free` (no budget: throughput) and `bound` (a token budget
 about half its demand: overshoot and budget left unused). Rows:
 
   one process      today's single `spool run` (concurrency C, local output);
-  4 partitions     four `spool run` processes with JOB_COMPLETION_INDEX=0..3 (C/4 each)
-                   committing to one file:// prefix, then `spool finalize`;
+  N partitions     N `spool run` processes with JOB_COMPLETION_INDEX=0..N-1 (C/N each)
+                   committing to one file:// prefix and sharing `bound`'s budget (tickets
+                   from one pool), then `spool finalize`;
 
-each under `budget_policy = "cancel"` and `"finish"`. Figures: wall time (first start to
-last exit, finalize included), published completions/s and tok/s, `bound`'s tokens
-against its budget (overshoot = above it; unused = below it while items were left).
-Every server binds 127.0.0.1 port 0. By hand, never in `make test`.
+each under `budget_policy = "cancel"` and `"finish"`, for each N of --partitions. Figures:
+wall time (first start to last exit, finalize included), published completions/s and
+tok/s, `bound`'s tokens against its budget (overshoot = above it; unused = below it while
+items were left) and the budget tickets taken. Every server binds 127.0.0.1 port 0. By
+hand, never in `make test`.
 """
 import argparse, json, os, pathlib, subprocess, sys, tempfile, time
 
@@ -106,12 +108,16 @@ def one(a, partitions, policy):
             tokens = {n: m["datasets"][n]["completion_tokens"] for n in m["datasets"]}
             rows = sum(m["datasets"][n]["items"] for n in m["datasets"])
             items_left = a.prompts - m["datasets"]["bound"]["items"]
+            tickets = len(list((d / "shared/_spool/budget/bound").glob("*.json")))
     finally:
         mock.terminate()
         mock.wait()
     b = tokens.get("bound", 0)
     total = sum(tokens.values())
+    if partitions == 0:
+        tickets = 0
     return {
+        "tickets": tickets,
         "setup": "one process" if partitions == 0 else f"{partitions} partitions",
         "policy": policy, "wall": wall, "rows_s": rows / wall, "tok_s": total / wall,
         "bound": b, "overshoot": max(0, b - a.budget),
@@ -129,19 +135,21 @@ def main():
     ap.add_argument("--mean", type=float, default=300)
     ap.add_argument("--scale", type=float, default=40)
     ap.add_argument("--policies", default="cancel,finish")
+    ap.add_argument("--partitions", default="4,16", help="partition counts, comma-separated")
     a = ap.parse_args()
     print(f"mock: {a.capacity * a.scale:.0f} tok/s aggregate, {a.per_request * a.scale:.0f} per request, "
           f"lognormal mean {a.mean} σ 1; {a.prompts} prompts per dataset; budget {a.budget}; "
           f"concurrency {a.concurrency} in all")
-    print("| setup | policy | wall s | completions/s | tok/s | `bound` tokens | overshoot | unused |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| setup | policy | wall s | completions/s | tok/s | `bound` tokens | overshoot | unused | tickets |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    counts = [int(n) for n in a.partitions.split(",")]
     for policy in a.policies.split(","):
-        for parts in (0, 4):
+        for parts in [0, *counts]:
             r = one(a, parts, policy)
             print(f"| {r['setup']} | {r['policy']} | {r['wall']:.1f} | {r['rows_s']:.0f} | {r['tok_s']:.0f} | "
                   f"{r['bound']} | {r['overshoot']} ({100 * r['overshoot'] / a.budget:.2f} %) | "
-                  f"{r['unused']} ({100 * r['unused'] / a.budget:.2f} %) |", flush=True)
-    print(f"load average: {os.getloadavg()}")
+                  f"{r['unused']} ({100 * r['unused'] / a.budget:.2f} %) | {r['tickets']} |", flush=True)
+            print(f"  load average after: {os.getloadavg()}", flush=True)
 
 
 if __name__ == "__main__":

@@ -31,20 +31,54 @@ pub(crate) fn load(flags: &Flags) -> Result<Config, Error> {
     Ok(cfg)
 }
 
-/// The partition count of a cluster job's output, for the commands that read all
-/// partitions: `None` for a one-machine output folder.
-pub(crate) fn cluster_count(flags: &Flags, cfg: &Config) -> Result<Option<u32>, Error> {
-    let count = spool::cluster::partition::Partition::count(
+/// A cluster job's output, for the commands that read all partitions: its store, its
+/// partition count (the config's or `--partitions`, else the job record's) and its job
+/// record; `None` for a one-machine output folder. With `check`, a config that is not the
+/// job record's shape (inputs aside) is refused, exit 2 naming both values.
+pub(crate) fn cluster_job(
+    flags: &Flags,
+    cfg: &Config,
+    rt: &tokio::runtime::Runtime,
+    check: bool,
+) -> Result<Option<ClusterJob>, Error> {
+    use spool::cluster::job;
+    let configured = spool::cluster::partition::Partition::count(
         flags.partitions.or(cfg.run.partitions),
         |k| std::env::var(k).ok(),
     )?;
     let url = spool::output::bucket::is_url(&cfg.output_dir.to_string_lossy());
-    match count {
-        Some(0) => Err(spool::cluster::partition::PartitionError::Zero.into()),
-        Some(n) => Ok(Some(n)),
-        None if url => Ok(Some(1)),
-        None => Ok(None),
+    if configured == Some(0) {
+        return Err(spool::cluster::partition::PartitionError::Zero.into());
     }
+    if configured.is_none() && !url {
+        return Ok(None);
+    }
+    let bucket = spool::cluster::worker::open_bucket(cfg)?;
+    let record = rt.block_on(job::read_latest(&bucket))?;
+    let count = configured
+        .or(record.as_ref().map(|r| r.partitions))
+        .unwrap_or(1);
+    if let (Some(r), true) = (&record, check) {
+        let here = job::shape_of(cfg, count, &Default::default(), "cli");
+        job::refuse_differences(
+            r,
+            &here,
+            false,
+            "use the job's config (or its partition count), or a new output_dir for a new job",
+        )?;
+    }
+    Ok(Some(ClusterJob {
+        bucket,
+        count,
+        record,
+    }))
+}
+
+/// What [`cluster_job`] found.
+pub(crate) struct ClusterJob {
+    bucket: std::sync::Arc<spool::output::bucket::Bucket>,
+    count: u32,
+    record: Option<spool::cluster::job::JobRecord>,
 }
 
 pub(crate) fn overrides(flags: &Flags) -> Overrides {
@@ -53,6 +87,7 @@ pub(crate) fn overrides(flags: &Flags) -> Overrides {
         output_dir: flags.output_dir.clone(),
         concurrency: flags.concurrency,
         metrics_addr: flags.metrics_addr.clone(),
+        server_urls: flags.server_urls.clone(),
     }
 }
 
@@ -65,6 +100,7 @@ pub(crate) struct Flags {
     pub(crate) output_dir: Option<PathBuf>,
     pub(crate) concurrency: Option<usize>,
     pub(crate) metrics_addr: Option<String>,
+    pub(crate) server_urls: Vec<String>,
     pub(crate) partitions: Option<u32>,
     pub(crate) partition: Option<u32>,
 }
@@ -95,12 +131,18 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Error> {
 }
 
 /// `spool run`: the job, or this worker's partition of a cluster job.
-pub(crate) fn run(flags: &Flags, knobs: spool::knobs::Knobs) -> Result<u8, Error> {
+pub(crate) fn run(flags: &Flags, knobs: spool::knobs::Knobs, reshape: bool) -> Result<u8, Error> {
     let mut cfg = load(flags)?;
     let rt = runtime()?;
     rt.block_on(spool::input::remote::fetch_inputs(&mut cfg))?;
-    let summary = if spool::cluster::worker::is_cluster(&cfg) {
-        rt.block_on(spool::cluster::worker::run(cfg, knobs, first_signal()))
+    let cluster = spool::cluster::worker::is_cluster(&cfg);
+    let summary = if cluster {
+        rt.block_on(spool::cluster::worker::run(
+            cfg,
+            knobs,
+            first_signal(),
+            reshape,
+        ))
     } else {
         rt.block_on(spool::run::job::run(cfg, knobs, first_signal()))
     };
@@ -119,6 +161,10 @@ pub(crate) fn run(flags: &Flags, knobs: spool::knobs::Knobs) -> Result<u8, Error
     }
     if summary.ending() == Some(spool::error::Kind::ItemsFailed) {
         let failed = summary.report.failed();
+        if cluster {
+            eprintln!("spool: {failed} item(s) failed permanently; recorded in the partition's log (the partition is done with failures): `spool finalize` lists them, `spool retry` sends them back");
+            return Ok(spool::cluster::worker::exit_code(&summary));
+        }
         eprintln!(
             "spool: {failed} item(s) failed permanently; see `spool status` and `spool retry`"
         );
@@ -138,15 +184,20 @@ pub(crate) fn status(
         Some(url) => runtime()?.block_on(remote_status(url))?,
         None => {
             let cfg = Config::load(&flags.config, &overrides(flags))?;
-            if let Some(count) = cluster_count(flags, &cfg)? {
-                let bucket = spool::cluster::worker::open_bucket(&cfg)?;
+            let rt = runtime()?;
+            if let Some(job) = cluster_job(flags, &cfg, &rt, true)? {
                 let datasets: Vec<_> = cfg
                     .datasets
                     .iter()
                     .map(|d| (d.name.clone(), d.token_budget))
                     .collect();
-                let st = runtime()?
-                    .block_on(spool::cluster::manifest::status(&bucket, count, &datasets))?;
+                let st = rt.block_on(spool::cluster::status::status(
+                    &job.bucket,
+                    job.count,
+                    job.record.as_ref().map(|r| r.version),
+                    &datasets,
+                ))?;
+                tracing::info!(requests = %job.bucket.request_counts(), "store requests");
                 if json {
                     println!("{}", json_safe(serde_json::to_string_pretty(&st)?));
                 } else {
@@ -169,15 +220,15 @@ pub(crate) fn status(
 /// published output against its manifest and logs).
 pub(crate) fn verify(flags: &Flags, knobs: &spool::knobs::Knobs) -> Result<u8, Error> {
     let cfg = Config::load(&flags.config, &overrides(flags))?;
-    if let Some(count) = cluster_count(flags, &cfg)? {
-        let bucket = spool::cluster::worker::open_bucket(&cfg)?;
+    let rt = runtime()?;
+    if let Some(job) = cluster_job(flags, &cfg, &rt, true)? {
         // Private, fresh, removed on every exit: shards are downloaded there.
         remove_on_signal();
         let scratch = scratch_removed_on_signal(|| spool::output::files::Scratch::new("verify"))
             .context("cannot make a scratch folder in $TMPDIR")?;
-        let (manifest, problems) = runtime()?.block_on(spool::cluster::manifest::verify(
-            &bucket,
-            count,
+        let (manifest, problems) = rt.block_on(spool::cluster::verify::verify(
+            &job.bucket,
+            job.count,
             scratch.path(),
         ))?;
         drop(scratch);
@@ -232,28 +283,49 @@ pub(crate) fn verify(flags: &Flags, knobs: &spool::knobs::Knobs) -> Result<u8, E
 }
 
 /// `spool finalize`: a cluster job's committed shards published, with `_manifest.json`.
-pub(crate) fn finalize(flags: &Flags, partial: bool, json: bool) -> Result<u8, Error> {
-    let cfg = Config::load(&flags.config, &overrides(flags))?;
-    let count = cluster_count(flags, &cfg)?.unwrap_or(1);
-    let bucket = spool::cluster::worker::open_bucket(&cfg)?;
-    let budgets = cfg
-        .datasets
-        .iter()
-        .filter_map(|d| d.token_budget.map(|b| (d.name.clone(), b)))
-        .collect();
-    let manifest = runtime()?.block_on(spool::cluster::manifest::finalize(
-        &bucket, count, &budgets, partial,
+pub(crate) fn finalize(flags: &Flags, partial: bool, json: bool, gc: bool) -> Result<u8, Error> {
+    let mut cfg = Config::load(&flags.config, &overrides(flags))?;
+    let rt = runtime()?;
+    if !spool::output::bucket::is_url(&cfg.output_dir.to_string_lossy()) {
+        // A shared folder: finalize is of a cluster job whatever the config says.
+        cfg.output_dir = PathBuf::from(spool::cluster::worker::output_url(&cfg));
+    }
+    let job = cluster_job(flags, &cfg, &rt, true)?
+        .ok_or_else(|| Error::msg("finalize: not a cluster job's output"))?;
+    let bucket = &job.bucket;
+    let opts = spool::cluster::finalize::FinalizeOptions { partial, gc };
+    let done = rt.block_on(spool::cluster::finalize::finalize(
+        bucket,
+        job.count,
+        job.record.as_ref(),
+        opts,
     ))?;
+    tracing::info!(copied = done.copied, skipped = done.skipped, collected = done.collected,
+        requests = %bucket.request_counts(), "finalize done");
+    let manifest = done
+        .manifest
+        .ok_or_else(|| Error::msg("finalize wrote no manifest"))?;
     if json {
         println!("{}", serde_json::to_string_pretty(&manifest)?);
     } else {
         for (name, d) in &manifest.datasets {
             println!(
-                "{name}: {} shards, {} items, {} rows, {} completion tokens",
+                "{name}: {} shards, {} items, {} rows, {} completion tokens{}",
                 d.shards.len(),
                 d.items,
                 d.rows,
-                d.completion_tokens
+                d.completion_tokens,
+                if d.failed.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {} item(s) failed for good (listed in the manifest; `spool retry` sends them back)", d.failed.len())
+                }
+            );
+        }
+        if !manifest.incomplete.is_empty() {
+            println!(
+                "partitions {:?} published unfinished (--partial)",
+                manifest.incomplete
             );
         }
         println!(
@@ -271,6 +343,29 @@ pub(crate) fn retry(
     dataset: Option<&str>,
     knobs: &spool::knobs::Knobs,
 ) -> Result<u8, Error> {
+    // A cluster job: through the store, so the partitions' next workers (on their
+    // volumes or new ones) take the items in again.
+    if flags.partition.is_none() {
+        let cfg = Config::load(&flags.config, &overrides(flags))?;
+        let rt = runtime()?;
+        if let Some(job) = cluster_job(flags, &cfg, &rt, true)? {
+            let wanted: Vec<String> = dataset.iter().map(|d| d.to_string()).collect();
+            let sent = rt.block_on(spool::cluster::status::retry(
+                &job.bucket,
+                job.count,
+                &wanted,
+            ))?;
+            for (p, name, n) in &sent {
+                println!("p{p:04} {name}: {n} failed item(s) sent back");
+            }
+            if sent.is_empty() {
+                println!("no item failed for good");
+            } else {
+                println!("run those partitions' workers again, then `spool finalize`");
+            }
+            return Ok(exit::OK);
+        }
+    }
     // A partition's queue: `--partition I` picks its data_dir.
     let cfg = load(flags)?;
     let queue = spool::store::queue::Queue::open_with(&cfg.data_dir, &knobs.faults)?;
@@ -380,8 +475,8 @@ pub(crate) fn export(
     // the manifest) into a private scratch folder beside --out (its file system),
     // read like an output folder, removed on every exit.
     let mut scratch = None;
-    if cluster_count(flags, &cfg)?.is_some() {
-        let bucket = spool::cluster::worker::open_bucket(&cfg)?;
+    if let Some(job) = cluster_job(flags, &cfg, &runtime()?, false)? {
+        let bucket = job.bucket;
         spool::output::files::create_dir_all(&parent, spool::output::files::DIR_MODE)
             .with_context(|| format!("cannot create {}", parent.display()))?;
         let dir =

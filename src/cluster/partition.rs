@@ -1,4 +1,4 @@
-//! Partitions: which worker of a cluster job owns an item, and its share of a budget.
+//! Partitions: which worker of a cluster job owns an item.
 //!
 //! A job of N partitions runs N spool processes (a Kubernetes Indexed Job, a Slurm array),
 //! each with its own `data_dir`. Item (dataset, id) belongs to partition
@@ -6,9 +6,7 @@
 //!
 //! Invariants: the owner depends only on (dataset, id, N) — not on the file order, the run,
 //! the machine or the build — so a restarted or rescheduled worker takes exactly the items
-//! its predecessor had; a dataset's shares of a budget sum to the budget exactly.
-
-use std::collections::HashMap;
+//! its predecessor had.
 
 /// One worker's place in a job of `count` partitions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -34,6 +32,8 @@ pub enum PartitionError {
     NoCount { index: u32 },
     #[error("partitions must be at least 1")]
     Zero,
+    #[error("this Slurm array's tasks are {min}..={max} ({count} of them), not 0..={last}: SLURM_ARRAY_TASK_COUNT is not the job's partition count here (a rerun of some tasks, --array=2,5); set [run] partitions or --partitions", last = count.saturating_sub(1))]
+    SparseArray { min: u64, max: u64, count: u64 },
 }
 
 impl Partition {
@@ -41,27 +41,16 @@ impl Partition {
     pub const WHOLE: Partition = Partition { index: 0, count: 1 };
 
     /// Works out this worker's partition: the count from the config or `--partitions`, else
-    /// `SLURM_ARRAY_TASK_COUNT`; the index from `--partition`, else `JOB_COMPLETION_INDEX`
-    /// (Kubernetes Indexed Jobs), else `SLURM_ARRAY_TASK_ID − SLURM_ARRAY_TASK_MIN`. `env`
+    /// `SLURM_ARRAY_TASK_COUNT` of an array `0..=N−1`; the index from `--partition`, else
+    /// `JOB_COMPLETION_INDEX` (Kubernetes Indexed Jobs), else `SLURM_ARRAY_TASK_ID` itself
+    /// (task i is partition i, so a rerun of tasks 2 and 5 runs partitions 2 and 5). `env`
     /// reads a variable (the process environment outside tests). `None`: not partitioned.
     pub fn resolve(
         configured: Option<u32>,
         flag: Option<u32>,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Option<Partition>, PartitionError> {
-        let number = |name: &str| -> Result<Option<u64>, PartitionError> {
-            match env(name).map(|v| v.trim().to_string()) {
-                None => Ok(None),
-                Some(v) if v.is_empty() => Ok(None),
-                Some(v) => v
-                    .parse::<u64>()
-                    .map(Some)
-                    .map_err(|_| PartitionError::NotANumber {
-                        source_name: name.into(),
-                        value: v,
-                    }),
-            }
-        };
+        let number = |name: &str| env_number(&env, name);
         let count = Self::count(configured, &env)?;
         let Some(count) = count else {
             // Not partitioned, unless an index was asked for explicitly.
@@ -78,11 +67,7 @@ impl Partition {
         } else if let Some(i) = number("JOB_COMPLETION_INDEX")? {
             (i, "JOB_COMPLETION_INDEX".into())
         } else if let Some(id) = number("SLURM_ARRAY_TASK_ID")? {
-            let min = number("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
-            (
-                id.saturating_sub(min),
-                "SLURM_ARRAY_TASK_ID − SLURM_ARRAY_TASK_MIN".into(),
-            )
+            (id, "SLURM_ARRAY_TASK_ID".into())
         } else if count == 1 {
             (0, "the default".into())
         } else {
@@ -102,7 +87,9 @@ impl Partition {
     }
 
     /// The job's partition count: `configured` (the config or `--partitions`), else
-    /// `SLURM_ARRAY_TASK_COUNT`; `None` when the job is not partitioned.
+    /// `SLURM_ARRAY_TASK_COUNT` when the array's tasks are `0..=COUNT−1` (the count of a
+    /// sparse array, a rerun of some tasks, is not the job's: refused); `None` when neither
+    /// says (not partitioned, or a command outside the array: the job record says).
     pub fn count(
         configured: Option<u32>,
         env: impl Fn(&str) -> Option<String>,
@@ -110,17 +97,16 @@ impl Partition {
         if configured.is_some() {
             return Ok(configured);
         }
-        match env("SLURM_ARRAY_TASK_COUNT").map(|v| v.trim().to_string()) {
-            None => Ok(None),
-            Some(v) if v.is_empty() => Ok(None),
-            Some(v) => v
-                .parse::<u64>()
-                .map(|n| Some(n.min(u64::from(u32::MAX)) as u32))
-                .map_err(|_| PartitionError::NotANumber {
-                    source_name: "SLURM_ARRAY_TASK_COUNT".into(),
-                    value: v,
-                }),
+        let number = |name: &str| env_number(&env, name);
+        let Some(count) = number("SLURM_ARRAY_TASK_COUNT")? else {
+            return Ok(None);
+        };
+        let min = number("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
+        let max = number("SLURM_ARRAY_TASK_MAX")?.unwrap_or(count.saturating_sub(1));
+        if min != 0 || max.checked_add(1) != Some(count) {
+            return Err(PartitionError::SparseArray { min, max, count });
         }
+        Ok(Some(count.min(u64::from(u32::MAX)) as u32))
     }
 
     /// Whether this partition owns item `id` of `dataset`.
@@ -131,6 +117,24 @@ impl Partition {
     /// The zero-padded name used in object keys and file names (`p0003`).
     pub fn name(&self) -> String {
         format!("p{:04}", self.index)
+    }
+}
+
+/// Variable `name` as a whole number (`None` when unset or blank).
+fn env_number(
+    env: &impl Fn(&str) -> Option<String>,
+    name: &str,
+) -> Result<Option<u64>, PartitionError> {
+    match env(name).map(|v| v.trim().to_string()) {
+        None => Ok(None),
+        Some(v) if v.is_empty() => Ok(None),
+        Some(v) => v
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| PartitionError::NotANumber {
+                source_name: name.into(),
+                value: v,
+            }),
     }
 }
 
@@ -145,40 +149,6 @@ pub fn owner(dataset: &str, id: &str, count: u32) -> u32 {
     key.extend_from_slice(id.as_bytes());
     (twox_hash::XxHash64::oneshot(0, &key) % u64::from(count.max(1))) as u32
 }
-
-/// Splits `budget` over partitions in proportion to their item counts, by largest
-/// remainder (ties to the lower index), so the shares sum to `budget` exactly. With no
-/// items at all the budget is split evenly.
-pub fn split(budget: u64, items: &[u64]) -> Vec<u64> {
-    let n = items.len();
-    if n == 0 {
-        return Vec::new();
-    }
-    let total: u128 = items.iter().map(|&c| u128::from(c)).sum();
-    let weights: Vec<u128> = if total == 0 {
-        vec![1; n]
-    } else {
-        items.iter().map(|&c| u128::from(c)).collect()
-    };
-    let total = weights.iter().sum::<u128>();
-    let b = u128::from(budget);
-    let mut shares: Vec<u64> = weights.iter().map(|w| (b * w / total) as u64).collect();
-    let mut rest = budget - shares.iter().sum::<u64>();
-    let mut order: Vec<usize> = (0..n).collect();
-    // Largest remainder first; the index breaks ties so the split is deterministic.
-    order.sort_by_key(|&i| (std::cmp::Reverse(b * weights[i] % total), i));
-    for &i in order.iter().cycle() {
-        if rest == 0 {
-            break;
-        }
-        shares[i] += 1;
-        rest -= 1;
-    }
-    shares
-}
-
-/// Item counts per partition of each dataset, for the budget split.
-pub type ItemCounts = HashMap<String, Vec<u64>>;
 
 #[cfg(test)]
 mod tests {
@@ -214,7 +184,7 @@ mod tests {
     /// `xxhash.xxh64(b"chat\x00id-{i}").intdigest() % 4` for i in 0..8, by Python's `xxhash`.
     const PINNED: [u32; 8] = [0, 1, 0, 0, 1, 3, 1, 3];
 
-    /// Items spread over the partitions close to evenly, so static budget shares follow.
+    /// Items spread over the partitions close to evenly.
     #[test]
     fn items_spread_evenly_over_partitions() {
         let mut counts = [0u32; 4];
@@ -226,21 +196,8 @@ mod tests {
         }
     }
 
-    /// Shares follow the item counts and sum to the budget exactly, ties resolved by index.
-    #[test]
-    fn shares_sum_to_the_budget() {
-        assert_eq!(split(10, &[1, 1, 1]), vec![4, 3, 3]);
-        assert_eq!(split(1_000, &[100, 300, 0, 600]), vec![100, 300, 0, 600]);
-        assert_eq!(split(7, &[0, 0]), vec![4, 3]);
-        for budget in [0u64, 1, 999, 1_000_003] {
-            let s = split(budget, &[13, 7, 29, 1]);
-            assert_eq!(s.iter().sum::<u64>(), budget);
-        }
-        assert!(split(5, &[]).is_empty());
-    }
-
-    /// The index comes from the flag, then Kubernetes, then Slurm (relative to the array's
-    /// first task); the count from the config, then Slurm.
+    /// The index comes from the flag, then Kubernetes, then Slurm (the task id itself); the
+    /// count from the config, then a Slurm array of tasks `0..=N−1`.
     #[test]
     fn the_partition_comes_from_flag_kubernetes_or_slurm() {
         let none = env(&[]);
@@ -255,8 +212,9 @@ mod tests {
             Ok(Some(Partition { index: 3, count: 4 }))
         );
         let slurm = env(&[
-            ("SLURM_ARRAY_TASK_ID", "12"),
-            ("SLURM_ARRAY_TASK_MIN", "10"),
+            ("SLURM_ARRAY_TASK_ID", "2"),
+            ("SLURM_ARRAY_TASK_MIN", "0"),
+            ("SLURM_ARRAY_TASK_MAX", "3"),
             ("SLURM_ARRAY_TASK_COUNT", "4"),
         ]);
         assert_eq!(
@@ -284,5 +242,57 @@ mod tests {
             Partition::resolve(Some(1), None, &none),
             Ok(Some(Partition::WHOLE))
         );
+    }
+
+    /// A rerun of some tasks of an array (`--array=2,5` of a 6-partition job) runs
+    /// partitions 2 and 5 — the task id, not its place in the rerun — and the rerun's task
+    /// count (2) is never taken for the job's: without a configured count it is refused,
+    /// and an id outside the configured count is refused too.
+    #[test]
+    fn sparse_slurm_arrays_run_the_task_ids_partitions() {
+        for (id, want) in [("2", 2), ("5", 5)] {
+            let vars = [
+                ("SLURM_ARRAY_TASK_ID", id),
+                ("SLURM_ARRAY_TASK_MIN", "2"),
+                ("SLURM_ARRAY_TASK_MAX", "5"),
+                ("SLURM_ARRAY_TASK_COUNT", "2"),
+            ];
+            let rerun = env(&vars);
+            assert_eq!(
+                Partition::resolve(Some(6), None, &rerun),
+                Ok(Some(Partition {
+                    index: want,
+                    count: 6
+                }))
+            );
+            assert!(matches!(
+                Partition::resolve(None, None, &rerun),
+                Err(PartitionError::SparseArray {
+                    min: 2,
+                    max: 5,
+                    count: 2
+                })
+            ));
+        }
+        let outside = env(&[
+            ("SLURM_ARRAY_TASK_ID", "7"),
+            ("SLURM_ARRAY_TASK_COUNT", "8"),
+        ]);
+        assert!(matches!(
+            Partition::resolve(Some(6), None, &outside),
+            Err(PartitionError::OutOfRange {
+                index: 7,
+                count: 6,
+                ..
+            })
+        ));
+        // An array 1..=4 (count 4) is not the job's 0..=3 either.
+        let shifted = env(&[
+            ("SLURM_ARRAY_TASK_ID", "1"),
+            ("SLURM_ARRAY_TASK_MIN", "1"),
+            ("SLURM_ARRAY_TASK_MAX", "4"),
+            ("SLURM_ARRAY_TASK_COUNT", "4"),
+        ]);
+        assert!(Partition::resolve(None, None, &shifted).is_err());
     }
 }

@@ -1,39 +1,55 @@
 //! One partition's worker: the ordinary run against a local staging folder, plus the
-//! publisher that uploads each sealed shard and commits it to the partition's log.
+//! publisher that uploads each sealed shard and commits it to the partition's log, and the
+//! budget agent that takes the partition's part of each budget from the job's pool.
 //!
-//! Start-up order: read the partition's commit log → work out the budget share (the
-//! dataset's budget split over the partitions by item counts, less what other writers of
-//! this partition already committed) → run with intake skipping items another partition
-//! owns or someone already committed → publish sealed shards while running and once more
-//! after the run has sealed its last one → mark the partition done when it finished.
+//! Start-up order: the store must refuse a second conditional create of one key (else the
+//! worker does not run) → the job record: created, matched or (`--reshape`) changed, and
+//! nothing is written before it matches → the partition's log (a sealed log: nothing to
+//! do, or an error saying the job is published) → the done marker withdrawn and a
+//! heartbeat written → failed items sent back by `spool retry` put back in the local queue
+//! → each budget's tickets reconciled with the log → the run, with intake skipping items
+//! another partition owns, someone committed or that failed for good → publish sealed
+//! shards while running and once more after the run → record items that failed for good
+//! → give back unused budget → the partition marked done (with failures, if any).
 //!
 //! Invariants: a shard is acknowledged to the cluster only by its commit record, which is
 //! created after the object is wholly uploaded; the local queue and shards (the
 //! single-machine guarantees) are untouched by publishing, so a worker killed at any
 //! instant and restarted on the same `data_dir` publishes exactly the shards not yet
-//! committed; on an empty `data_dir` it takes in only the items not yet committed.
+//! committed; on an empty `data_dir` it takes in only the items not yet settled. Under
+//! `budget_policy = "cancel"` no commit takes the partition's tokens past its allowance.
 
-use crate::cluster::commits::{self, Appended, Commit, CommitLog, Done};
-use crate::cluster::partition::{self, Partition};
+use crate::cluster::budget::{self, Agent, BudgetLog};
+use crate::cluster::commits::{
+    self, Appended, Commit, CommitLog, Done, Failed, FailedItem, LoadOptions, Record,
+};
+use crate::cluster::heartbeat;
+use crate::cluster::job::{self, Established, JobError};
+use crate::cluster::partition::Partition;
 use crate::config::Config;
 use crate::error::{Context, Error};
 use crate::knobs::Knobs;
+use crate::observe::status::StatusReport;
 use crate::output::bucket::Bucket;
 use crate::output::reader;
 use crate::output::shard::{self, ShardLimits};
 use crate::output::writer::ShardWriter;
+use crate::run::allowance::Allowance;
 use crate::run::job::RunSummary;
 use sha2::{Digest, Sha256};
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-/// How often the publisher looks for newly sealed shards during a run.
+/// How often the publisher looks for newly sealed local shards (a local listing: the
+/// store is asked only when there is one).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
-/// How often a running worker copies its live `/status` to the store, for `spool status`.
-const STATUS_EVERY: u32 = 15;
+
+/// Failed items per `failed` record.
+const FAILED_PER_RECORD: usize = 10_000;
 
 /// Whether `cfg` runs as a cluster worker: its output is an object-store URL, or the job
 /// is partitioned.
@@ -60,11 +76,40 @@ pub fn open_bucket(cfg: &Config) -> Result<Arc<Bucket>, Error> {
     ))
 }
 
-/// Runs this worker's partition to the end (or the signal) and publishes its shards.
+/// Refuses a store that does not honour conditional creates (one key created twice with
+/// different bytes must keep the first): the commit protocol rests on it.
+pub async fn probe(bucket: &Bucket, who: &str) -> Result<(), Error> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let key = format!("_spool/probe/{who}-{nanos}.json");
+    if bucket.honours_conditional_creates(&key).await? {
+        Ok(())
+    } else {
+        Err(JobError::NoConditionalCreates {
+            url: bucket.url().to_string(),
+        }
+        .into())
+    }
+}
+
+/// The exit code of a cluster worker's run: items that failed for good are recorded in
+/// the partition's log and listed by `finalize`, so they do not fail the worker (its
+/// partition is done with failures, and the job goes on to `finalize`).
+pub fn exit_code(summary: &RunSummary) -> u8 {
+    match summary.ending() {
+        Some(crate::error::Kind::ItemsFailed) => crate::error::exit::OK,
+        _ => summary.exit_code(),
+    }
+}
+
+/// Runs this worker's partition to the end (or the signal) and publishes its shards;
+/// `reshape` lets it change the job record where that is safe (`job`).
 pub async fn run(
     mut cfg: Config,
     knobs: Knobs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    reshape: bool,
 ) -> Result<RunSummary, Error> {
     let partition = cfg.partition.unwrap_or(Partition::WHOLE);
     cfg.partition = Some(partition);
@@ -88,44 +133,165 @@ pub async fn run(
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("cannot create data_dir {}", cfg.data_dir.display()))?;
     let writer = writer_id(&cfg.data_dir)?;
-    let log = persevere("read the partition's commit log", async || {
-        Ok(CommitLog::load(bucket.clone(), partition).await?)
+    persevere(
+        "check that the store honours conditional creates",
+        async || probe(&bucket, &writer).await,
+    )
+    .await?;
+    let inputs = {
+        let (datasets, cache) = (
+            cfg.datasets.clone(),
+            cfg.data_dir.join("input-fingerprints.json"),
+        );
+        tokio::task::spawn_blocking(move || -> Result<BTreeMap<String, (String, u64)>, Error> {
+            let mut out = BTreeMap::new();
+            for d in &datasets {
+                out.insert(d.name.clone(), job::fingerprint(&d.path, &cache)?);
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(Error::runtime)??
+    };
+    let here = job::shape_of(&cfg, partition.count, &inputs, &writer);
+    // Nothing else is read or written before the shape is the job's.
+    persevere("read the job record", async || {
+        Ok(job::precheck(&bucket, &here, reshape).await?)
     })
     .await?;
-    tracing::info!(partition = partition.index, partitions = partition.count, writer = %writer,
-        commits = log.commits().len(), output = %bucket.url(), "cluster worker starting");
-    let shares = share_budgets(&mut cfg, &log, &writer).await?;
-    let caps = if cfg.run.budget_policy == crate::config::BudgetPolicy::Cancel {
-        shares
-    } else {
-        Default::default()
-    };
-    for d in &cfg.datasets {
-        cfg.committed
-            .insert(d.name.clone(), log.committed_ids(&d.name));
+    let log = persevere("read the partition's commit log", async || {
+        Ok(CommitLog::load(bucket.clone(), partition, LoadOptions::WORKER).await?)
+    })
+    .await?;
+    if let Some((_, seal)) = log.sealed() {
+        // Published: nothing is written, whatever happens next.
+        if let Some(r) = job::read_latest(&bucket).await? {
+            job::refuse_differences(
+                &r,
+                &here,
+                true,
+                "the job is published; new work goes to a new output prefix",
+            )?;
+        }
+        if !reshape && !seal.partial && commits::read_done(&bucket, partition).await?.is_some() {
+            tracing::info!(partition = partition.index, output = %bucket.url(),
+                "this partition is published (sealed by spool finalize) and was done: nothing to do");
+            return Ok(RunSummary {
+                interrupted: false,
+                limited: Vec::new(),
+                report: StatusReport::default(),
+            });
+        }
+        log.refuse_sealed()?;
     }
+    let established = persevere("write the job record", async || {
+        Ok(job::establish(&bucket, &here, reshape).await?)
+    })
+    .await?;
+    match established {
+        Established::Created(r) => {
+            tracing::info!(key = %job::job_key(r.version), partitions = r.partitions,
+            "job record created: this job's shape is fixed")
+        }
+        Established::Reshaped(r, diffs) => {
+            for d in &diffs {
+                tracing::warn!(key = %job::job_key(r.version), change = %d, "job reshaped (--reshape)");
+            }
+        }
+        Established::Matched(_) => {}
+    }
+    // From here on this partition is running: status and finalize must not see it done.
+    persevere("withdraw the done marker", async || {
+        Ok(bucket.delete(&commits::done_key(partition.index)).await?)
+    })
+    .await?;
+    if let Err(e) = heartbeat::write(&bucket, partition, &writer, true, None).await {
+        tracing::warn!(error = %e, "cannot write the partition's status yet");
+    }
+    tracing::info!(partition = partition.index, partitions = partition.count, writer = %writer,
+        commits = log.len(), output = %bucket.url(), startup_requests = bucket.requests(),
+        "cluster worker starting");
+    let retried: Vec<String> = cfg
+        .datasets
+        .iter()
+        .filter(|d| !log.dataset(&d.name).retried.is_empty())
+        .map(|d| d.name.clone())
+        .collect();
+    retry_locally(&cfg.data_dir, &knobs, &retried)?;
+    let shared = Arc::new(Mutex::new(log));
+    let mut lanes = Vec::new();
+    for d in &mut cfg.datasets {
+        let Some(total) = d.token_budget else {
+            continue;
+        };
+        let mut ledger = persevere("read the budget log", async || {
+            Ok(BudgetLog::load(bucket.clone(), &d.name, partition.count).await?)
+        })
+        .await?;
+        // Running again: this partition may take and give back budget.
+        bucket
+            .delete(&budget::waiting_key(&d.name, partition.index))
+            .await?;
+        let mut log = shared.lock().await;
+        budget::reconcile(&mut log, &mut ledger, &d.name, &writer).await?;
+        let allowance = Arc::new(Allowance::new(0));
+        let granted = Agent::granted(&log, &d.name, &writer, &allowance);
+        allowance.set(granted, false);
+        tracing::info!(dataset = %d.name, budget = total, allowance = log.dataset(&d.name).allowance(),
+            committed = log.committed_tokens(&d.name), pool = ledger.pool(total),
+            "partition's budget: tickets from the job's pool as needed");
+        cfg.allowances.insert(d.name.clone(), allowance.clone());
+        d.token_budget = Some(granted);
+        lanes.push(budget::Lane::new(&d.name, total, ledger, allowance));
+    }
+    {
+        let log = shared.lock().await;
+        for d in &cfg.datasets {
+            cfg.committed
+                .insert(d.name.clone(), Arc::new(log.settled(&d.name)));
+        }
+    }
+    let data_dir = cfg.data_dir.clone();
     cfg.output_dir = cfg.data_dir.join("out");
+    let cancel_cap = cfg.run.budget_policy == crate::config::BudgetPolicy::Cancel;
     let publisher = Publisher {
         bucket: bucket.clone(),
-        log,
+        log: shared.clone(),
         writer: writer.clone(),
         partition,
         staging: cfg.output_dir.clone(),
         scratch: cfg.data_dir.join("publish"),
         datasets: cfg.datasets.iter().map(|d| d.name.clone()).collect(),
         compression_level: cfg.shards.compression_level,
-        caps,
+        cancel_cap,
+        allowances: lanes
+            .iter()
+            .map(|l| (l.dataset.clone(), l.allowance.clone()))
+            .collect(),
         publish_pause: knobs.faults.publish_pause,
         data_dir: cfg.data_dir.clone(),
     };
+    let agent = Agent {
+        log: shared.clone(),
+        lanes,
+        writer: writer.clone(),
+        partition,
+        bucket: bucket.clone(),
+        stale_after: knobs.faults.stale_after.unwrap_or(budget::STALE_AFTER),
+    };
     let stop = CancellationToken::new();
     let sweeping = tokio::spawn(publisher.run(stop.clone()));
-    let summary = crate::run::job::run(cfg, knobs, shutdown).await;
+    let granting = tokio::spawn(agent.run(stop.clone()));
+    let summary = crate::run::job::run(cfg, knobs.clone(), shutdown).await;
     stop.cancel();
-    let mut publisher = sweeping
+    let publisher = sweeping
         .await
         .map_err(Error::runtime)
         .context("the publisher panicked")?;
+    let mut agent = granting
+        .await
+        .map_err(Error::runtime)
+        .context("the budget agent panicked")?;
     let summary = summary?;
     // The run has sealed its last shard: this sweep publishes everything it wrote.
     let published = persevere("publish the partition's shards", async || {
@@ -141,19 +307,32 @@ pub async fn run(
         publisher.publish_rejected().await
     })
     .await?;
-    // Where the partition stood when its worker stopped: `spool status` shows it.
-    let body = bytes::Bytes::from(serde_json::to_vec_pretty(&summary.report)?);
-    persevere("write the partition's status", async || {
-        Ok(bucket
-            .put(&commits::status_key(partition.index), body.clone())
-            .await?)
+    let failed = persevere("record the items that failed for good", async || {
+        record_failures(&data_dir, &knobs, &shared, &writer).await
     })
     .await?;
-    if summary.ending().is_none() {
+    persevere("give back unused budget", async || {
+        settle_budgets(&shared, &mut agent, &writer).await
+    })
+    .await?;
+    // Where the partition stood when its worker stopped: `spool status` shows it.
+    let report = summary.report.clone();
+    persevere("write the partition's status", async || {
+        Ok(heartbeat::write(&bucket, partition, &writer, false, Some(report.clone())).await?)
+    })
+    .await?;
+    if matches!(
+        summary.ending(),
+        None | Some(crate::error::Kind::ItemsFailed)
+    ) {
         persevere("mark the partition done", async || {
-            publisher.mark_done().await
+            publisher.mark_done(failed).await
         })
         .await?;
+        if failed > 0 {
+            tracing::warn!(partition = partition.index, failed,
+                "partition done with items failed for good: recorded in its log, listed by `spool finalize`; `spool retry` sends them back");
+        }
     }
     Ok(summary)
 }
@@ -173,7 +352,8 @@ async fn persevere<T>(
         tries += 1;
         match step().await {
             Ok(v) => return Ok(v),
-            // An object refused as untrusted stays so: no use trying again.
+            // An object refused as untrusted stays so, and so does a sealed log or a
+            // mismatched job: no use trying again.
             Err(e) if tries >= STEP_TRIES || refused(&e) => {
                 return Err(e.context(format!("cannot {what}")))
             }
@@ -185,131 +365,132 @@ async fn persevere<T>(
     }
 }
 
-/// Whether `e` is about an object in the store that is not what spool writes (rather than
-/// about reaching the store).
+/// Whether `e` is final: about an object in the store that is not what spool writes, a
+/// sealed log, or the user's to fix (rather than about reaching the store).
 fn refused(e: &Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<commits::CommitError>()
-            .is_some_and(|c| c.key().is_some())
-    })
+    e.kind() == crate::error::Kind::Usage
+        || e.chain().any(|c| {
+            c.downcast_ref::<commits::CommitError>()
+                .is_some_and(|c| c.key().is_some())
+        })
 }
 
-/// Sets each budgeted dataset's budget to this partition's share: the split by item
-/// counts, less the tokens other writers of this partition committed (spent, but in no
-/// local queue when the `data_dir` is new).
-async fn share_budgets(
-    cfg: &mut Config,
-    log: &CommitLog,
+/// Puts the items `spool retry` sent back (failed in this `data_dir`'s queue) back to
+/// pending, for `datasets`. A new volume has no queue: intake takes them in.
+fn retry_locally(data_dir: &Path, knobs: &Knobs, datasets: &[String]) -> Result<(), Error> {
+    if datasets.is_empty() || !data_dir.join("spool.lock").exists() {
+        return Ok(());
+    }
+    let queue = crate::store::queue::Queue::open_with(data_dir, &knobs.faults)?;
+    for s in queue.states() {
+        if datasets.contains(&s.name) {
+            let n = queue.retry_failed(s.index)?;
+            tracing::info!(dataset = %s.name, items = n, "failed items sent back by `spool retry` are pending again");
+        }
+    }
+    Ok(())
+}
+
+/// Records in the partition's log the items of the local queue that failed for good and
+/// are not recorded yet; returns how many failed items the log holds.
+async fn record_failures(
+    data_dir: &Path,
+    knobs: &Knobs,
+    shared: &Arc<Mutex<CommitLog>>,
     writer: &str,
-) -> Result<std::collections::HashMap<String, u64>, Error> {
-    let mut shares = std::collections::HashMap::new();
-    let Some(partition) = cfg.partition else {
-        return Ok(shares);
-    };
-    if cfg.datasets.iter().all(|d| d.token_budget.is_none()) {
-        return Ok(shares);
-    }
-    let budgeted: Vec<_> = cfg
-        .datasets
-        .iter()
-        .filter(|d| d.token_budget.is_some())
-        .cloned()
-        .collect();
-    let cache = cfg.data_dir.join("partition-counts.json");
-    let counts =
-        tokio::task::spawn_blocking(move || counted_items(&budgeted, partition.count, &cache))
-            .await
-            .map_err(Error::runtime)??;
-    for d in &mut cfg.datasets {
-        let Some(budget) = d.token_budget else {
-            continue;
-        };
-        let items = counts.get(&d.name).cloned().unwrap_or_default();
-        let share = partition::split(budget, &items)[partition.index as usize];
-        let spent = log.tokens_by_others(writer, &d.name);
-        let left = share.saturating_sub(spent);
-        tracing::info!(dataset = %d.name, budget, share, committed_by_others = spent,
-            items = items[partition.index as usize], "partition's budget share");
-        d.token_budget = Some(left);
-        shares.insert(d.name.clone(), share);
-    }
-    Ok(shares)
-}
-
-/// [`count_items`], kept in `cache` per dataset with its input's size and modification
-/// time, so a restarted worker does not parse an unchanged input again.
-fn counted_items(
-    datasets: &[crate::config::DatasetConfig],
-    count: u32,
-    cache: &Path,
-) -> Result<partition::ItemCounts, Error> {
-    type Cached = std::collections::HashMap<String, (String, Vec<u64>)>;
-    let mut cached: Cached = std::fs::read(cache)
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
-    let stamp = |d: &crate::config::DatasetConfig| -> String {
-        let m = std::fs::metadata(&d.path).ok();
-        let mtime = m
-            .as_ref()
-            .and_then(|m| m.modified().ok())
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos());
-        format!(
-            "{}|{}|{mtime}|{count}|{:?}",
-            d.path.display(),
-            m.map_or(0, |m| m.len()),
-            d.max_prompts
-        )
-    };
-    let mut out = partition::ItemCounts::new();
-    let mut stale = Vec::new();
-    for d in datasets {
-        match cached.get(&d.name) {
-            Some((s, counts)) if *s == stamp(d) => {
-                out.insert(d.name.clone(), counts.clone());
-            }
-            _ => stale.push(d.clone()),
-        }
-    }
-    if !stale.is_empty() {
-        for (name, counts) in count_items(&stale, count)? {
-            let d = stale
-                .iter()
-                .find(|d| d.name == name)
-                .map(stamp)
-                .unwrap_or_default();
-            cached.insert(name.clone(), (d, counts.clone()));
-            out.insert(name, counts);
-        }
-        // Only a cache: a failed write costs a parse at the next start.
-        let _ = serde_json::to_vec(&cached).map(|b| std::fs::write(cache, b));
-    }
-    Ok(out)
-}
-
-/// Rows per partition of each dataset (ids parsed, prompts not rendered).
-pub fn count_items(
-    datasets: &[crate::config::DatasetConfig],
-    count: u32,
-) -> Result<partition::ItemCounts, Error> {
-    let mut out = partition::ItemCounts::new();
-    for d in datasets {
-        let mut counts = vec![0u64; count as usize];
-        let mut reader = crate::input::dataset::DatasetReader::open(&d.path, &d.name)?;
-        let mut taken = 0u64;
-        while let Some(e) = reader.next_entry()? {
-            if let crate::input::row::Entry::Row(row) = e {
-                if d.max_prompts.is_some_and(|m| taken >= m) {
-                    break;
+) -> Result<u64, Error> {
+    let mut log = shared.lock().await;
+    if data_dir.join("spool.lock").exists() {
+        let (dir, faults) = (data_dir.to_path_buf(), knobs.faults);
+        let local = tokio::task::spawn_blocking(
+            move || -> Result<Vec<(String, Vec<FailedItem>)>, Error> {
+                let queue = crate::store::queue::Queue::open_with(&dir, &faults)?;
+                let mut out = Vec::new();
+                for s in queue.states() {
+                    let mut items = Vec::new();
+                    for (row, f) in queue.failures(s.index, usize::MAX)? {
+                        if let Some(id) = queue.item_id(s.index, row)? {
+                            let reason: String =
+                                f.reason.chars().take(commits::REASON_CHARS).collect();
+                            items.push(FailedItem { id, reason });
+                        }
+                    }
+                    out.push((s.name.clone(), items));
                 }
-                counts[partition::owner(&d.name, &row.id, count) as usize] += 1;
-                taken += 1;
+                Ok(out)
+            },
+        )
+        .await
+        .map_err(Error::runtime)??;
+        for (dataset, items) in local {
+            let d = log.dataset(&dataset);
+            let new: Vec<FailedItem> = items
+                .into_iter()
+                .filter(|i| !d.failed.contains_key(&i.id) && !d.committed.contains(&i.id))
+                .collect();
+            drop(d);
+            let p = log.partition();
+            for chunk in new.chunks(FAILED_PER_RECORD) {
+                log.append_anyway(Record::Failed(Failed {
+                    head: commits::Head::new("failed", p, writer),
+                    dataset: dataset.clone(),
+                    items: chunk.to_vec(),
+                }))
+                .await?;
             }
         }
-        out.insert(d.name.clone(), counts);
     }
-    Ok(out)
+    Ok(log.datasets().map(|(_, d)| d.failed.len() as u64).sum())
+}
+
+/// At the end of a run: each budget's unused allowance goes back to the pool; a partition
+/// that finished past its allowance (policy "finish") takes what it used from the pool.
+async fn settle_budgets(
+    shared: &Arc<Mutex<CommitLog>>,
+    agent: &mut Agent,
+    writer: &str,
+) -> Result<(), Error> {
+    let mut log = shared.lock().await;
+    log.catch_up().await?;
+    for lane in &mut agent.lanes {
+        lane.ledger.catch_up().await?;
+        let d = log.dataset(&lane.dataset);
+        let (allowance, spent) = (d.allowance(), d.tokens);
+        drop(d);
+        let p = log.partition();
+        if spent > allowance {
+            let want = spent - allowance;
+            if let Some((ticket, tokens)) = lane.ledger.claim(lane.budget, p, writer, want).await? {
+                log.append_anyway(Record::Claim(commits::Claim {
+                    head: commits::Head::new("claim", p, writer),
+                    dataset: lane.dataset.clone(),
+                    ticket,
+                    tokens,
+                }))
+                .await?;
+            }
+        } else if allowance > spent {
+            tracing::info!(dataset = %lane.dataset, tokens = allowance - spent,
+                "giving unused budget back to the job's pool");
+            budget::release(
+                &mut log,
+                &mut lane.ledger,
+                &lane.dataset,
+                writer,
+                allowance - spent,
+            )
+            .await?;
+        }
+        // Stopped: it gives nothing more back, so no one waits for it.
+        agent
+            .bucket
+            .put(
+                &budget::waiting_key(&lane.dataset, p.index),
+                "stopped".into(),
+            )
+            .await?;
+    }
+    Ok(())
 }
 
 /// The writer id of a `data_dir`: made once, kept in `data_dir/writer-id`. A new volume is
@@ -344,7 +525,7 @@ pub fn writer_id(data_dir: &Path) -> Result<String, Error> {
 /// Uploads sealed local shards and commits them, in local index order per dataset.
 struct Publisher {
     bucket: Arc<Bucket>,
-    log: CommitLog,
+    log: Arc<Mutex<CommitLog>>,
     writer: String,
     partition: Partition,
     staging: PathBuf,
@@ -352,10 +533,11 @@ struct Publisher {
     scratch: PathBuf,
     datasets: Vec<String>,
     compression_level: i32,
-    /// Under `budget_policy = "cancel"`, each budgeted dataset's share for this partition:
-    /// a commit never takes the partition's committed tokens past it, even when two
-    /// workers run the partition at once.
-    caps: std::collections::HashMap<String, u64>,
+    /// Under `budget_policy = "cancel"`: a commit never takes the partition's committed
+    /// tokens of a dataset past its allowance, even when two workers run it at once.
+    cancel_cap: bool,
+    /// Each budgeted dataset's allowance, kept in step with the log.
+    allowances: Vec<(String, Arc<Allowance>)>,
     /// The fault point between upload and commit (tests: a kill lands there).
     publish_pause: Option<Duration>,
     /// Where the run writes the address of its metrics endpoint.
@@ -363,10 +545,12 @@ struct Publisher {
 }
 
 impl Publisher {
-    /// Sweeps every [`SWEEP_EVERY`] until `stop`; a failed sweep is logged and tried again
-    /// (the shards stay on the local disk, and the final sweep must succeed).
-    async fn run(mut self, stop: CancellationToken) -> Self {
-        let mut ticks = 0u32;
+    /// Sweeps every [`SWEEP_EVERY`] until `stop` (a failed sweep is logged and tried
+    /// again: the shards stay on the local disk, and the final sweep must succeed); every
+    /// [`heartbeat::EVERY`] writes the partition's status and reads what others appended.
+    async fn run(self, stop: CancellationToken) -> Self {
+        // The first beat a second in, once the run's endpoint is up.
+        let mut last_beat: Option<std::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return self,
@@ -376,47 +560,45 @@ impl Publisher {
                 tracing::warn!(partition = self.partition.index, error = %e,
                     "publishing shards failed; trying again");
             }
-            ticks += 1;
-            if ticks % STATUS_EVERY == 1 {
-                self.copy_live_status().await;
+            if last_beat.is_none_or(|t| t.elapsed() >= heartbeat::EVERY) {
+                last_beat = Some(std::time::Instant::now());
+                self.beat().await;
             }
         }
     }
 
-    /// Copies the run's own `/status` (when its metrics endpoint is on) to the store, so
-    /// `spool status` of the job shows this partition's pending items while it runs. Best
-    /// effort: the run does not depend on it.
-    async fn copy_live_status(&self) {
-        let Ok(addr) = std::fs::read_to_string(self.data_dir.join(crate::run::job::ENDPOINT_FILE))
-        else {
-            return;
-        };
-        let Ok(report) = crate::observe::status::fetch(
-            &format!("http://{}", addr.trim()),
-            Duration::from_secs(2),
-        )
-        .await
-        else {
-            return;
-        };
-        let Ok(body) = serde_json::to_vec_pretty(&report) else {
-            return;
-        };
-        if let Err(e) = self
-            .bucket
-            .put(&commits::status_key(self.partition.index), body.into())
-            .await
+    /// Writes the heartbeat (with the run's live `/status` when its metrics endpoint is
+    /// on), then reads records others appended (a twin's commits, a release written for
+    /// this partition) into the allowances. Best effort: the run does not depend on it.
+    async fn beat(&self) {
+        let report =
+            match std::fs::read_to_string(self.data_dir.join(crate::run::job::ENDPOINT_FILE)) {
+                Ok(addr) => crate::observe::status::fetch(
+                    &format!("http://{}", addr.trim()),
+                    Duration::from_secs(2),
+                )
+                .await
+                .ok(),
+                Err(_) => None,
+            };
+        if let Err(e) =
+            heartbeat::write(&self.bucket, self.partition, &self.writer, true, report).await
         {
-            tracing::debug!(error = %e, "cannot copy the live status to the store");
+            tracing::debug!(error = %e, "cannot write the heartbeat");
+        }
+        let mut log = self.log.lock().await;
+        if log.catch_up().await.is_ok() {
+            for (dataset, a) in &self.allowances {
+                a.set(Agent::granted(&log, dataset, &self.writer, a), a.is_last());
+            }
         }
     }
 
     /// Publishes every sealed local shard not yet committed; returns how many.
-    async fn sweep(&mut self) -> Result<usize, Error> {
-        self.log.catch_up().await?;
+    async fn sweep(&self) -> Result<usize, Error> {
         let mut n = 0;
-        for dataset in self.datasets.clone() {
-            let dir = self.staging.join(&dataset);
+        for dataset in &self.datasets {
+            let dir = self.staging.join(dataset);
             let mut shards: Vec<(u64, PathBuf)> = shard::folder_entries(&dir)
                 .with_context(|| format!("cannot list {}", dir.display()))?
                 .into_iter()
@@ -427,18 +609,19 @@ impl Publisher {
                 .collect();
             shards.sort();
             for (index, path) in shards {
-                if self.log.has(&self.writer, &dataset, index) {
+                if self.log.lock().await.has(&self.writer, dataset, index) {
                     continue;
                 }
-                self.publish(&dataset, index, &path).await?;
+                self.publish(dataset, index, &path).await?;
                 n += 1;
             }
         }
         Ok(n)
     }
 
-    /// Uploads and commits one local shard, leaving out items committed before it.
-    async fn publish(&mut self, dataset: &str, index: u64, path: &Path) -> Result<(), Error> {
+    /// Uploads and commits one local shard, leaving out items committed before it (and,
+    /// under "cancel", items past the partition's allowance).
+    async fn publish(&self, dataset: &str, index: u64, path: &Path) -> Result<(), Error> {
         let local = path.to_path_buf();
         let (keys, counts) = tokio::task::spawn_blocking(move || {
             Ok::<_, Error>((reader::read_keys(&local)?, reader::read_counts(&local)?))
@@ -463,20 +646,29 @@ impl Publisher {
                 }
             }
         }
+        // Under "cancel", a budget-bound dataset commits no more than the partition holds.
+        let capped = self.cancel_cap && self.allowances.iter().any(|(n, _)| n == dataset);
+        let cap_of = |log: &CommitLog| capped.then(|| log.dataset(dataset).allowance());
         loop {
-            let committed = self.log.committed_ids(dataset);
-            let cap = self.caps.get(dataset).copied();
-            let mut spent = self.log.committed_tokens(dataset);
             let mut left_out: HashSet<&str> = HashSet::new();
             let mut over_share = 0u64;
-            for (id, tokens) in &items {
-                if committed.contains(id) {
-                    left_out.insert(id);
-                } else if cap.is_some_and(|cap| spent + tokens > cap) {
-                    left_out.insert(id);
-                    over_share += 1;
-                } else {
-                    spent += tokens;
+            let mut duplicate_tokens = 0u64;
+            {
+                let log = self.log.lock().await;
+                log.refuse_sealed()?;
+                let d = log.dataset(dataset);
+                let cap = cap_of(&log);
+                let mut spent = d.tokens;
+                for (id, tokens) in &items {
+                    if d.committed.contains(id) {
+                        left_out.insert(id);
+                        duplicate_tokens += tokens;
+                    } else if cap.is_some_and(|cap| spent + tokens > cap) {
+                        left_out.insert(id);
+                        over_share += 1;
+                    } else {
+                        spent += tokens;
+                    }
                 }
             }
             let kept: Vec<&(String, u64)> = rows
@@ -494,7 +686,7 @@ impl Publisher {
                 path.to_path_buf()
             } else {
                 tracing::warn!(dataset, index, dropped, over_share, partition = self.partition.index,
-                    "rows of this shard were committed by another worker first, or would pass the partition's budget share; publishing the rest");
+                    "rows of this shard were committed by another worker first, or would pass the partition's allowance; publishing the rest");
                 let gone: HashSet<String> = left_out.iter().map(|s| s.to_string()).collect();
                 self.rewrite_without(dataset, index, path, Arc::new(gone))
                     .await?
@@ -536,8 +728,23 @@ impl Publisher {
                 record.bytes = up.bytes;
                 record.sha256 = up.sha256;
             }
-            match self.log.append(record).await? {
-                Appended::Committed(seq) => {
+            let appended = {
+                let mut log = self.log.lock().await;
+                // Twins' commits read while this shard uploaded count against the cap too.
+                let spent = log.dataset(dataset).tokens;
+                if tokens > 0 && cap_of(&log).is_some_and(|cap| spent + tokens > cap) {
+                    Ok(Appended::Outdated(format!(
+                        "{tokens} tokens would pass the partition's allowance"
+                    )))
+                } else {
+                    log.append(Record::Shard(record)).await
+                }
+            };
+            match appended {
+                Ok(Appended::Committed(seq)) => {
+                    if let Some((_, a)) = self.allowances.iter().find(|(n, _)| n == dataset) {
+                        a.add_duplicates(duplicate_tokens);
+                    }
                     if file != path {
                         // The rewritten copy has served: the local shard stays the record.
                         let _ = std::fs::remove_file(&file);
@@ -553,7 +760,7 @@ impl Publisher {
                     );
                     return Ok(());
                 }
-                Appended::Lost(seq) => {
+                Ok(Appended::Lost(seq)) => {
                     tracing::info!(
                         dataset,
                         index,
@@ -562,6 +769,22 @@ impl Publisher {
                         "another worker committed first; checking this shard against its record"
                     );
                 }
+                Ok(Appended::Outdated(why)) => {
+                    tracing::info!(
+                        dataset,
+                        index,
+                        why,
+                        partition = self.partition.index,
+                        "the log moved on while this shard uploaded; checking it again"
+                    );
+                }
+                Err(e @ commits::CommitError::Sealed { .. }) => {
+                    return Err(Error::from(e).context(format!(
+                        "local shard {index} of `{dataset}` ({} rows) was not committed",
+                        kept.len()
+                    )))
+                }
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -627,16 +850,21 @@ impl Publisher {
         Ok(())
     }
 
-    /// Records that this partition finished: `finalize` waits for every partition's.
-    async fn mark_done(&mut self) -> Result<(), Error> {
-        self.log.catch_up().await?;
+    /// Records that this partition finished (with `failed` items failed for good):
+    /// `finalize` waits for every partition's.
+    async fn mark_done(&self, failed: u64) -> Result<(), Error> {
+        let mut log = self.log.lock().await;
+        log.catch_up().await?;
+        log.refuse_sealed()?;
         let done = Done {
             partition: self.partition.index,
             partitions: self.partition.count,
             writer: self.writer.clone(),
-            commits: self.log.commits().len() as u64,
+            commits: log.len(),
+            failed,
             spool_version: env!("CARGO_PKG_VERSION").to_string(),
         };
+        drop(log);
         let body = serde_json::to_vec_pretty(&done)?;
         self.bucket
             .put(&commits::done_key(self.partition.index), body.into())
@@ -644,59 +872,9 @@ impl Publisher {
         tracing::info!(
             partition = self.partition.index,
             commits = done.commits,
+            failed,
             "partition done"
         );
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn dataset(path: &Path) -> crate::config::DatasetConfig {
-        let text = format!("name = \"d\"\npath = \"{}\"\n", path.display());
-        toml::from_str(&text).unwrap()
-    }
-
-    /// Item counts per partition are kept with the input's size and time: an unchanged
-    /// input is not parsed again, a changed one is.
-    #[test]
-    fn item_counts_are_cached_until_the_input_changes() {
-        let dir = tempfile::tempdir().unwrap();
-        let input = dir.path().join("d.jsonl");
-        let rows: String = (0..100)
-            .map(|i| format!("{{\"id\": \"r{i}\", \"prompt\": \"p{i}\"}}\n"))
-            .collect();
-        std::fs::write(&input, &rows).unwrap();
-        let cache = dir.path().join("counts.json");
-        let d = [dataset(&input)];
-        let first = counted_items(&d, 4, &cache).unwrap();
-        assert_eq!(first["d"].iter().sum::<u64>(), 100);
-        // Doctor the cache: an unchanged input is answered from it.
-        let doctored = std::fs::read_to_string(&cache)
-            .unwrap()
-            .replace(&format!("{:?}", first["d"]).replace(' ', ""), "[1,2,3,4]");
-        std::fs::write(&cache, doctored).unwrap();
-        assert_eq!(counted_items(&d, 4, &cache).unwrap()["d"], vec![1, 2, 3, 4]);
-        // Another partition count is another question.
-        assert_eq!(
-            counted_items(&d, 2, &cache).unwrap()["d"]
-                .iter()
-                .sum::<u64>(),
-            100
-        );
-        // A changed input is counted again.
-        std::fs::write(
-            &input,
-            format!("{rows}{{\"id\": \"x\", \"prompt\": \"p\"}}\n"),
-        )
-        .unwrap();
-        assert_eq!(
-            counted_items(&d, 4, &cache).unwrap()["d"]
-                .iter()
-                .sum::<u64>(),
-            101
-        );
     }
 }

@@ -1011,6 +1011,12 @@ impl<S: IntakeSink> Collector<'_, S> {
                 (row + 1, *row < self.scanned)
             }
         };
+        // A cluster job's cap is a place in the file, the same for every partition, volume
+        // and run: its first `max_prompts` lines (rows of a Parquet file), whoever owns them.
+        if self.opts.filter.is_some() && line > self.cap {
+            self.last_line = line - 1;
+            return Ok(false);
+        }
         self.last_line = line;
         match p {
             Prepared::Rejected(r) => {
@@ -1054,7 +1060,7 @@ impl<S: IntakeSink> Collector<'_, S> {
                     }
                     return Ok(true);
                 }
-                if self.items >= self.cap {
+                if self.opts.filter.is_none() && self.items >= self.cap {
                     // Past max_prompts: not taken in, and not counted as scanned.
                     self.last_line = line - 1;
                     return Ok(false);

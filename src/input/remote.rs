@@ -3,7 +3,9 @@
 //!
 //! Invariant: the local copy is the object's bytes — streamed to a temporary name, synced
 //! and renamed — and is fetched again only when the object's size or ETag changed, in which
-//! case intake's prefix check sees the change like a changed local file.
+//! case intake's prefix check sees the change like a changed local file. The bytes are read
+//! with `If-Match` on the ETag the look saw, so an object replaced between the look and the
+//! read is refused rather than stamped with the other version's ETag.
 
 use crate::config::Config;
 use crate::output::bucket::{is_url, Bucket};
@@ -62,7 +64,7 @@ pub async fn fetch_inputs(cfg: &mut Config) -> Result<(), FetchError> {
         let dir = cfg.data_dir.join("inputs").join(&d.name);
         let local = dir.join(name);
         let stamp_path = dir.join(format!(".{name}.source"));
-        let stamp = format!("{url}\n{size}\n{}\n", etag.unwrap_or_default());
+        let stamp = format!("{url}\n{size}\n{}\n", etag.clone().unwrap_or_default());
         let io = |path: &PathBuf, source| FetchError::Io {
             dataset: d.name.clone(),
             path: path.clone(),
@@ -73,7 +75,10 @@ pub async fn fetch_inputs(cfg: &mut Config) -> Result<(), FetchError> {
         if !fresh {
             std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
             let t = std::time::Instant::now();
-            let bytes = bucket.download(name, &local).await.map_err(bucket_err)?;
+            let bytes = bucket
+                .download_if(name, &local, etag.as_deref())
+                .await
+                .map_err(bucket_err)?;
             std::fs::write(&stamp_path, &stamp).map_err(|e| io(&stamp_path, e))?;
             tracing::info!(dataset = %d.name, url = %url, bytes,
                 seconds = format!("{:.1}", t.elapsed().as_secs_f64()), "input fetched");

@@ -135,7 +135,7 @@ impl Metrics {
             token_budget: reg!(IntGaugeVec::new(
                 Opts::new(
                     "spool_token_budget",
-                    "The dataset's completion-token budget."
+                    "The dataset's completion-token budget (a cluster partition's: the tickets it holds)."
                 ),
                 ds
             )),

@@ -142,6 +142,11 @@ impl Monitor {
                     .set(n as i64);
             }
             if let Some(b) = v.budget {
+                // A cluster partition's budget grows as it takes tickets from the job's pool.
+                metrics
+                    .token_budget
+                    .with_label_values(&[name])
+                    .set(b as i64);
                 metrics
                     .budget_remaining
                     .with_label_values(&[name])

@@ -2,9 +2,12 @@
 //! and S3-compatible stores, a local folder (`file://`), memory (`memory://`, tests).
 //!
 //! Invariants: an uploaded object is visible whole or not at all (a single PUT, or a
-//! multipart upload completed only after every part; aborted on failure); a conditional
-//! create whose answer was lost and that finds its own bytes in place reports them as its
-//! own, never as someone else's; credentials come from the environment or the store's
+//! multipart upload completed only after every part; aborted on failure); a write to a
+//! `file://` store is fsynced (the file, then its folder) before it returns, so a record
+//! never outlives the bytes it names across a power cut; a conditional create whose
+//! answer was lost and that finds its own bytes in place reports them as its own, never
+//! as someone else's, and one refused for a conflict in progress (S3's 409
+//! `ConditionalRequestConflict`) with nothing in place is tried again; credentials come from the environment or the store's
 //! own chain and are never in a `Debug`, an error or a log (only the URL as given is): the
 //! store's error text (which may echo the request: S3's `SignatureDoesNotMatch` carries the
 //! key id and the canonical request with the session token) is redacted
@@ -20,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -147,6 +151,52 @@ pub enum Created {
     Theirs(Bytes),
 }
 
+/// Requests made through one [`Bucket`], by kind (a listing counts a request per 1,000
+/// keys, as S3 pages them; the store's own retries are not counted).
+#[derive(Debug, Default)]
+struct Counts {
+    get: AtomicU64,
+    put: AtomicU64,
+    list: AtomicU64,
+    head: AtomicU64,
+    copy: AtomicU64,
+    delete: AtomicU64,
+}
+
+/// A snapshot of [`Counts`], for logs and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RequestCounts {
+    pub get: u64,
+    pub put: u64,
+    pub list: u64,
+    pub head: u64,
+    pub copy: u64,
+    pub delete: u64,
+}
+
+impl RequestCounts {
+    /// Every request.
+    pub fn total(&self) -> u64 {
+        self.get + self.put + self.list + self.head + self.copy + self.delete
+    }
+}
+
+impl std::fmt::Display for RequestCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} requests (get {}, put {}, list {}, head {}, copy {}, delete {})",
+            self.total(),
+            self.get,
+            self.put,
+            self.list,
+            self.head,
+            self.copy,
+            self.delete
+        )
+    }
+}
+
 /// An object-store location: a store and a root prefix; keys are relative to the root.
 pub struct Bucket {
     store: Arc<dyn ObjectStore>,
@@ -154,6 +204,7 @@ pub struct Bucket {
     url: String,
     /// The credentials from the environment, redacted from every error.
     secrets: crate::secrets::Secrets,
+    counts: Counts,
 }
 
 impl std::fmt::Debug for Bucket {
@@ -236,6 +287,7 @@ impl Bucket {
                 root: prefix.trim_matches('/').to_string(),
                 url: url.into(),
                 secrets,
+                counts: Counts::default(),
             })
         } else if let Some(dir) = trimmed.strip_prefix("file://") {
             if !dir.starts_with('/') {
@@ -245,13 +297,17 @@ impl Bucket {
                 path: dir.into(),
                 source,
             })?;
-            let store =
-                object_store::local::LocalFileSystem::new_with_prefix(dir).map_err(store_err)?;
+            // Durable before a write returns: object_store's local store does not sync by
+            // default, and a commit record must never outlive its shard's bytes.
+            let store = object_store::local::LocalFileSystem::new_with_prefix(dir)
+                .map_err(store_err)?
+                .with_fsync(true);
             Ok(Bucket {
                 store: Arc::new(store),
                 root: String::new(),
                 url: url.into(),
                 secrets,
+                counts: Counts::default(),
             })
         } else if url.starts_with("memory://") {
             Ok(Bucket {
@@ -259,6 +315,7 @@ impl Bucket {
                 root: String::new(),
                 url: url.into(),
                 secrets,
+                counts: Counts::default(),
             })
         } else {
             Err(bad("not an object-store URL (s3://, file:// or memory://)"))
@@ -268,6 +325,42 @@ impl Bucket {
     /// The URL as given (no credentials are ever part of it).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Requests made so far, by kind.
+    pub fn request_counts(&self) -> RequestCounts {
+        let c = &self.counts;
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RequestCounts {
+            get: n(&c.get),
+            put: n(&c.put),
+            list: n(&c.list),
+            head: n(&c.head),
+            copy: n(&c.copy),
+            delete: n(&c.delete),
+        }
+    }
+
+    /// Requests made so far.
+    pub fn requests(&self) -> u64 {
+        self.request_counts().total()
+    }
+
+    fn count(&self, a: &AtomicU64) {
+        a.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the store honours conditional creates: a second create of one key with
+    /// other bytes must be refused. A store that overwrites instead (an S3-compatible
+    /// store or proxy that ignores `If-None-Match`) would let two writers take one
+    /// sequence number; `key` is removed afterwards.
+    pub async fn honours_conditional_creates(&self, key: &str) -> Result<bool, BucketError> {
+        let first = Bytes::from(format!("spool probe {key} first"));
+        let second = Bytes::from(format!("spool probe {key} second"));
+        let a = self.create(key, first).await?;
+        let b = self.create(key, second).await?;
+        let _ = self.delete(key).await;
+        Ok(a == Created::Mine && matches!(b, Created::Theirs(_)))
     }
 
     fn path(&self, key: &str) -> ObjPath {
@@ -302,6 +395,7 @@ impl Bucket {
         let mut file = std::fs::File::open(local).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         let mut hash = Sha256::new();
+        self.count(&self.counts.put);
         if len <= PART_BYTES as u64 {
             let mut data = Vec::with_capacity(len as usize);
             file.read_to_end(&mut data).map_err(io)?;
@@ -363,21 +457,28 @@ impl Bucket {
                 mode: PutMode::Create,
                 ..Default::default()
             };
+            self.count(&self.counts.put);
             match self
                 .store
                 .put_opts(&self.path(key), PutPayload::from(body.clone()), opts)
                 .await
             {
                 Ok(_) => return Ok(Created::Mine),
-                Err(object_store::Error::AlreadyExists { .. })
-                | Err(object_store::Error::Precondition { .. }) => {
-                    let existing = self.get(key).await?.unwrap_or_default();
-                    return Ok(if existing == body {
-                        Created::Mine
-                    } else {
-                        Created::Theirs(existing)
-                    });
-                }
+                // object_store reports S3's 409 (a conflicting conditional write in
+                // progress) as AlreadyExists: whether someone's object is there decides.
+                Err(
+                    e @ (object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. }),
+                ) => match self.get(key).await? {
+                    Some(existing) if existing == body => return Ok(Created::Mine),
+                    Some(existing) => return Ok(Created::Theirs(existing)),
+                    None if tries >= CREATE_TRIES => return Err(self.err("create", key)(e)),
+                    None => {
+                        tracing::debug!(url = %self.url, key, tries, error = %redacted(&self.secrets, &e),
+                            "conditional create refused for a conflict in progress; trying again");
+                        tokio::time::sleep(Duration::from_millis(50 << tries.min(6))).await;
+                    }
+                },
                 Err(e @ object_store::Error::NotImplemented { .. }) => {
                     return Err(self.err("create", key)(e))
                 }
@@ -395,6 +496,7 @@ impl Bucket {
 
     /// Writes `key` whole, replacing what is there.
     pub async fn put(&self, key: &str, body: Bytes) -> Result<(), BucketError> {
+        self.count(&self.counts.put);
         self.store
             .put(&self.path(key), PutPayload::from(body))
             .await
@@ -404,6 +506,7 @@ impl Bucket {
 
     /// The object's bytes, or `None` when there is none.
     pub async fn get(&self, key: &str) -> Result<Option<Bytes>, BucketError> {
+        self.count(&self.counts.get);
         match self.store.get(&self.path(key)).await {
             Ok(r) => Ok(Some(r.bytes().await.map_err(self.err("get", key))?)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -414,6 +517,7 @@ impl Bucket {
     /// The object's bytes, or `None` when there is none; an object larger than `limit` is
     /// [`BucketError::TooLarge`], refused before (or while) it is read, never held whole.
     pub async fn get_capped(&self, key: &str, limit: u64) -> Result<Option<Bytes>, BucketError> {
+        self.count(&self.counts.get);
         let r = match self.store.get(&self.path(key)).await {
             Ok(r) => r,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
@@ -442,6 +546,7 @@ impl Bucket {
     /// The size and sha256 of the object's bytes as the store serves them (streamed, not
     /// held), or `None` when there is none.
     pub async fn checksum(&self, key: &str) -> Result<Option<Uploaded>, BucketError> {
+        self.count(&self.counts.get);
         let r = match self.store.get(&self.path(key)).await {
             Ok(r) => r,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
@@ -463,6 +568,7 @@ impl Bucket {
 
     /// The object's size and ETag, or `None` when there is none.
     pub async fn head(&self, key: &str) -> Result<Option<(u64, Option<String>)>, BucketError> {
+        self.count(&self.counts.head);
         match self.store.head(&self.path(key)).await {
             Ok(m) => Ok(Some((m.size, m.e_tag))),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -485,12 +591,16 @@ impl Bucket {
             let key = m.location.to_string();
             out.push((key.strip_prefix(&strip).unwrap_or(&key).to_string(), m.size));
         }
+        for _ in 0..out.len().div_ceil(1000).max(1) {
+            self.count(&self.counts.list);
+        }
         out.sort();
         Ok(out)
     }
 
     /// A copy made by the store (no bytes through this process on S3).
     pub async fn copy(&self, from: &str, to: &str) -> Result<(), BucketError> {
+        self.count(&self.counts.copy);
         self.store
             .copy(&self.path(from), &self.path(to))
             .await
@@ -501,6 +611,18 @@ impl Bucket {
     /// temporary file is private (0600) and made exclusively: a name planted there, a
     /// symlink included, is removed rather than written through.
     pub async fn download(&self, key: &str, local: &Path) -> Result<u64, BucketError> {
+        self.download_if(key, local, None).await
+    }
+
+    /// As [`Bucket::download`], of the object only while its ETag is `etag` (`If-Match`):
+    /// an object replaced between a look and the read is refused, never mixed.
+    pub async fn download_if(
+        &self,
+        key: &str,
+        local: &Path,
+        etag: Option<&str>,
+    ) -> Result<u64, BucketError> {
+        self.count(&self.counts.get);
         let name = local
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -510,9 +632,13 @@ impl Bucket {
             path: tmp.clone(),
             source,
         };
+        let opts = object_store::GetOptions {
+            if_match: etag.map(str::to_string),
+            ..Default::default()
+        };
         let r = self
             .store
-            .get(&self.path(key))
+            .get_opts(&self.path(key), opts)
             .await
             .map_err(self.err("download", key))?;
         let mut stream = r.into_stream();
@@ -533,11 +659,22 @@ impl Bucket {
         Ok(n)
     }
 
-    /// Deletes `key` (absent is fine).
+    /// Deletes `key` (absent is fine). A delete is idempotent, so one that failed in
+    /// transit is tried again (S3's is a POST, which the store's own retries leave alone).
     pub async fn delete(&self, key: &str) -> Result<(), BucketError> {
-        match self.store.delete(&self.path(key)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(self.err("delete", key)(e)),
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            self.count(&self.counts.delete);
+            match self.store.delete(&self.path(key)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => return Ok(()),
+                Err(e) if tries >= CREATE_TRIES => return Err(self.err("delete", key)(e)),
+                Err(e) => {
+                    tracing::debug!(url = %self.url, key, tries, error = %redacted(&self.secrets, &e),
+                        "delete failed in transit; trying again");
+                    tokio::time::sleep(Duration::from_millis(100 << tries.min(6))).await;
+                }
+            }
         }
     }
 }
@@ -640,6 +777,35 @@ mod tests {
             assert_eq!(std::fs::read(&local).unwrap(), b"shard bytes");
             let m = std::fs::symlink_metadata(&local).unwrap();
             assert!(m.is_file() && m.permissions().mode() & 0o077 == 0);
+        });
+    }
+
+    /// A download pinned to the ETag seen (`If-Match`) reads the object while it is that
+    /// version and is refused once it was replaced, leaving no local file.
+    #[test]
+    fn a_download_pinned_to_an_etag_refuses_another_version() {
+        rt().block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let url = format!("file://{}/store", dir.path().display());
+            let b = Bucket::open(&url, &BucketOptions::default()).unwrap();
+            b.put("in.jsonl", Bytes::from("first\n")).await.unwrap();
+            let (_, etag) = b.head("in.jsonl").await.unwrap().unwrap();
+            let etag = etag.expect("an ETag");
+            let local = dir.path().join("in.jsonl");
+            b.download_if("in.jsonl", &local, Some(&etag))
+                .await
+                .unwrap();
+            assert_eq!(std::fs::read(&local).unwrap(), b"first\n");
+            std::fs::remove_file(&local).unwrap();
+            // Replaced between the look and the read (another size: another ETag).
+            b.put("in.jsonl", Bytes::from("second, longer\n"))
+                .await
+                .unwrap();
+            assert!(b
+                .download_if("in.jsonl", &local, Some(&etag))
+                .await
+                .is_err());
+            assert!(!local.exists());
         });
     }
 

@@ -458,6 +458,7 @@ mod tests {
             policy: BudgetPolicy::Finish,
             samples: 1,
             multi: false,
+            allowance: None,
         };
         let sched = Arc::new(Scheduler::new(q.clone(), vec![spec], Default::default()));
         (q, sched)

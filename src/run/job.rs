@@ -736,9 +736,22 @@ impl Job {
                 policy: cfg.run.budget_policy,
                 samples: cfg.generation_of(d).samples,
                 multi: cfg.generation_of(d).is_multi(),
+                allowance: cfg.allowances.get(&d.name).cloned(),
             })
             .collect();
         let sched = Arc::new(Scheduler::new(queue.clone(), specs, self.knobs.bench));
+        // A budget granted while the run goes wakes the dispatcher at once.
+        for a in cfg.allowances.values() {
+            let (a, sched, stop) = (a.clone(), sched.clone(), self.stop.stop.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = a.changed.notified() => sched.changed.notify_waiters(),
+                        _ = stop.cancelled() => break,
+                    }
+                }
+            });
+        }
         if cfg.run.budget_policy == BudgetPolicy::Cancel {
             let (sched, stop) = (sched.clone(), self.stop.stop.clone());
             tokio::spawn(async move {

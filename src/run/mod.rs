@@ -30,6 +30,7 @@
 //! Invariant: every lease ends in one place whatever its task did (a panic in an attempt is
 //! a failed attempt, elsewhere it fails the item); a server's in-flight count is a guard.
 
+pub mod allowance;
 mod archiver;
 mod committer;
 pub mod descriptors;

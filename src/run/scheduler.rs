@@ -23,6 +23,7 @@ use crate::estimate::lengths::LengthModel;
 use crate::estimate::speed::SpeedCurve;
 use crate::estimate::tail::{finish_times, LaneWork};
 use crate::knobs::Bench;
+use crate::run::allowance::Allowance;
 use crate::store::queue::{Queue, QueueError};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -42,6 +43,9 @@ pub struct LaneSpec {
     pub samples: u32,
     /// Items have several generations (samples or every turn) and are opened and closed.
     pub multi: bool,
+    /// A budget that grows while the run goes (a cluster partition's), read in place of
+    /// `budget`.
+    pub allowance: Option<Arc<Allowance>>,
 }
 
 /// A row handed to a worker.
@@ -142,7 +146,7 @@ impl Lane {
     /// first) or not (for a waiting conversation's next turn, so they cannot all wait on
     /// each other).
     fn gate_open(&self, count_waiting: bool) -> bool {
-        match self.spec.budget {
+        match self.budget() {
             None => true,
             Some(b) if self.naive_budget => self.completed_tokens < b,
             Some(b) => self.committed_estimate(count_waiting) < b as f64,
@@ -193,7 +197,21 @@ impl Lane {
     }
 
     fn budget_met(&self) -> bool {
-        self.closed || self.spec.budget.is_some_and(|b| self.completed_tokens >= b)
+        self.closed
+            || (self.budget_final() && self.budget().is_some_and(|b| self.completed_tokens >= b))
+    }
+
+    /// The budget now: the growing allowance's, else the configured one.
+    fn budget(&self) -> Option<u64> {
+        match &self.spec.allowance {
+            Some(a) => Some(a.granted()),
+            None => self.spec.budget,
+        }
+    }
+
+    /// Whether the budget will not grow (always, unless an allowance says more may come).
+    fn budget_final(&self) -> bool {
+        self.spec.allowance.as_ref().is_none_or(|a| a.is_last())
     }
 
     /// Policy "cancel": abort every request in flight and dispatch no more in this run.
@@ -398,16 +416,29 @@ impl Scheduler {
                     partial,
                 });
             }
+            if let Some(a) = &lane.spec.allowance {
+                a.report(
+                    lane.committed_estimate(true),
+                    lane.completed_tokens,
+                    lane.lengths.expected_new(),
+                    !lane.closed && lane.has_rows(),
+                );
+            }
             if lane.budget_met() || !lane.budget_allows() {
                 if !lane.closing.is_empty() {
                     all_finished = false;
+                }
+                // A growing budget: wait for more rather than finish.
+                if !lane.budget_final() && !lane.closed && lane.has_rows() {
+                    all_finished = false;
+                    continue;
                 }
                 if !lane.budget_logged && lane.inflight.is_empty() {
                     lane.budget_logged = true;
                     tracing::info!(
                         dataset = %lane.spec.name,
                         completed_tokens = lane.completed_tokens,
-                        budget = lane.spec.budget.unwrap_or(0),
+                        budget = lane.budget().unwrap_or(0),
                         "budget reached: no more dispatching for this dataset"
                     );
                 }
@@ -461,8 +492,12 @@ impl Scheduler {
         if lane.spec.policy != BudgetPolicy::Cancel {
             return true;
         }
-        match lane.spec.budget {
-            Some(b) if lane.completed_tokens + lane.admitted + u64::from(tokens) > b => {
+        match lane.budget() {
+            // A growing budget admits: the commit-time cap holds the job's budget.
+            Some(b)
+                if lane.budget_final()
+                    && lane.completed_tokens + lane.admitted + u64::from(tokens) > b =>
+            {
                 lane.close();
                 false
             }
@@ -478,10 +513,10 @@ impl Scheduler {
     pub fn enforce_cancel(&self) {
         let mut lanes = self.lock();
         for lane in lanes.iter_mut() {
-            if lane.spec.policy != BudgetPolicy::Cancel || lane.closed {
+            if lane.spec.policy != BudgetPolicy::Cancel || lane.closed || !lane.budget_final() {
                 continue;
             }
-            if let Some(b) = lane.spec.budget {
+            if let Some(b) = lane.budget() {
                 let streamed: u64 = lane.inflight_streamed().iter().map(|&s| u64::from(s)).sum();
                 if lane.completed_tokens >= b
                     || (lane.completed_tokens + streamed > b && !lane.inflight.is_empty())
@@ -655,7 +690,7 @@ impl Scheduler {
                     .unwrap_or(0)
                     .saturating_sub(started as u64) as f64
                     * l.requests_per_item();
-                let budget_left = l.spec.budget.map(|b| b as f64 - l.completed_tokens as f64);
+                let budget_left = l.budget().map(|b| b as f64 - l.completed_tokens as f64);
                 let room = budget_left.map(|left| (left - finals.iter().sum::<f64>()).max(0.0));
                 // Requests the lane is still expected to start: its pending prompts, or as
                 // many as the budget gate will let through (it dispatches while completed
@@ -679,7 +714,7 @@ impl Scheduler {
                     inflight: l.inflight.len(),
                     inflight_streamed_tokens: streamed.iter().map(|&s| u64::from(s)).sum(),
                     completed_tokens: l.completed_tokens,
-                    budget: l.spec.budget,
+                    budget: l.budget(),
                     remaining_tokens_estimate: inflight_rest + future,
                     expected_tokens_per_item: exp_new,
                     dispatching,

@@ -157,6 +157,9 @@ fn kubernetes_manifests_pass_strict_schema_validation() {
         "job.yaml",
         "finalize-job.yaml",
         "secret.example.yaml",
+        "hf-secret.example.yaml",
+        "serviceaccount.yaml",
+        "models-pvc.yaml",
     ]
     .iter()
     .map(|f| dir.join(f))
@@ -204,8 +207,9 @@ fn kubernetes_manifests_pass_strict_schema_validation() {
         String::from_utf8_lossy(&out.stdout)
     );
 
-    // `kubectl apply -k` starts the run: the ConfigMap and the Job, not the finalize Job
-    // (which would fail before the run ends) nor the example Secret (credentials).
+    // `kubectl apply -k` starts the run: the ConfigMap, the ServiceAccount, the model
+    // cache's claim and the Job, not the finalize Job (which would fail before the run
+    // ends) nor the example Secrets (credentials).
     let kust = manifest("kustomization.yaml");
     assert_eq!(kust["kind"], "Kustomization");
     let resources: Vec<&str> = kust["resources"]
@@ -214,7 +218,15 @@ fn kubernetes_manifests_pass_strict_schema_validation() {
         .iter()
         .map(|r| r.as_str().unwrap())
         .collect();
-    assert_eq!(resources, ["configmap.yaml", "job.yaml"]);
+    assert_eq!(
+        resources,
+        [
+            "configmap.yaml",
+            "serviceaccount.yaml",
+            "models-pvc.yaml",
+            "job.yaml"
+        ]
+    );
     let image = container(&manifest("job.yaml"), "spool")["image"]
         .as_str()
         .unwrap()
@@ -343,6 +355,241 @@ fn kubernetes_job_matches_its_configmap() {
         int(&finalize["spec"]["completions"], "finalize completions"),
         1
     );
+}
+
+/// Every container of both Jobs (the SGLang sidecar included) meets the restricted Pod
+/// Security Standard — a non-root pod with the runtime's seccomp profile, no privilege
+/// escalation, every capability dropped, only the volume kinds it allows — and asks for
+/// the node disk it uses (`ephemeral-storage`); the model cache is a claim the
+/// kustomization creates, `HF_TOKEN` comes from an optional Secret, the pods run as the
+/// ServiceAccount that carries the IRSA role (Pod Identity and the static keys of the
+/// optional `spool-s3` Secret being the other ways to the bucket).
+#[test]
+fn kubernetes_pods_are_what_a_cluster_admin_accepts() {
+    let sa = manifest("serviceaccount.yaml");
+    assert_eq!(sa["kind"], "ServiceAccount");
+    assert!(
+        sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("arn:aws:iam::")),
+        "IRSA: {sa}"
+    );
+    let pvc = manifest("models-pvc.yaml");
+    assert_eq!(pvc["kind"], "PersistentVolumeClaim");
+    let hf = manifest("hf-secret.example.yaml");
+    assert!(hf["stringData"]["HF_TOKEN"].is_string());
+    for name in ["job.yaml", "finalize-job.yaml"] {
+        let j = manifest(name);
+        let pod = &j["spec"]["template"]["spec"];
+        assert_eq!(pod["serviceAccountName"], sa["metadata"]["name"], "{name}");
+        let psc = &pod["securityContext"];
+        assert_eq!(psc["runAsNonRoot"], true, "{name}");
+        assert_eq!(psc["seccompProfile"]["type"], "RuntimeDefault", "{name}");
+        for v in pod["volumes"].as_array().unwrap() {
+            let kinds: Vec<&String> = v
+                .as_object()
+                .unwrap()
+                .keys()
+                .filter(|k| *k != "name")
+                .collect();
+            assert!(
+                kinds.iter().all(|k| [
+                    "configMap",
+                    "emptyDir",
+                    "secret",
+                    "persistentVolumeClaim",
+                    "projected"
+                ]
+                .contains(&k.as_str())),
+                "{name}: volume {v} is not one the restricted standard allows"
+            );
+        }
+        let mut containers: Vec<&Value> = pod["containers"].as_array().unwrap().iter().collect();
+        containers.extend(pod["initContainers"].as_array().into_iter().flatten());
+        for c in containers {
+            let who = format!("{name} {}", c["name"]);
+            let sc = &c["securityContext"];
+            assert_eq!(sc["allowPrivilegeEscalation"], false, "{who}");
+            assert_eq!(
+                sc["capabilities"]["drop"],
+                serde_json::json!(["ALL"]),
+                "{who}"
+            );
+            assert!(sc["capabilities"]["add"].is_null(), "{who}");
+            assert!(
+                sc["privileged"].is_null() || sc["privileged"] == false,
+                "{who}"
+            );
+            assert!(sc["runAsUser"].as_i64().is_none_or(|u| u != 0), "{who}");
+            assert!(
+                c["resources"]["requests"]["ephemeral-storage"].is_string(),
+                "{who} asks for no ephemeral-storage"
+            );
+            if let Some(from) = c["envFrom"].as_array() {
+                for e in from {
+                    assert_eq!(
+                        e["secretRef"]["optional"], true,
+                        "{who}: IRSA needs no Secret"
+                    );
+                }
+            }
+        }
+    }
+    let job = manifest("job.yaml");
+    let sglang = job["spec"]["template"]["spec"]["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "sglang")
+        .unwrap();
+    let env = sglang["env"].as_array().unwrap();
+    let token = env
+        .iter()
+        .find(|e| e["name"] == "HF_TOKEN")
+        .expect("HF_TOKEN");
+    assert_eq!(
+        token["valueFrom"]["secretKeyRef"]["name"],
+        hf["metadata"]["name"]
+    );
+    assert_eq!(token["valueFrom"]["secretKeyRef"]["optional"], true);
+    let home = env.iter().find(|e| e["name"] == "HF_HOME").unwrap()["value"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let cache = volume_at(&job, sglang, &home);
+    assert_eq!(
+        cache["persistentVolumeClaim"]["claimName"], pvc["metadata"]["name"],
+        "the model cache is the shared claim"
+    );
+}
+
+/// The PodMonitor (for the Prometheus Operator) uses only the fields of
+/// `monitoring.coreos.com/v1` PodMonitor it needs, selects exactly the run Job's pods by
+/// their labels, and scrapes the spool container's named `metrics` port at `/metrics`.
+#[test]
+fn the_podmonitor_scrapes_the_run_pods_metrics_port() {
+    let docs = yaml_docs(&k8s_dir().join("monitoring/podmonitor.yaml"));
+    assert_eq!(docs.len(), 1);
+    let pm = &docs[0];
+    assert_eq!(pm["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(pm["kind"], "PodMonitor");
+    let keys = |v: &Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
+    // The fields of the CRD's schema this file uses, and no misspelt other.
+    for k in keys(pm) {
+        assert!(
+            ["apiVersion", "kind", "metadata", "spec"].contains(&k.as_str()),
+            "{k}"
+        );
+    }
+    for k in keys(&pm["spec"]) {
+        assert!(
+            ["selector", "podMetricsEndpoints"].contains(&k.as_str()),
+            "{k}"
+        );
+    }
+    let endpoints = pm["spec"]["podMetricsEndpoints"].as_array().unwrap();
+    assert_eq!(endpoints.len(), 1);
+    for k in keys(&endpoints[0]) {
+        assert!(["port", "path", "interval"].contains(&k.as_str()), "{k}");
+    }
+    let job = manifest("job.yaml");
+    let labels = &job["spec"]["template"]["metadata"]["labels"];
+    let selector = pm["spec"]["selector"]["matchLabels"].as_object().unwrap();
+    for (k, v) in selector {
+        assert_eq!(&labels[k], v, "the selector's {k}");
+    }
+    assert!(
+        selector.contains_key("app.kubernetes.io/component"),
+        "not the finalize pod"
+    );
+    let port = endpoints[0]["port"].as_str().unwrap();
+    let ports = container(&job, "spool")["ports"].as_array().unwrap();
+    assert!(ports.iter().any(|p| p["name"] == port), "no port {port}");
+    assert_eq!(endpoints[0]["path"], "/metrics");
+}
+
+/// `run.sh` against a stand-in `kubectl`: when an index fails for good (job/spool Failed,
+/// never Complete) it names the failed indexes and stops at once (exit 1) without
+/// applying the finalize Job — rather than wait out its timeout for Complete; with
+/// `SPOOL_PARTIAL=1` it applies the finalize Job with `--partial`; a Complete run is
+/// followed by the finalize Job as it is.
+#[test]
+fn kubernetes_run_script_does_not_hang_when_an_index_fails() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let log = tmp.path().join("kubectl.log");
+    // `outcome` decides how job/spool ends; the finalize Job always completes. A wait for
+    // a condition that never comes sleeps (as kubectl would, up to its timeout).
+    let kubectl = |outcome: &str| {
+        let body = format!(
+            r#"echo "$*" >> '{log}'
+case "$*" in
+*"apply -f -"*) cat >> '{log}' ;;
+*condition=complete*"job/spool-finalize"*) ;;
+*condition=failed*"job/spool-finalize"*) exec sleep 300 ;;
+*condition=complete*"job/spool "*) [ {outcome} = complete ] || exec sleep 300 ;;
+*condition=failed*"job/spool "*) [ {outcome} = failed ] || exec sleep 300 ;;
+*failedIndexes*) printf 2 ;;
+*"get job/spool-finalize"*) printf Complete ;;
+*"get job/spool "*) if [ {outcome} = complete ]; then printf Complete; else printf 'FailureTarget Failed'; fi ;;
+esac
+"#,
+            log = log.display()
+        );
+        script(&bin.join("kubectl"), &body);
+    };
+    let run = |partial: bool| {
+        let mut c = Command::new("bash");
+        c.arg(k8s_dir().join("run.sh"))
+            .env("PATH", path_with(&bin))
+            .env_remove("SPOOL_PARTIAL");
+        if partial {
+            c.env("SPOOL_PARTIAL", "1");
+        }
+        let t = Instant::now();
+        let out = c.output().unwrap();
+        (out, t.elapsed())
+    };
+    kubectl("failed");
+    let (out, took) = run(false);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(took < Duration::from_secs(60), "it waited {took:?}");
+    assert!(err.contains("failed indexes: 2"), "{err}");
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert!(calls.contains("apply -k"), "{calls}");
+    assert!(!calls.contains("finalize-job"), "finalize applied: {calls}");
+
+    std::fs::remove_file(&log).unwrap();
+    let (out, took) = run(true);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(took < Duration::from_secs(60), "it waited {took:?}");
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        calls.contains("args: [\"finalize\", \"--partial\", \"-c\""),
+        "{calls}"
+    );
+
+    std::fs::remove_file(&log).unwrap();
+    kubectl("complete");
+    let (out, took) = run(false);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(took < Duration::from_secs(60), "it waited {took:?}");
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        calls.contains("apply -f") && calls.contains("finalize-job.yaml"),
+        "{calls}"
+    );
+    assert!(!calls.contains("--partial"), "{calls}");
 }
 
 /// The ConfigMap's `spool.toml` (and the Slurm example's) loads with spool's own config
@@ -562,33 +809,48 @@ fn slurm_scripts_parse_and_match_the_config() {
     let signal = option(&opts, "--signal").expect("#SBATCH --signal");
     let (sig, secs) = signal.split_once('@').unwrap();
     assert_eq!(
-        sig, "B:TERM",
-        "to the batch shell, whose trap passes it to spool"
+        sig, "B:USR1",
+        "to the batch shell only, whose trap passes it to spool as its one SIGTERM"
     );
     assert!(
         secs.parse::<i64>().unwrap() > grace,
-        "SIGTERM {secs} s before the limit must outlast shutdown_grace_s {grace}"
+        "the signal {secs} s before the limit must outlast shutdown_grace_s {grace}"
+    );
+    // On scancel or preemption Slurm sends SIGTERM and, KillWait later (30 s by default),
+    // SIGKILL: spool's graceful stop fits in between.
+    assert!(
+        grace < 30,
+        "shutdown_grace_s {grace} must be below KillWait (30)"
     );
     let script = std::fs::read_to_string(dir.join("spool-array.sbatch")).unwrap();
-    assert!(script.contains("srun --ntasks=1 \"$SPOOL\" run -c \"$CONFIG\""));
+    assert!(script.contains("args=(run -c \"$CONFIG\" --data-dir \"$DATA_DIR\""));
+    assert!(script.contains("srun --ntasks=1 \"$SPOOL\" \"${args[@]}\""));
     // The default data_dir, as bash expands it: node-local, one folder per partition.
     let out = Command::new("bash")
         .args([
             "-c",
-            "eval \"$(sed -n '/^SPOOL=/,/^DATA_DIR=/p' \"$1\")\"; printf %s \"$DATA_DIR\"",
+            "eval \"$(sed -n '/^SPOOL=/,/^METRICS_ADDR=/p' \"$1\")\"; printf '%s %s %s' \"$DATA_DIR\" \"$SERVER_PORT\" \"$METRICS_ADDR\"",
             "-",
         ])
         .arg(dir.join("spool-array.sbatch"))
         .env("USER", "alice")
+        .env("SLURM_ARRAY_JOB_ID", "4242")
+        .env("SLURM_ARRAY_TASK_ID", "2")
         .env_remove("SPOOL_DATA_DIR")
+        .env_remove("SPOOL_SERVER_PORT")
+        .env_remove("SPOOL_METRICS_ADDR")
         .output()
         .unwrap();
+    // Node-local, one folder per array job and partition; this task's own ports (tasks
+    // sharing a node do not collide).
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "/scratch/alice/spool-{partition}",
+        "/scratch/alice/spool-4242-{partition} 30002 ",
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(script.contains("--server-url \"http://127.0.0.1:${SERVER_PORT}\""));
+    assert!(script.contains("--port \"$SERVER_PORT\""));
     let fin = std::fs::read_to_string(dir.join("spool-finalize.sbatch")).unwrap();
     assert!(fin.contains("\"$SPOOL\" finalize -c \"$CONFIG\""));
     assert!(option(
@@ -662,12 +924,96 @@ fn slurm_submit_queues_finalize_after_the_array() {
     assert!(stdout.contains("finalize job 4243"), "{stdout}");
 }
 
-/// An array task's batch shell, with stand-ins for `srun` (runs the command) and `scontrol`
-/// (records its arguments), runs the real `spool run` against the mock as partition
-/// `SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN` of `SLURM_ARRAY_TASK_COUNT`, in its own
-/// `{partition}` data_dir; Slurm's early SIGTERM to the shell (`--signal=B:TERM@…`) reaches
-/// spool through the trap, spool stops gracefully (130), and the task requeues itself as
-/// `<array job>_<task>` to resume.
+/// The pids of `pid`'s children.
+fn children(pid: u32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// One array task's batch shell (`spool-array.sbatch`) running the real `spool run`
+/// against the mock, with stand-ins for `srun` (runs the command) and `scontrol` (records
+/// its arguments). `signal` is sent once requests arrive: `Usr1` as Slurm's time-limit
+/// signal (`--signal=B:USR1@…`) to the shell only; `Term` as scancel or preemption do, to
+/// the shell and to spool itself. Returns the shell's exit status, its stdout and stderr.
+async fn slurm_task(
+    tmp: &Path,
+    cfg: &Path,
+    mock: &Mock,
+    signal: i32,
+    requests_before: u64,
+) -> (std::process::ExitStatus, String, String) {
+    let bin = tmp.join("bin");
+    let mut child = Command::new("bash")
+        .arg(slurm_dir().join("spool-array.sbatch"))
+        .current_dir(tmp)
+        .env("PATH", path_with(&bin))
+        .env("SPOOL", spool_bin())
+        .env("SPOOL_CONFIG", cfg)
+        .env("SPOOL_DATA_DIR", tmp.join("data-{partition}"))
+        .env("SPOOL_NO_SERVER", "1")
+        // Loopback only in tests: no metrics endpoint.
+        .env("SPOOL_METRICS_ADDR", "")
+        .env("SLURM_ARRAY_JOB_ID", "77")
+        .env("SLURM_ARRAY_TASK_ID", "1")
+        .env("SLURM_ARRAY_TASK_MIN", "0")
+        .env("SLURM_ARRAY_TASK_MAX", "3")
+        .env("SLURM_ARRAY_TASK_COUNT", "4")
+        .env("SLURM_JOB_ID", "78")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let collect = |r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            BufReader::new(r)
+                .lines()
+                .map_while(Result::ok)
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+    };
+    let out = collect(Box::new(child.stdout.take().unwrap()));
+    let err = collect(Box::new(child.stderr.take().unwrap()));
+    // Requests arriving at the server: spool is up, its signal handler installed.
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        mock.state
+            .wait_until(|s| s.requests >= requests_before + 20),
+    )
+    .await
+    .expect("spool sent requests within 60 s");
+    let shell = child.id();
+    if signal == libc::SIGTERM {
+        // Slurm signals every process of the job: spool (the step's task) as well.
+        for pid in children(shell) {
+            assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        }
+    }
+    assert_eq!(unsafe { libc::kill(shell as i32, signal) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the task did not end 60 s after the signal"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    (status, out.join().unwrap(), err.join().unwrap())
+}
+
+/// An array task runs the real `spool run` as partition `SLURM_ARRAY_TASK_ID` of
+/// `SLURM_ARRAY_TASK_COUNT` (an array `0..=N−1`), in its own `{partition}` data_dir.
+/// Slurm's time-limit signal to the shell (`--signal=B:USR1@…`) reaches spool through the
+/// trap as one SIGTERM: spool stops gracefully (130) and the task requeues itself as
+/// `<array job>_<task>` to resume. On scancel or preemption Slurm sends SIGTERM to the
+/// shell and to spool: the trap does not pass on a second one (which would make spool
+/// exit at once), spool stops gracefully, and the task is not requeued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_array_task_stops_spool_gracefully_and_requeues() {
     let tmp = tempfile::tempdir().unwrap();
@@ -705,67 +1051,17 @@ async fn slurm_array_task_stops_spool_gracefully_and_requeues() {
         }],
         "",
     );
-    let mut child = Command::new("bash")
-        .arg(slurm_dir().join("spool-array.sbatch"))
-        .current_dir(tmp.path())
-        .env("PATH", path_with(&bin))
-        .env("SPOOL", spool_bin())
-        .env("SPOOL_CONFIG", &cfg)
-        .env("SPOOL_DATA_DIR", tmp.path().join("data-{partition}"))
-        .env("SPOOL_NO_SERVER", "1")
-        .env("SLURM_ARRAY_JOB_ID", "77")
-        .env("SLURM_ARRAY_TASK_ID", "5")
-        .env("SLURM_ARRAY_TASK_MIN", "4")
-        .env("SLURM_ARRAY_TASK_COUNT", "4")
-        .env("SLURM_JOB_ID", "78")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let collect = |r: Box<dyn std::io::Read + Send>| {
-        std::thread::spawn(move || {
-            BufReader::new(r)
-                .lines()
-                .map_while(Result::ok)
-                .collect::<Vec<_>>()
-                .join("\n")
-        })
-    };
-    let out = collect(Box::new(child.stdout.take().unwrap()));
-    let err = collect(Box::new(child.stderr.take().unwrap()));
-    // Requests arriving at the server: spool is up, its signal handler installed.
-    tokio::time::timeout(
-        Duration::from_secs(60),
-        mock.state.wait_until(|s| s.requests >= 20),
-    )
-    .await
-    .expect("spool sent requests within 60 s");
-    assert_eq!(
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) },
-        0,
-        "SIGTERM to the batch shell"
-    );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the task did not end 60 s after SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    let (status, out, err) = slurm_task(tmp.path(), &cfg, &mock, libc::SIGUSR1, 0).await;
     assert_eq!(status.code(), Some(130), "stdout:\n{out}\nstderr:\n{err}");
     assert!(out.contains("asking spool to stop gracefully"), "{out}");
+    assert!(!err.contains("second signal: exiting now"), "{err}");
     assert_eq!(
         std::fs::read_to_string(&requeue).unwrap(),
-        "requeue 77_5\n",
+        "requeue 77_1\n",
         "{out}"
     );
-    // Task 5 of an array starting at 4 is partition 1 of the array's 4 tasks, and its
-    // data_dir is its own.
+    // Task 1 of the array 0-3 is partition 1 of 4 (the task id is the partition), and
+    // its data_dir is its own.
     let start = err
         .lines()
         .find(|l| l.contains("cluster worker starting"))
@@ -798,6 +1094,21 @@ async fn slurm_array_task_stops_spool_gracefully_and_requeues() {
     assert_eq!(alpha["name"], "alpha");
     assert!(alpha["done"].as_u64().unwrap() > 0, "{st}");
     assert!(alpha["done"].as_u64().unwrap() < 2000, "{st}");
+    // scancel or preemption: one SIGTERM reaches spool, which stops gracefully; no requeue.
+    let before = mock.stats().requests;
+    let (status, out, err) = slurm_task(tmp.path(), &cfg, &mock, libc::SIGTERM, before).await;
+    assert_eq!(status.code(), Some(130), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(out.contains("spool got it too"), "{out}");
+    assert!(
+        !err.contains("second signal: exiting now"),
+        "spool got two: {err}"
+    );
+    assert!(err.contains("cluster worker starting"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&requeue).unwrap(),
+        "requeue 77_1\n",
+        "requeued after scancel: {out}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------

@@ -59,8 +59,8 @@ fn commits_dir(shared: &Path) -> PathBuf {
     shared.join("_spool/p0000/commits")
 }
 
-/// The commit records of partition 0, in order.
-fn records(shared: &Path) -> Vec<Value> {
+/// The records of partition 0 (every kind), in order.
+fn all_records(shared: &Path) -> Vec<Value> {
     let dir = commits_dir(shared);
     let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
@@ -73,6 +73,14 @@ fn records(shared: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// The shard records of partition 0 (those without a `kind`), in order.
+fn records(shared: &Path) -> Vec<Value> {
+    all_records(shared)
+        .into_iter()
+        .filter(|r| r.get("kind").is_none())
+        .collect()
+}
+
 fn record_key(seq: usize) -> String {
     format!("_spool/p0000/commits/{seq:010}.json")
 }
@@ -82,7 +90,7 @@ type Forge = fn(&Path) -> String;
 
 /// Plants `record` as the next record of partition 0.
 fn append_record(shared: &Path, record: Value) -> String {
-    let seq = records(shared).len();
+    let seq = all_records(shared).len();
     let key = record_key(seq);
     std::fs::write(
         shared.join(&key),
@@ -95,7 +103,7 @@ fn append_record(shared: &Path, record: Value) -> String {
 /// Record 0 (an `alpha` shard) as the next record, changed by `edit`.
 fn append_edited(shared: &Path, edit: impl Fn(&mut Value)) -> String {
     let mut r = records(shared)[0].clone();
-    r["seq"] = Value::from(records(shared).len());
+    r["seq"] = Value::from(all_records(shared).len());
     edit(&mut r);
     append_record(shared, r)
 }
@@ -285,14 +293,15 @@ async fn a_shard_whose_bytes_differ_from_its_record_is_not_published() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "finalize published it: {err}");
     assert!(
-        err.contains(&record_key(0))
+        err.contains(&record_key(recs[0]["seq"].as_u64().unwrap() as usize))
             && err.contains("sha256")
             && err.contains(recs[0]["sha256"].as_str().unwrap()),
         "{err}"
     );
     let published = format!(
-        "{}/part-0000-000000.parquet",
-        recs[0]["dataset"].as_str().unwrap()
+        "{}/part-0000-{:06}.parquet",
+        recs[0]["dataset"].as_str().unwrap(),
+        recs[0]["seq"].as_u64().unwrap()
     );
     assert!(
         !shared.join(&published).exists(),

@@ -7,6 +7,7 @@ mod support;
 mod bad_input;
 mod budget;
 mod cluster;
+mod cluster_job;
 mod code_rules;
 mod crash;
 mod demo;

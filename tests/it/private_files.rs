@@ -382,6 +382,7 @@ async fn a_stopped_verify_or_export_leaves_no_scratch() {
             every_reset: u64::MAX,
             every_delay: 1,
             delay: std::time::Duration::from_secs(1),
+            ..FaultPlan::default()
         },
     )
     .await;

@@ -1,6 +1,8 @@
 //! A real S3 API for the tests: moto's server on a loopback port, and a fault-injecting
 //! proxy in front of it (503 SlowDown, connections reset mid-answer, answers slower than
-//! the client's timeout). Also the object-store boundary's own tests against them.
+//! the client's timeout, S3's 409 `ConditionalRequestConflict` to a conditional create,
+//! or a store that ignores `If-None-Match`). Also the object-store boundary's own tests
+//! against them.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -81,12 +83,32 @@ impl Drop for Moto {
 /// Which requests the proxy spoils: the n-th request (counting from 1) gets a 503 when
 /// `n % every_503 == 0`, else a reset when `n % every_reset == 0` (after moto has acted
 /// on it: the answer is lost, not the request), else a delay when `n % every_delay == 0`.
+/// The k-th conditional create (`If-None-Match`) gets S3's 409
+/// `ConditionalRequestConflict` without reaching moto when `k % every_conflict == 0`;
+/// with `drop_conditions` every conditional create reaches moto without its condition
+/// (a store that ignores it).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct FaultPlan {
     pub every_503: u64,
     pub every_reset: u64,
     pub every_delay: u64,
     pub delay: Duration,
+    pub every_conflict: u64,
+    pub drop_conditions: bool,
+}
+
+impl Default for FaultPlan {
+    /// No fault.
+    fn default() -> Self {
+        FaultPlan {
+            every_503: u64::MAX,
+            every_reset: u64::MAX,
+            every_delay: u64::MAX,
+            delay: Duration::ZERO,
+            every_conflict: u64::MAX,
+            drop_conditions: false,
+        }
+    }
 }
 
 /// What the proxy did.
@@ -99,6 +121,9 @@ pub(crate) struct FaultCounts {
     /// Resets of a conditional create's answer: the object was created, the client never
     /// heard so.
     pub lost_creates: AtomicU64,
+    /// Conditional creates seen, and those answered 409 ConditionalRequestConflict.
+    pub conditional: AtomicU64,
+    pub conflicts: AtomicU64,
 }
 
 struct ProxyState {
@@ -150,6 +175,21 @@ impl Drop for FaultProxy {
 async fn forward(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     let n = st.counts.requests.fetch_add(1, Ordering::SeqCst) + 1;
     let p = st.plan;
+    let conditional =
+        req.method() == axum::http::Method::PUT && req.headers().contains_key("if-none-match");
+    if conditional {
+        let k = st.counts.conditional.fetch_add(1, Ordering::SeqCst) + 1;
+        if k % p.every_conflict == 0 {
+            st.counts.conflicts.fetch_add(1, Ordering::SeqCst);
+            return Response::builder()
+                .status(409)
+                .header("content-type", "application/xml")
+                .body(Body::from(
+                    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>ConditionalRequestConflict</Code><Message>A conflicting conditional operation is currently in progress against this resource. Please try again.</Message><RequestId>proxy</RequestId></Error>",
+                ))
+                .unwrap();
+        }
+    }
     if n % p.every_503 == 0 {
         st.counts.slowdowns.fetch_add(1, Ordering::SeqCst);
         return Response::builder()
@@ -176,7 +216,8 @@ async fn forward(State(st): State<Arc<ProxyState>>, req: Request) -> Response {
     );
     let mut up = st.client.request(parts.method.clone(), &url);
     for (k, v) in &parts.headers {
-        if k != "host" && k != "content-length" {
+        let dropped = p.drop_conditions && k == "if-none-match";
+        if k != "host" && k != "content-length" && !dropped {
             up = up.header(k, v);
         }
     }
@@ -381,6 +422,7 @@ async fn store_faults_are_retried_and_lost_answers_recognised() {
             every_reset: 5,
             every_delay: 7,
             delay: Duration::from_millis(2500),
+            ..FaultPlan::default()
         },
     )
     .await;
@@ -412,4 +454,97 @@ async fn store_faults_are_retried_and_lost_answers_recognised() {
         lost > 0,
         "no create lost its answer: {s} slowdowns, {r} resets"
     );
+}
+
+/// S3 answers a conditional create 409 `ConditionalRequestConflict` while another
+/// conditional write to the key is in progress; object_store reports it as "already
+/// exists". With nothing in place that is a conflict to try again, not someone else's
+/// record (before, an empty "record" that failed to parse): every create through a proxy
+/// answering every second conditional create 409 is ours, and one over another's bytes is
+/// still theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditional_create_conflicts_are_tried_again() {
+    let moto = Moto::start();
+    moto.create_bucket("spool-409");
+    let proxy = FaultProxy::start(
+        &moto.endpoint,
+        FaultPlan {
+            every_conflict: 2,
+            ..FaultPlan::default()
+        },
+    )
+    .await;
+    let b = s3_bucket(&proxy.endpoint, "s3://spool-409/p");
+    for i in 0..12 {
+        let body = Bytes::from(format!("record {i}"));
+        let key = format!("c/{i}.json");
+        assert_eq!(b.create(&key, body.clone()).await.unwrap(), Created::Mine);
+        assert_eq!(b.get(&key).await.unwrap(), Some(body));
+    }
+    assert_eq!(
+        b.create("c/0.json", Bytes::from("other")).await.unwrap(),
+        Created::Theirs(Bytes::from("record 0"))
+    );
+    let conflicts = proxy.counts.conflicts.load(Ordering::SeqCst);
+    assert!(conflicts >= 6, "{conflicts} conflicts answered");
+}
+
+/// A store that ignores `If-None-Match` (here a proxy dropping it before moto) would let
+/// two workers take one commit number. The worker's start-up probe finds that a second
+/// create of one key replaced the first and refuses to run (exit 2, naming the store),
+/// with no record written; `finalize` refuses the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_ignores_conditional_creates_is_refused() {
+    let moto = Moto::start();
+    moto.create_bucket("spool-nocond");
+    let proxy = FaultProxy::start(
+        &moto.endpoint,
+        FaultPlan {
+            drop_conditions: true,
+            ..FaultPlan::default()
+        },
+    )
+    .await;
+    let mock = crate::support::Mock::start(crate::support::fast_mock()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = crate::cluster::cluster_config(
+        dir.path(),
+        &mock.url,
+        "s3://spool-nocond/run",
+        1,
+        10,
+        100_000,
+    );
+    let env_owned = Moto::env(&proxy.endpoint);
+    let env: Vec<(&str, &str)> = env_owned
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    for args in [&["run", "-q", "--partition", "0"][..], &["finalize"]] {
+        let out = crate::process::spool(&cfg, args, &env);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("does not honour conditional creates")
+                && err.contains("s3://spool-nocond/run"),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(proxy.counts.conditional.load(Ordering::SeqCst) >= 2);
+    let b = s3_bucket(&moto.endpoint, "s3://spool-nocond/run");
+    let objects: Vec<String> = b
+        .list("")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert!(
+        !objects
+            .iter()
+            .any(|k| k.contains("/commits/") || k.contains("_spool/job/")),
+        "{objects:?}"
+    );
+    assert_eq!(mock.stats().requests, 0, "nothing was generated");
+    mock.stop().await;
 }

@@ -38,6 +38,7 @@ fn spec(ds: u16, budget: Option<u64>) -> LaneSpec {
         policy: BudgetPolicy::Finish,
         samples: 1,
         multi: false,
+        allowance: None,
     }
 }
 
@@ -241,5 +242,37 @@ fn released_rows_come_back_first_and_done_is_reported() {
     let b = lease(&s);
     assert_eq!(b.row, a.row);
     s.failed(&b);
+    assert!(matches!(s.next().unwrap(), Next::Done));
+}
+
+/// A growing allowance (a cluster partition's budget): with nothing granted and more to
+/// come the lane waits instead of finishing, and reports what it wants; a grant lets it
+/// dispatch at once; under "cancel" what streams past a budget that may still grow is not
+/// cancelled; once the allowance is the last and used up, the lane finishes.
+#[test]
+fn a_growing_allowance_waits_for_more_and_finishes_on_the_last() {
+    let (_d, q) = queue_with(&(0..10).collect::<Vec<_>>());
+    let a = Arc::new(Allowance::new(0));
+    let mut sp = spec(0, Some(0));
+    sp.policy = BudgetPolicy::Cancel;
+    sp.allowance = Some(a.clone());
+    let s = Scheduler::new(q, vec![sp], Bench::default());
+    assert!(matches!(s.next().unwrap(), Next::Wait));
+    assert!(a.wants_more());
+    assert_eq!(a.demand(), 0);
+    a.set(250, false);
+    let l: Vec<_> = (0..3).map(|_| lease(&s)).collect();
+    // 3 × 100 expected ≥ 250: the gate shuts, and the lane waits for more.
+    assert!(matches!(s.next().unwrap(), Next::Wait));
+    assert_eq!(a.demand(), 300);
+    l[0].streamed.store(400, Ordering::Relaxed);
+    s.enforce_cancel();
+    assert!(!l[0].cancel.is_cancelled(), "more may come: not cancelled");
+    assert!(s.admit(&l[0], 400), "more may come: admitted");
+    s.completed(&l[0], 400);
+    s.completed(&l[1], 10);
+    s.completed(&l[2], 10);
+    a.set(420, true);
+    // 420 completed ≥ the last allowance: finished, nothing more dispatched.
     assert!(matches!(s.next().unwrap(), Next::Done));
 }

@@ -1,0 +1,797 @@
+//! One budget for the job: each budgeted dataset's budget is a pool in the store, taken
+//! by the partitions in tickets as their lanes need it, so no partition sits on a share it
+//! cannot use while another stops short.
+//!
+//! `_spool/budget/<dataset>/<seq>.json` is the dataset's budget log: `claim` tickets (a
+//! partition takes tokens) and `return`s (a partition gives tokens back), each created with
+//! a conditional create at the next number, so the pool — the job record's budget less
+//! claims plus returns — is never handed out twice. A ticket is half an even share of
+//! what is left (never less than one request's expected tokens, never more than is
+//! left), so tickets shrink as the pool runs out and no partition holds much when it is
+//! empty. Each claim is also recorded in the claiming partition's log (a `claim` record),
+//! where its allowance is claims less releases: a restart, on its volume or an empty one,
+//! keeps it. A `release` is written to the partition's log first, ordered with its
+//! commits, then returned to the pool. A worker that stops gives back what it did not use;
+//! a partition whose worker is gone (no heartbeat for [`STALE_AFTER`]) has its unused
+//! allowance taken back by a worker that needs it, by a release in the dead partition's
+//! log, so a worker that was only slow sees it before it commits again.
+//!
+//! Invariants: the claims of a dataset's budget log, less its returns, never pass its
+//! budget; a partition's commits never pass its allowance under `cancel` (the publisher's
+//! cap), so the job's committed tokens never pass the budget; a ticket the claimer did not
+//! record (a kill in between) is recorded by its partition's next worker, and a release not
+//! yet returned is returned by it. Nothing read is trusted: a budget-log entry is used only
+//! if filed under its own dataset and number, of this job's partition count, with a writer
+//! id, a partition in the job and tokens ≥ 1; a partition's claim must name a ticket of the
+//! budget log taken by it, for as many tokens. Anything else is named.
+
+use crate::cluster::commits::{
+    self, untrusted, Appended, Claim, CommitError, CommitLog, Head, Record, Release,
+};
+use crate::cluster::partition::Partition;
+use crate::output::bucket::{Bucket, Created};
+use crate::run::allowance::Allowance;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+
+/// The most bytes of a budget-log entry read.
+const ENTRY_BYTES: u64 = 64 << 10;
+
+/// A partition with no heartbeat for this long has its unused allowance taken back.
+pub const STALE_AFTER: Duration = Duration::from_secs(600);
+
+/// How often a budget-bound worker looks for stale partitions when the pool is empty.
+const RECLAIM_EVERY: Duration = Duration::from_secs(60);
+
+/// How often the agent looks at its lanes.
+const TICK: Duration = Duration::from_millis(100);
+
+/// The folder of `dataset`'s budget log.
+pub fn budget_prefix(dataset: &str) -> String {
+    format!("_spool/budget/{dataset}/")
+}
+
+/// The key of entry `seq` of `dataset`'s budget log.
+pub fn entry_key(dataset: &str, seq: u64) -> String {
+    format!("{}{seq:010}.json", budget_prefix(dataset))
+}
+
+/// One entry of a budget log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub format: u32,
+    pub dataset: String,
+    pub seq: u64,
+    /// `claim` or `return`.
+    pub kind: String,
+    pub partition: u32,
+    pub partitions: u32,
+    pub writer: String,
+    pub tokens: u64,
+    /// A return: the release record of the partition's log it gives back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<u64>,
+    pub spool_version: String,
+}
+
+/// A dataset's budget log, as read so far.
+pub struct BudgetLog {
+    bucket: Arc<Bucket>,
+    dataset: String,
+    partitions: u32,
+    len: u64,
+    claimed: u64,
+    returned: u64,
+    /// Per partition: ticket → tokens.
+    claims: HashMap<u32, BTreeMap<u64, u64>>,
+    /// (partition, release seq) returned.
+    returns: HashSet<(u32, u64)>,
+}
+
+impl BudgetLog {
+    /// Reads `dataset`'s budget log of a job of `partitions`.
+    pub async fn load(
+        bucket: Arc<Bucket>,
+        dataset: &str,
+        partitions: u32,
+    ) -> Result<BudgetLog, CommitError> {
+        let mut log = BudgetLog {
+            bucket,
+            dataset: dataset.into(),
+            partitions,
+            len: 0,
+            claimed: 0,
+            returned: 0,
+            claims: HashMap::new(),
+            returns: HashSet::new(),
+        };
+        let listed = log.bucket.list(&budget_prefix(dataset)).await?;
+        let mut n = 0u64;
+        for (key, _) in &listed {
+            if entry_seq(dataset, key).is_none() {
+                return Err(untrusted(
+                    key,
+                    "not a budget-log entry (they are named _spool/budget/<dataset>/NNNNNNNNNN.json)",
+                ));
+            }
+            n += 1;
+        }
+        let bucket = log.bucket.clone();
+        let ds = dataset.to_string();
+        let mut reads = futures_util::stream::iter(0..n)
+            .map(|seq| {
+                let (bucket, ds) = (bucket.clone(), ds.clone());
+                async move {
+                    let key = entry_key(&ds, seq);
+                    let body = bucket.get_capped(&key, ENTRY_BYTES).await?;
+                    Ok::<_, CommitError>((key, seq, body))
+                }
+            })
+            .buffered(32);
+        while let Some(r) = reads.next().await {
+            let (key, seq, body) = r?;
+            let Some(body) = body else {
+                return Err(untrusted(&key, "listed, then gone (the log has a gap)"));
+            };
+            log.push(&key, seq, &body)?;
+        }
+        drop(reads);
+        log.catch_up().await?;
+        Ok(log)
+    }
+
+    /// Reads entries created since.
+    pub async fn catch_up(&mut self) -> Result<(), CommitError> {
+        loop {
+            let key = entry_key(&self.dataset, self.len);
+            match self.bucket.get_capped(&key, ENTRY_BYTES).await? {
+                Some(body) => self.push(&key, self.len, &body)?,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    fn push(&mut self, key: &str, seq: u64, body: &[u8]) -> Result<(), CommitError> {
+        let e: Entry = serde_json::from_slice(body).map_err(|e| CommitError::Malformed {
+            key: key.into(),
+            detail: e.to_string(),
+        })?;
+        let no = |detail: String| Err(untrusted(key, detail));
+        if e.format > commits::FORMAT {
+            return Err(CommitError::Newer {
+                key: key.into(),
+                format: e.format,
+            });
+        }
+        if e.dataset != self.dataset || e.seq != seq {
+            return no(format!(
+                "it says dataset {:?} entry {}, but is filed as `{}` entry {seq}",
+                e.dataset, e.seq, self.dataset
+            ));
+        }
+        if e.partitions != self.partitions || e.partition >= self.partitions {
+            return no(format!(
+                "it says partition {} of {}, but this job has {} partitions",
+                e.partition, e.partitions, self.partitions
+            ));
+        }
+        if !crate::config::valid_name(&e.writer) || e.tokens == 0 {
+            return no("no writer id, or 0 tokens".into());
+        }
+        match (e.kind.as_str(), e.release) {
+            ("claim", None) => {
+                self.claimed += e.tokens;
+                self.claims
+                    .entry(e.partition)
+                    .or_default()
+                    .insert(seq, e.tokens);
+            }
+            ("return", Some(r)) => {
+                if self.returns.insert((e.partition, r)) {
+                    self.returned += e.tokens;
+                }
+            }
+            _ => {
+                return no(format!(
+                    "kind {:?} is not `claim` or a `return` of a release",
+                    e.kind
+                ))
+            }
+        }
+        self.len = seq + 1;
+        Ok(())
+    }
+
+    /// Tokens left in the pool of `budget`.
+    pub fn pool(&self, budget: u64) -> u64 {
+        budget.saturating_sub(self.claimed.saturating_sub(self.returned))
+    }
+
+    /// Tokens claimed less tokens returned.
+    pub fn out(&self) -> u64 {
+        self.claimed.saturating_sub(self.returned)
+    }
+
+    /// The tickets partition `p` took: ticket → tokens.
+    pub fn claims_of(&self, p: u32) -> BTreeMap<u64, u64> {
+        self.claims.get(&p).cloned().unwrap_or_default()
+    }
+
+    /// Whether release `seq` of partition `p` is returned.
+    pub fn returned(&self, p: u32, seq: u64) -> bool {
+        self.returns.contains(&(p, seq))
+    }
+
+    async fn create(&mut self, mut e: Entry) -> Result<Option<u64>, CommitError> {
+        let seq = self.len;
+        e.seq = seq;
+        let key = entry_key(&self.dataset, seq);
+        let body = serde_json::to_vec_pretty(&e).unwrap_or_default();
+        match self.bucket.create(&key, body.clone().into()).await? {
+            Created::Mine => {
+                self.push(&key, seq, &body)?;
+                Ok(Some(seq))
+            }
+            Created::Theirs(theirs) => {
+                self.push(&key, seq, &theirs)?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Takes up to `tokens` from the pool of `budget` for partition `p`: the ticket's
+    /// number and size, or `None` when the pool is empty.
+    pub async fn claim(
+        &mut self,
+        budget: u64,
+        p: Partition,
+        writer: &str,
+        tokens: u64,
+    ) -> Result<Option<(u64, u64)>, CommitError> {
+        loop {
+            self.catch_up().await?;
+            let size = tokens.min(self.pool(budget));
+            if size == 0 {
+                return Ok(None);
+            }
+            let e = entry(&self.dataset, p, writer, "claim", size, None);
+            if let Some(seq) = self.create(e).await? {
+                return Ok(Some((seq, size)));
+            }
+        }
+    }
+
+    /// Returns release `release` (of `tokens`) of partition `p`'s log to the pool, unless
+    /// it is returned already.
+    pub async fn give_back(
+        &mut self,
+        p: Partition,
+        writer: &str,
+        release: u64,
+        tokens: u64,
+    ) -> Result<(), CommitError> {
+        loop {
+            self.catch_up().await?;
+            if self.returned(p.index, release) {
+                return Ok(());
+            }
+            let e = entry(&self.dataset, p, writer, "return", tokens, Some(release));
+            if self.create(e).await?.is_some() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn entry(
+    dataset: &str,
+    p: Partition,
+    writer: &str,
+    kind: &str,
+    tokens: u64,
+    release: Option<u64>,
+) -> Entry {
+    Entry {
+        format: commits::FORMAT,
+        dataset: dataset.into(),
+        seq: 0,
+        kind: kind.into(),
+        partition: p.index,
+        partitions: p.count,
+        writer: writer.into(),
+        tokens,
+        release,
+        spool_version: env!("CARGO_PKG_VERSION").to_string(),
+    }
+}
+
+fn entry_seq(dataset: &str, key: &str) -> Option<u64> {
+    let digits = key
+        .strip_prefix(&budget_prefix(dataset))?
+        .strip_suffix(".json")?;
+    (digits.len() == 10 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// The size of the next ticket: half an even share of what is left, at least
+/// `floor` (one request's expected tokens), at most what is left.
+pub fn ticket_size(pool: u64, partitions: u32, floor: u64) -> u64 {
+    (pool / (2 * u64::from(partitions.max(1))))
+        .max(floor)
+        .min(pool)
+}
+
+/// Checks partition `log`'s claims against the budget log: each must be a ticket the
+/// partition took, for as many tokens.
+pub fn check_claims(log: &CommitLog, dataset: &str, budget: &BudgetLog) -> Result<(), CommitError> {
+    let p = log.partition().index;
+    let taken = budget.claims_of(p);
+    for (ticket, tokens) in &log.dataset(dataset).claims {
+        if taken.get(ticket) != Some(tokens) {
+            return Err(untrusted(
+                &commits::partition_prefix(p),
+                format!(
+                    "its log claims ticket {ticket} of `{dataset}` for {tokens} tokens, which the budget log ({}) does not give it",
+                    entry_key(dataset, *ticket)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Brings partition `log` and the budget log into step after a kill: a ticket the
+/// partition took but did not record is recorded, a release not returned is returned.
+pub async fn reconcile(
+    log: &mut CommitLog,
+    budget: &mut BudgetLog,
+    dataset: &str,
+    writer: &str,
+) -> Result<(), CommitError> {
+    let p = log.partition();
+    let recorded = log.dataset(dataset).claims.clone();
+    for (ticket, tokens) in budget.claims_of(p.index) {
+        if !recorded.contains_key(&ticket) {
+            tracing::info!(
+                dataset,
+                ticket,
+                tokens,
+                partition = p.index,
+                "recording a budget ticket its claimer did not record"
+            );
+            log.append_anyway(Record::Claim(Claim {
+                head: Head::new("claim", p, writer),
+                dataset: dataset.into(),
+                ticket,
+                tokens,
+            }))
+            .await?;
+        }
+    }
+    for (seq, tokens) in log.dataset(dataset).releases.clone() {
+        budget.give_back(p, writer, seq, tokens).await?;
+    }
+    check_claims(log, dataset, budget)
+}
+
+/// Writes a release of `tokens` to `log` (ordered with its commits) and returns it to the
+/// pool.
+pub async fn release(
+    log: &mut CommitLog,
+    budget: &mut BudgetLog,
+    dataset: &str,
+    writer: &str,
+    tokens: u64,
+) -> Result<(), CommitError> {
+    let p = log.partition();
+    loop {
+        // A twin's records may come first: give back at most what is still unused.
+        let tokens = tokens.min(unused(log, dataset));
+        if tokens == 0 {
+            return Ok(());
+        }
+        let appended = log
+            .append(Record::Release(Release {
+                head: Head::new("release", p, writer),
+                dataset: dataset.into(),
+                tokens,
+            }))
+            .await?;
+        if let Appended::Committed(seq) = appended {
+            return budget.give_back(p, writer, seq, tokens).await;
+        }
+    }
+}
+
+/// What a partition holds and has not used: its allowance less its committed tokens.
+pub fn unused(log: &CommitLog, dataset: &str) -> u64 {
+    let d = log.dataset(dataset);
+    d.allowance().saturating_sub(d.tokens)
+}
+
+/// One budgeted dataset the agent serves.
+pub struct Lane {
+    pub dataset: String,
+    pub budget: u64,
+    pub ledger: BudgetLog,
+    pub allowance: Arc<Allowance>,
+    /// With the pool empty, the next look at it: backing off, so a lane finishing its
+    /// last requests does not poll the store.
+    quiet_until: Option<std::time::Instant>,
+    backoff: Duration,
+    /// This partition's waiting marker is up: it found the pool empty and wants more.
+    marked: bool,
+    /// Since when it has found the pool empty.
+    empty_since: Option<std::time::Instant>,
+}
+
+impl Lane {
+    /// A lane of `dataset`, whose job budget is `budget`.
+    pub fn new(dataset: &str, budget: u64, ledger: BudgetLog, allowance: Arc<Allowance>) -> Lane {
+        Lane {
+            dataset: dataset.into(),
+            budget,
+            ledger,
+            allowance,
+            quiet_until: None,
+            backoff: Duration::ZERO,
+            marked: false,
+            empty_since: None,
+        }
+    }
+}
+
+/// The longest wait between looks at an empty pool.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The longest a partition waits, with the pool empty, for others to give budget back.
+const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// The key of partition `p`'s marker for `dataset`: up while it waits for budget with the
+/// pool empty, and once its worker has stopped (it gives nothing back after that).
+pub fn waiting_key(dataset: &str, p: u32) -> String {
+    format!("_spool/waiting/{dataset}/p{p:04}.json")
+}
+
+/// Whether a partition other than `me` may still give `dataset`'s budget back: it took
+/// tickets, has no marker (neither waiting for budget nor stopped) and its worker shows a
+/// heartbeat within `heartbeat::STALE_S`. A marker's name must be a partition of the job's.
+async fn others_may_return(
+    bucket: &Bucket,
+    me: Partition,
+    dataset: &str,
+    ledger: &BudgetLog,
+) -> Result<bool, CommitError> {
+    let prefix = format!("_spool/waiting/{dataset}/");
+    let mut marked = HashSet::new();
+    for (key, _) in bucket.list(&prefix).await? {
+        let p = key
+            .strip_prefix(&prefix)
+            .and_then(|n| n.strip_prefix('p'))
+            .and_then(|n| n.strip_suffix(".json"))
+            .filter(|n| n.len() == 4 && n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse::<u32>().ok())
+            .filter(|&p| p < me.count);
+        match p {
+            Some(p) => {
+                marked.insert(p);
+            }
+            None => return Err(untrusted(&key, "not a partition's waiting marker")),
+        }
+    }
+    let now = crate::cluster::job::now_unix();
+    for q in (0..me.count).filter(|&q| q != me.index) {
+        if marked.contains(&q) || ledger.claims_of(q).is_empty() {
+            continue;
+        }
+        let p = Partition {
+            index: q,
+            count: me.count,
+        };
+        let fresh = crate::cluster::heartbeat::read(bucket, p)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|s| {
+                s.running
+                    && now.saturating_sub(s.heartbeat_unix) <= crate::cluster::heartbeat::STALE_S
+            });
+        if fresh {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Claims tickets for a worker's lanes as they need them, and keeps each lane's allowance
+/// in step with the partition's log.
+pub struct Agent {
+    pub log: Arc<Mutex<CommitLog>>,
+    pub lanes: Vec<Lane>,
+    pub writer: String,
+    pub partition: Partition,
+    pub bucket: Arc<Bucket>,
+    pub stale_after: Duration,
+}
+
+impl Agent {
+    /// The lane's budget from the partition's log: its allowance less what other writers
+    /// of the partition committed (spent, but in no local queue), plus what this writer
+    /// completed for items they committed first (counted in both).
+    pub fn granted(log: &CommitLog, dataset: &str, writer: &str, a: &Allowance) -> u64 {
+        (log.dataset(dataset).allowance() + a.duplicates())
+            .saturating_sub(log.tokens_by_others(writer, dataset))
+    }
+
+    /// Runs until `stop`; a failed claim is logged and tried at the next tick.
+    pub async fn run(mut self, stop: tokio_util::sync::CancellationToken) -> Self {
+        let mut last_reclaim: Option<std::time::Instant> = None;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return self,
+                _ = tokio::time::sleep(TICK) => {}
+            }
+            for i in 0..self.lanes.len() {
+                match self.tick(i, &mut last_reclaim).await {
+                    Ok(()) => {}
+                    Err(CommitError::Sealed { .. }) => return self,
+                    Err(e) => tracing::warn!(dataset = %self.lanes[i].dataset, error = %e,
+                        "cannot take budget from the job's pool yet; trying again"),
+                }
+            }
+        }
+    }
+
+    async fn tick(
+        &mut self,
+        i: usize,
+        last_reclaim: &mut Option<std::time::Instant>,
+    ) -> Result<(), CommitError> {
+        let (partition, writer) = (self.partition, self.writer.clone());
+        let lane = &mut self.lanes[i];
+        let a = lane.allowance.clone();
+        if !a.reported() {
+            return Ok(());
+        }
+        let granted = a.granted();
+        let floor = a.request_tokens();
+        if !a.wants_more() {
+            // Out of rows (or closed): what the lane holds beyond its requests in flight
+            // (kept twice over) goes back now, for the partitions still going.
+            let inflight = a.demand().saturating_sub(a.completed());
+            let keep = a.demand() + inflight + floor;
+            if granted > keep {
+                let mut log = self.log.lock().await;
+                let tokens = (granted - keep).min(unused(&log, &lane.dataset));
+                if tokens > 0 {
+                    tracing::info!(dataset = %lane.dataset, tokens,
+                        "out of items: giving unused budget back to the job's pool");
+                    release(&mut log, &mut lane.ledger, &lane.dataset, &writer, tokens).await?;
+                    a.set(
+                        Agent::granted(&log, &lane.dataset, &writer, &a),
+                        a.is_last(),
+                    );
+                }
+            }
+            return Ok(());
+        }
+        // Room for at least one more request, or a ticket of what the pool had last seen.
+        let want = a.demand()
+            + ticket_size(lane.ledger.pool(lane.budget), partition.count, floor).max(floor);
+        if granted >= want && !a.is_last() {
+            return Ok(());
+        }
+        if lane
+            .quiet_until
+            .is_some_and(|t| std::time::Instant::now() < t)
+        {
+            return Ok(());
+        }
+        // The lane's gate is about to shut (or is shut and the pool may have refilled).
+        lane.ledger.catch_up().await?;
+        let pool = lane.ledger.pool(lane.budget);
+        if pool == 0 {
+            let (bucket, ds) = (self.bucket.clone(), lane.dataset.clone());
+            if !lane.marked {
+                bucket
+                    .put(&waiting_key(&ds, partition.index), "waiting".into())
+                    .await?;
+                lane.marked = true;
+                lane.empty_since = Some(std::time::Instant::now());
+            }
+            // The last of the pool only once no partition still running could give some
+            // back (or after waiting long enough).
+            let waited = lane.empty_since.is_some_and(|t| t.elapsed() >= MAX_WAIT);
+            if !a.is_last()
+                && (waited || !others_may_return(&bucket, partition, &ds, &lane.ledger).await?)
+            {
+                tracing::info!(dataset = %ds, granted, "the job's budget is all taken: this partition finishes on what it holds");
+                a.set(granted, true);
+            }
+            lane.backoff = (lane.backoff * 2).clamp(Duration::from_secs(1), MAX_BACKOFF);
+            lane.quiet_until = Some(std::time::Instant::now() + lane.backoff);
+            let due = last_reclaim.is_none_or(|t| t.elapsed() >= RECLAIM_EVERY);
+            if due && granted < a.demand() + floor {
+                *last_reclaim = Some(std::time::Instant::now());
+                let bucket = self.bucket.clone();
+                let stale = self.stale_after;
+                let dataset = lane.dataset.clone();
+                reclaim(
+                    &bucket,
+                    partition,
+                    &writer,
+                    &dataset,
+                    &mut lane.ledger,
+                    stale,
+                )
+                .await?;
+            }
+            return Ok(());
+        }
+        let size = want
+            .saturating_sub(granted)
+            .max(ticket_size(pool, partition.count, floor))
+            .min(pool);
+        let Some((ticket, tokens)) = lane
+            .ledger
+            .claim(lane.budget, partition, &writer, size)
+            .await?
+        else {
+            return Ok(());
+        };
+        lane.backoff = Duration::ZERO;
+        lane.quiet_until = None;
+        lane.empty_since = None;
+        if lane.marked {
+            self.bucket
+                .delete(&waiting_key(&lane.dataset, partition.index))
+                .await?;
+            lane.marked = false;
+        }
+        let mut log = self.log.lock().await;
+        log.append_anyway(Record::Claim(Claim {
+            head: Head::new("claim", partition, &writer),
+            dataset: lane.dataset.clone(),
+            ticket,
+            tokens,
+        }))
+        .await?;
+        let granted = Agent::granted(&log, &lane.dataset, &writer, &a);
+        drop(log);
+        tracing::debug!(dataset = %lane.dataset, ticket, tokens, granted, pool = pool - tokens,
+            "budget ticket claimed");
+        a.set(granted, false);
+        Ok(())
+    }
+
+    /// Brings each lane's allowance in step with the partition's log (a twin's commits and
+    /// claims, a release someone wrote for this partition).
+    pub async fn refresh(&self) {
+        let log = self.log.lock().await;
+        for lane in &self.lanes {
+            let granted = Agent::granted(&log, &lane.dataset, &self.writer, &lane.allowance);
+            lane.allowance.set(granted, lane.allowance.is_last());
+        }
+    }
+}
+
+/// Takes back the unused allowance of `dataset` from every partition but `me` whose worker
+/// shows no heartbeat for `stale_after` and that is not done: a release in its log (so a
+/// worker that was only slow sees it before it commits again), then returned to the pool.
+async fn reclaim(
+    bucket: &Arc<Bucket>,
+    me: Partition,
+    writer: &str,
+    dataset: &str,
+    ledger: &mut BudgetLog,
+    stale_after: Duration,
+) -> Result<(), CommitError> {
+    let now = crate::cluster::job::now_unix();
+    for index in (0..me.count).filter(|&i| i != me.index) {
+        if ledger.claims_of(index).is_empty() {
+            continue;
+        }
+        let p = Partition {
+            index,
+            count: me.count,
+        };
+        if commits::read_done(bucket, p).await?.is_some() {
+            continue;
+        }
+        let heartbeat = crate::cluster::heartbeat::read(bucket, p)
+            .await
+            .ok()
+            .flatten()
+            .map_or(0, |s| s.heartbeat_unix);
+        if now.saturating_sub(heartbeat) < stale_after.as_secs() {
+            continue;
+        }
+        let mut log = CommitLog::load(bucket.clone(), p, commits::LoadOptions::READER).await?;
+        if log.sealed().is_some() {
+            continue;
+        }
+        let tokens = unused(&log, dataset);
+        if tokens == 0 {
+            continue;
+        }
+        tracing::warn!(
+            dataset,
+            partition = index,
+            tokens,
+            heartbeat_age_s = now.saturating_sub(heartbeat),
+            "taking back the unused budget of a partition whose worker shows no heartbeat"
+        );
+        release(&mut log, ledger, dataset, writer, tokens).await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::bucket::BucketOptions;
+
+    /// Tickets shrink with the pool, never go below one request or above what is left;
+    /// claims never pass the budget, returns refill it once each; a partition's ticket it
+    /// did not record is recorded by `reconcile`, and a claim the budget log does not
+    /// give is refused by name.
+    #[test]
+    fn the_pool_is_handed_out_once_in_shrinking_tickets() {
+        assert_eq!(ticket_size(8_000, 4, 10), 1_000);
+        assert_eq!(ticket_size(80, 4, 10), 10);
+        assert_eq!(ticket_size(5, 4, 10), 5);
+        assert_eq!(ticket_size(0, 4, 10), 0);
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let b = Arc::new(Bucket::open("memory://", &BucketOptions::default()).unwrap());
+                let p0 = Partition { index: 0, count: 2 };
+                let p1 = Partition { index: 1, count: 2 };
+                let mut a = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
+                let mut c = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
+                assert_eq!(a.claim(1_000, p0, "w0", 700).await.unwrap(), Some((0, 700)));
+                // The other reader learns of it before it claims: only 300 are left.
+                assert_eq!(c.claim(1_000, p1, "w1", 700).await.unwrap(), Some((1, 300)));
+                assert_eq!(a.claim(1_000, p0, "w0", 1).await.unwrap(), None);
+                let mut log = CommitLog::load(b.clone(), p0, commits::LoadOptions::WORKER)
+                    .await
+                    .unwrap();
+                reconcile(&mut log, &mut a, "d", "w0").await.unwrap();
+                assert_eq!(log.dataset("d").allowance(), 700);
+                release(&mut log, &mut a, "d", "w0", 200).await.unwrap();
+                // Returned once, whoever reconciles again.
+                reconcile(&mut log, &mut a, "d", "w0").await.unwrap();
+                let fresh = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
+                assert_eq!(fresh.pool(1_000), 200);
+                assert_eq!(log.dataset("d").allowance(), 500);
+                // A claim in the partition's log that the budget log does not give.
+                let mut forged = Head::new("claim", p0, "w0");
+                forged.seq = log.len();
+                let body = serde_json::to_vec(&Claim {
+                    head: forged,
+                    dataset: "d".into(),
+                    ticket: 1,
+                    tokens: 300,
+                })
+                .unwrap();
+                b.put(&commits::commit_key(0, log.len()), body.into())
+                    .await
+                    .unwrap();
+                let log = CommitLog::load(b.clone(), p0, commits::LoadOptions::READER)
+                    .await
+                    .unwrap();
+                let e = check_claims(&log, "d", &fresh).unwrap_err().to_string();
+                assert!(
+                    e.contains("ticket 1") && e.contains("does not give it"),
+                    "{e}"
+                );
+            });
+    }
+}
