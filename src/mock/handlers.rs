@@ -209,7 +209,7 @@ async fn handle(st: Arc<MockState>, api: Api, headers: &HeaderMap, body: Bytes) 
         ),
     };
     let total = u32::try_from(plan.ids.len()).unwrap_or(u32::MAX);
-    let job = st.engine.submit(total, req.rid.clone());
+    let job = st.engine.submit(&req.prompt_ids, total, req.rid.clone());
     let render = st.render(&req);
     if req.stream {
         stream_response(Streamer::new(render, plan, job, fault, rec))
