@@ -37,9 +37,9 @@ struct Cli {
     /// Override `output_dir`.
     #[arg(long, global = true)]
     output_dir: Option<PathBuf>,
-    /// Override `run.concurrency`.
+    /// Override `run.concurrency` (a number, or "auto").
     #[arg(long, global = true)]
-    concurrency: Option<usize>,
+    concurrency: Option<spool::config::Concurrency>,
     /// Override `run.metrics_addr` ("" disables the endpoint).
     #[arg(long, global = true)]
     metrics_addr: Option<String>,

@@ -117,12 +117,27 @@ pub struct DatasetStatus {
     pub failures: Vec<(u64, String)>,
 }
 
+/// One inference server, live: whether it is in rotation, its attempts in flight, its
+/// limit (with `concurrency = "auto"`) and the tokens/s it gives.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ServerStatus {
+    pub url: String,
+    pub up: bool,
+    pub inflight: u64,
+    /// Requests it may have in flight (`None`: one limit for all servers, `run.concurrency`).
+    pub limit: Option<u64>,
+    pub tokens_per_s: Option<f64>,
+}
+
 /// The whole report.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct StatusReport {
     /// True when produced by a running `spool run`.
     pub running: bool,
     pub datasets: Vec<DatasetStatus>,
+    /// The servers, in a live report only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<ServerStatus>,
 }
 
 impl StatusReport {
@@ -187,6 +202,7 @@ impl StatusReport {
         Ok(StatusReport {
             running: false,
             datasets,
+            servers: Vec::new(),
         })
     }
 
@@ -258,6 +274,19 @@ impl StatusReport {
         } else {
             "from the queue (no run active)\n"
         });
+        for s in &self.servers {
+            let limit = s.limit.map(|l| format!("/{l} (limit)")).unwrap_or_default();
+            let rate = s
+                .tokens_per_s
+                .map(|t| format!(", {} tok/s", human(t.round() as u64)))
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "server {} {}: {}{limit} in flight{rate}\n",
+                s.url,
+                if s.up { "up" } else { "DOWN" },
+                s.inflight
+            ));
+        }
         for r in &rows {
             let line: Vec<String> = r
                 .iter()
@@ -313,6 +342,7 @@ mod tests {
     fn report(running: bool) -> StatusReport {
         StatusReport {
             running,
+            servers: Vec::new(),
             datasets: vec![DatasetStatus {
                 name: "math".into(),
                 items: 80,

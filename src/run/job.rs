@@ -179,7 +179,15 @@ async fn run_job(
         faults: crate::run::worker::FaultPoints::new(&job.knobs.faults),
     });
     let (monitor, http) = job.observe(&ctx, &metrics, &queue, &sched).await?;
-    let concurrency = job.cfg.run.concurrency;
+    let concurrency = job.cfg.run.concurrency.fixed();
+    if concurrency.is_none() {
+        tokio::spawn(crate::run::concurrency::steer(
+            servers.clone(),
+            ctx.upstream.clone(),
+            job.cfg.run.max_concurrency,
+            job.stop.stop.clone(),
+        ));
+    }
     let requests = dispatch(&ctx, &sched, &servers, &job.stop.stop, concurrency).await?;
     let running = Running {
         requests,
@@ -330,7 +338,11 @@ impl Job {
                 stream: cfg.server.stream,
                 request_timeout: Duration::from_secs_f64(cfg.server.request_timeout_s),
                 max_response_bytes: cfg.server.max_response_bytes,
-                pool_size: cfg.run.concurrency,
+                pool_size: cfg
+                    .run
+                    .concurrency
+                    .fixed()
+                    .unwrap_or(cfg.run.max_concurrency),
             },
             &cfg.trust_roots()?,
         )?;
@@ -502,9 +514,18 @@ impl Job {
 
     /// The servers, each counted up and idle until the monitor's probes say otherwise.
     fn servers(&self, metrics: &Metrics) -> Arc<Servers> {
-        let servers = Arc::new(Servers::new(
+        let limit = self
+            .cfg
+            .run
+            .concurrency
+            .fixed()
+            .is_none()
+            .then(|| crate::run::concurrency::START_LIMIT.min(self.cfg.run.max_concurrency));
+        let servers = Arc::new(Servers::with(
             &self.cfg.server.urls,
             self.knobs.down_log_interval,
+            self.cfg.server.routing,
+            limit,
         ));
         for s in &servers.list {
             metrics.server_up.with_label_values(&[&s.url]).set(1);
@@ -684,6 +705,7 @@ mod tests {
             interrupted,
             report: StatusReport {
                 running: false,
+                servers: Vec::new(),
                 datasets: vec![DatasetStatus {
                     name: "a".into(),
                     failed,

@@ -1380,6 +1380,7 @@ fn status_json_shape_matches_the_readme() {
     let real = serde_json::to_value(spool::observe::status::StatusReport {
         running: true,
         datasets: vec![spool::observe::status::DatasetStatus::default()],
+        servers: Vec::new(),
     })
     .unwrap();
     let keys =
