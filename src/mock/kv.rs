@@ -20,7 +20,8 @@
 //! - **Prefix cache** (radix-style). Prompts are cut into blocks of `block` tokens, each
 //!   named by a hash chained over the blocks before it; a prompt prefills only from its first
 //!   block the cache lacks (at least one token is always computed). A prompt's blocks enter
-//!   the cache when its prefill ends. Cached blocks use free KV only: they are evicted least
+//!   the cache when it is admitted (as a radix tree's nodes do: a request admitted after it
+//!   shares what it is computing). Cached blocks use free KV only: they are evicted least
 //!   recently used as soon as running requests need the room.
 //!
 //! Invariants: `used` is the sum of the running requests' held tokens; a request is in
@@ -283,7 +284,7 @@ impl KvBatch {
                 .count() as u64
                 * u64::from(self.p.block);
             let hit = hit.min(u64::from(s.prompt) - 1) as u32;
-            for h in &s.blocks[..(hit / self.p.block.max(1)) as usize] {
+            for h in &s.blocks {
                 self.cache.touch(*h);
             }
             if !s.seen {
@@ -425,9 +426,6 @@ impl KvBatch {
                 s.prefill_left -= x;
                 if s.prefill_left == 0 {
                     // The step that ends a prefill samples the next token.
-                    for h in &s.blocks {
-                        self.cache.touch(*h);
-                    }
                     s.produced += 1;
                     s.held += 1;
                     grown += 1;

@@ -75,6 +75,10 @@ const PROBE_EVERY: u32 = 5;
 const KV_HIGH: f64 = 0.9;
 /// Intervals a preemption's level caps the probes.
 const CEILING_KEPT: u32 = 60;
+/// KV usage under which a server cut by its signals is taken to have room again…
+const KV_ROOMY: f64 = 0.5;
+/// …for this many intervals running.
+const ROOMY_FOR: u32 = 5;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Phase {
@@ -115,6 +119,11 @@ pub struct Controller {
     /// In-flight at the last preemption, and intervals since: probes stay under it for a
     /// minute (so the limit does not preempt again and again), then may try past it.
     ceiling: Option<(f64, u32)>,
+    /// The limit was last cut by the server's signals (not by its throughput): once the
+    /// server shows plenty of room for a while, slow start begins again (it recovered).
+    cut_by_signal: bool,
+    /// Intervals running in which the server showed plenty of room.
+    roomy: u32,
     /// Why the limit last moved (for logs and tests).
     reason: &'static str,
 }
@@ -135,6 +144,8 @@ impl Controller {
             queue_streak: 0,
             cut_to: None,
             ceiling: None,
+            cut_by_signal: false,
+            roomy: 0,
             reason: "start",
         }
     }
@@ -215,12 +226,22 @@ impl Controller {
         if let Some(p) = sig.preemptions {
             self.last_preemptions = Some(p);
         }
-        self.queue_streak = if sig.waiting >= 0.5 {
-            self.queue_streak + 1
-        } else {
-            0
-        };
+        // A request waits a step or two before a server admits it: only a queue that a
+        // full cache holds back, or one too long to be arrivals, is a queue.
+        let full = sig.kv_usage.is_some_and(|u| u >= 0.8);
+        let queued = sig.waiting >= 1.0 && (full || sig.waiting >= 0.1 * sig.running + 2.0);
+        self.queue_streak = if queued { self.queue_streak + 1 } else { 0 };
+        let roomy = !preempted && !queued && sig.kv_usage.is_some_and(|u| u < KV_ROOMY);
+        self.roomy = if roomy { self.roomy + 1 } else { 0 };
+        if self.roomy >= ROOMY_FOR && self.cut_by_signal && self.cut_to.is_none() {
+            self.cut_by_signal = false;
+            self.ceiling = None;
+            self.phase = Phase::SlowStart;
+            self.probe = None;
+            self.reason = "server has room again";
+        }
         if preempted {
+            self.cut_by_signal = true;
             self.ceiling = Some((n.max(1.0), 0));
             if self.cut_to.is_none() {
                 let to = (self.limit.min(n.max(1.0)) * CUT).floor();
@@ -236,6 +257,7 @@ impl Controller {
         if self.queue_streak >= 2 && self.cut_to.is_none() {
             let to = sig.running + (0.03 * sig.running).ceil().max(1.0);
             if to < self.limit {
+                self.cut_by_signal = true;
                 self.set(to, "server queue");
                 self.cut_to = Some(self.limit);
                 self.phase = Phase::Steady;
@@ -246,7 +268,7 @@ impl Controller {
             }
         }
         if sig.kv_usage.is_some_and(|u| u >= KV_HIGH) || self.queue_streak > 0 {
-            // Full enough: hold; a probe under way ends where it is.
+            // Full enough, or a queue forming: hold.
             self.probe = None;
             if self.phase == Phase::SlowStart {
                 self.phase = Phase::Steady;
