@@ -33,6 +33,7 @@ const DOCUMENTED_SERIES: &[(&str, &str, &[&str])] = &[
     ),
     ("spool_inflight_requests", "gauge", &["server"]),
     ("spool_server_up", "gauge", &["server"]),
+    ("spool_server_concurrency_limit", "gauge", &["server"]),
     ("spool_shards_written_total", "counter", &["dataset"]),
     ("spool_shard_bytes_total", "counter", &["dataset"]),
 ];
