@@ -274,6 +274,9 @@ impl Servers {
         if let Some(i) = preferred.filter(|&i| self.list.get(i).is_some_and(Server::is_up)) {
             return self.list[i].has_room().then_some(i);
         }
+        if self.list.len() == 1 {
+            return self.list[0].has_room().then_some(0);
+        }
         match self.routing {
             Routing::LeastRequests => self.least_loaded(),
             Routing::RoundRobin => {
@@ -454,6 +457,52 @@ mod tests {
         servers.list[1].up.store(false, Ordering::Relaxed);
         assert_eq!(servers.choose(Some(1), &key), Some(0));
         assert_eq!(servers.choose(Some(7), &key), Some(0));
+    }
+
+    /// Prefix routing: a prompt sharing a prefix with an earlier one goes to its server
+    /// while that server is within 1.25 × its share of what is in flight, and spills to
+    /// another when it is not; prompts without a shared prefix spread over the ring.
+    #[test]
+    fn prefixes_stick_to_a_server_within_bounded_load() {
+        let urls: Vec<String> = (1..=4).map(|p| format!("http://127.0.0.1:{p}")).collect();
+        let servers = Servers::with(&urls, Duration::from_secs(60), Routing::Prefix, None);
+        let shared: Vec<u32> = (0..512).collect();
+        let prompt = |k: u32| {
+            let mut p = shared.clone();
+            p.extend([100_000 + k, 7, 7]);
+            p
+        };
+        // 8 in flight on each server.
+        let mut held: Vec<InFlight<'_>> = servers
+            .list
+            .iter()
+            .flat_map(|s| (0..8).map(move |_| s.begin()))
+            .collect();
+        let first = servers
+            .choose(None, &RouteKey::of(Some(&prompt(0)), ""))
+            .unwrap();
+        held.push(servers.list[first].begin());
+        for k in 1..=3 {
+            let i = servers
+                .choose(None, &RouteKey::of(Some(&prompt(k)), ""))
+                .unwrap();
+            assert_eq!(i, first, "prompt {k} shares the prefix");
+            held.push(servers.list[i].begin());
+        }
+        // 12 of 36 on `first`: one more would pass 1.25 × its share (11.6); it spills.
+        let spill = servers
+            .choose(None, &RouteKey::of(Some(&prompt(9)), ""))
+            .unwrap();
+        assert_ne!(spill, first);
+        drop(held);
+        // Unrelated prompts land on more than one server.
+        let spread: std::collections::HashSet<usize> = (0..64u32)
+            .map(|k| {
+                let p: Vec<u32> = (0..80).map(|t| t * 1000 + k).collect();
+                servers.choose(None, &RouteKey::of(Some(&p), "")).unwrap()
+            })
+            .collect();
+        assert!(spread.len() >= 3, "{spread:?}");
     }
 
     /// The in-flight count comes back down however an attempt ends: normally, by a panic
