@@ -26,11 +26,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// What the monitor refreshes each second for `/status`: per dataset (tokens/s,
-/// requests/s, ETA seconds, when the ETA was computed), and the servers.
+/// A dataset's (tokens/s, requests/s, ETA seconds, when the ETA was computed).
+type DatasetRates = (f64, f64, Option<f64>, Instant);
+
+/// What the monitor refreshes each second for `/status`: per dataset its rates and ETA,
+/// and the servers.
 #[derive(Default)]
 pub(crate) struct LiveRates {
-    datasets: Mutex<HashMap<String, (f64, f64, Option<f64>, Instant)>>,
+    datasets: Mutex<HashMap<String, DatasetRates>>,
     servers: Mutex<Vec<ServerStatus>>,
 }
 
