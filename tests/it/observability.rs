@@ -910,6 +910,7 @@ fn dashboard_uses_every_spec_series_and_only_those() {
     for (title, e) in &exprs {
         let per_server = e.contains("spool_inflight_requests")
             || e.contains("spool_server_up")
+            || e.contains("spool_server_concurrency_limit")
             || e.contains("spool_run_eta_seconds");
         let run_total = title == "Run throughput";
         if !per_server && !run_total {
