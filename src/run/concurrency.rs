@@ -14,8 +14,9 @@
 //!   queue at the server two seconds running brings the limit down to what it runs plus a
 //!   little headroom; a KV cache 90 % full stops growth.
 //! - **Then throughput** (tokens/s from this server): slow start doubles the limit each
-//!   settled interval while throughput follows (elasticity `d ln T / d ln n` ≥ 0.5), then
-//!   steady probes of +10 % every few seconds are kept only if throughput follows by at
+//!   settled interval while throughput follows (elasticity `d ln T / d ln n` ≥ 0.5), ends
+//!   a tenth past where linear growth from the last level would have met the throughput
+//!   of the first level that did not follow (the knee of a roofline), then steady probes of +10 % every few seconds are kept only if throughput follows by at
 //!   least a quarter of the step (else the limit goes back), so the limit stays near the
 //!   knee. A throughput that falls 20 % at the same limit (a server thrashing without
 //!   saying so) triggers a probe down of 10 %, kept while throughput does not follow it
@@ -287,16 +288,18 @@ impl Controller {
                 self.probe_up(n, tps, 2.0, "slow start");
             }
             Phase::SlowStart => {
-                // The knee is between the two levels: keep the upper unless it bought
-                // nearly nothing.
+                // The knee is between the two levels: where growing linearly from the lower
+                // would have reached the upper's throughput, plus a tenth.
                 self.phase = Phase::Steady;
                 self.next_probe = PROBE_EVERY;
-                if e.is_some_and(|e| e < 0.1) {
-                    self.set(p.from_limit.max(1.0), "knee");
-                    self.settle = 1;
+                let knee = if p.from_tps > 0.0 && tps > 0.0 {
+                    p.from_n * tps / p.from_tps
                 } else {
-                    self.reason = "knee";
-                }
+                    self.limit
+                };
+                let to = (1.1 * knee).ceil().clamp(p.from_limit, self.limit);
+                self.set(to, "knee");
+                self.settle = 1;
             }
             Phase::Steady => {
                 let down = self.limit < p.from_limit;
@@ -559,6 +562,21 @@ mod tests {
         assert!((100..=260).contains(&last), "{limits:?}");
         let tail = &limits[40..];
         assert!(tail.iter().all(|&l| (100..=280).contains(&l)), "{limits:?}");
+    }
+
+    /// A knee between two slow-start levels (33, between 32 and 64) is not rounded down to
+    /// the lower level: the limit ends past it, where throughput is the plateau's.
+    #[test]
+    fn a_knee_between_doublings_is_not_rounded_down() {
+        let mut c = Controller::new(1024);
+        let mut s = Scripted {
+            server: roofline(33.3),
+            demand: 1e9,
+        };
+        let mut n = 0.0;
+        let limits = s.run(&mut c, 40, &mut n, 5.0);
+        let last = *limits.last().unwrap() as f64;
+        assert!((34.0..=48.0).contains(&last), "{limits:?}");
     }
 
     /// Preemptions reported by the server cut the limit, once per cut until in-flight has
