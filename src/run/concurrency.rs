@@ -12,7 +12,8 @@
 //!   a preemption cuts the limit to 85 % of what is in flight, once per cut (the next cut
 //!   waits until the last has taken effect: requests in flight only leave as they end); a
 //!   queue at the server two seconds running brings the limit down to what it runs plus a
-//!   little headroom; a KV cache 90 % full stops growth.
+//!   little headroom; a KV cache 90 % full stops growth, and growth is capped where the
+//!   usage, scaled with the requests, would pass 85 %.
 //! - **Then throughput** (tokens/s from this server): slow start doubles the limit each
 //!   settled interval while throughput follows (elasticity `d ln T / d ln n` ≥ 0.5), ends
 //!   a tenth past where linear growth from the last level would have met the throughput
@@ -74,6 +75,8 @@ const PROBE_GAIN: f64 = 0.25;
 const PROBE_EVERY: u32 = 5;
 /// KV usage past which the limit does not grow.
 const KV_HIGH: f64 = 0.9;
+/// KV usage growth aims at, at most.
+const KV_TARGET: f64 = 0.85;
 /// Intervals a preemption's level caps the probes.
 const CEILING_KEPT: u32 = 60;
 /// KV usage under which a server cut by its signals is taken to have room again…
@@ -125,6 +128,9 @@ pub struct Controller {
     cut_by_signal: bool,
     /// Intervals running in which the server showed plenty of room.
     roomy: u32,
+    /// The server's last KV usage: growth is capped where it would pass [`KV_TARGET`]
+    /// (usage grows about in step with the requests running).
+    kv: Option<f64>,
     /// Why the limit last moved (for logs and tests).
     reason: &'static str,
 }
@@ -147,6 +153,7 @@ impl Controller {
             ceiling: None,
             cut_by_signal: false,
             roomy: 0,
+            kv: None,
             reason: "start",
         }
     }
@@ -227,6 +234,7 @@ impl Controller {
         if let Some(p) = sig.preemptions {
             self.last_preemptions = Some(p);
         }
+        self.kv = sig.kv_usage;
         // A request waits a step or two before a server admits it: only a queue that a
         // full cache holds back, or one too long to be arrivals, is a queue.
         let full = sig.kv_usage.is_some_and(|u| u >= 0.8);
@@ -268,8 +276,8 @@ impl Controller {
                 return true;
             }
         }
-        if sig.kv_usage.is_some_and(|u| u >= KV_HIGH) || self.queue_streak > 0 {
-            // Full enough, or a queue forming: hold.
+        if sig.kv_usage.is_some_and(|u| u >= KV_HIGH) {
+            // Full enough: this is the knee; hold.
             self.probe = None;
             if self.phase == Phase::SlowStart {
                 self.phase = Phase::Steady;
@@ -277,7 +285,8 @@ impl Controller {
             self.next_probe = self.next_probe.max(1);
             return true;
         }
-        false
+        // A queue forming (or a burst being admitted): wait a second before judging.
+        self.queue_streak > 0
     }
 
     /// A probe's verdict: keep the new level if throughput followed the step enough.
@@ -352,6 +361,13 @@ impl Controller {
     fn probe_up(&mut self, n: f64, tps: f64, factor: f64, reason: &'static str) {
         let from = self.limit;
         let to = if factor >= 1.0 {
+            let factor = match self.kv {
+                Some(u) if u > 0.05 => factor.min(KV_TARGET / u),
+                _ => factor,
+            };
+            if factor <= 1.0 {
+                return;
+            }
             let up = (from * factor).max(from + 1.0);
             match self.ceiling {
                 Some((c, _)) => up.min((c * 0.97).floor()),
