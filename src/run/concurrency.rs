@@ -9,11 +9,12 @@
 //!
 //! The [`Controller`] of one server:
 //! - **Server signals first** (its `/metrics`, when it exports vLLM's or SGLang's gauges):
-//!   a preemption cuts the limit to 85 % of what is in flight, once per cut (the next cut
-//!   waits until the last has taken effect: requests in flight only leave as they end); a
-//!   queue at the server two seconds running brings the limit down to what it runs plus a
-//!   little headroom; a KV cache 90 % full stops growth, and growth is capped where the
-//!   usage, scaled with the requests, would pass 85 %.
+//!   slow start doubles no further than the KV usage allows and ends at the first
+//!   preemption; preemptions that outnumber completions (thrashing) cut the limit to 85 %
+//!   of what is in flight, once per cut (the next cut waits until the last has taken
+//!   effect: requests in flight only leave as they end); while the server preempts at all,
+//!   probes go down instead of up; a queue at the server two seconds running, with the
+//!   cache full, brings the limit down to what it runs plus a little headroom.
 //! - **Then throughput** (tokens/s from this server): slow start doubles the limit each
 //!   settled interval while throughput follows (elasticity `d ln T / d ln n` ≥ 0.5), ends
 //!   a tenth past where linear growth from the last level would have met the throughput
@@ -58,6 +59,8 @@ pub struct Sample {
     pub inflight: f64,
     /// Tokens received from the server over `dt`.
     pub tokens: f64,
+    /// Requests it completed over `dt`.
+    pub completions: f64,
     /// Its `/metrics`, if it exports them.
     pub signals: Option<Signals>,
 }
@@ -73,10 +76,10 @@ const SLOW_START_GAIN: f64 = 0.5;
 const PROBE_GAIN: f64 = 0.25;
 /// Intervals between steady probes.
 const PROBE_EVERY: u32 = 5;
-/// KV usage past which the limit does not grow.
-const KV_HIGH: f64 = 0.9;
-/// KV usage growth aims at, at most.
-const KV_TARGET: f64 = 0.85;
+/// KV usage slow start aims at, at most.
+const KV_TARGET: f64 = 0.95;
+/// Preemptions per completed request past which the server thrashes.
+const THRASH: f64 = 1.0;
 /// Intervals a preemption's level caps the probes.
 const CEILING_KEPT: u32 = 60;
 /// KV usage under which a server cut by its signals is taken to have room again…
@@ -128,9 +131,11 @@ pub struct Controller {
     cut_by_signal: bool,
     /// Intervals running in which the server showed plenty of room.
     roomy: u32,
-    /// The server's last KV usage: growth is capped where it would pass [`KV_TARGET`]
-    /// (usage grows about in step with the requests running).
+    /// The server's last KV usage: slow start's doubling is capped where it would pass
+    /// [`KV_TARGET`] (usage grows about in step with the requests running).
     kv: Option<f64>,
+    /// Intervals since the server last reported a preemption.
+    since_preemption: u32,
     /// Why the limit last moved (for logs and tests).
     reason: &'static str,
 }
@@ -154,6 +159,7 @@ impl Controller {
             cut_by_signal: false,
             roomy: 0,
             kv: None,
+            since_preemption: u32::MAX,
             reason: "start",
         }
     }
@@ -201,7 +207,7 @@ impl Controller {
             .map(|(c, age)| (c, age + 1))
             .filter(|(_, age)| *age <= CEILING_KEPT);
         if let Some(sig) = s.signals {
-            if self.server_says(&sig, n) {
+            if self.server_says(&sig, n, s.completions) {
                 return self.limit();
             }
         }
@@ -226,11 +232,19 @@ impl Controller {
     }
 
     /// Applies the server's own signals; true when they decided this interval.
-    fn server_says(&mut self, sig: &Signals, n: f64) -> bool {
-        let preempted = match (sig.preemptions, self.last_preemptions) {
-            (Some(now), Some(before)) => now > before,
-            _ => false,
+    fn server_says(&mut self, sig: &Signals, n: f64, completions: f64) -> bool {
+        let preempted_n = match (sig.preemptions, self.last_preemptions) {
+            (Some(now), Some(before)) => (now - before).max(0.0),
+            _ => 0.0,
         };
+        let preempted = preempted_n > 0.0;
+        self.since_preemption = if preempted {
+            0
+        } else {
+            self.since_preemption.saturating_add(1)
+        };
+        // Thrashing: more preemptions than completions (each costs a recomputation).
+        let thrashing = preempted_n > THRASH * completions.max(1.0);
         if let Some(p) = sig.preemptions {
             self.last_preemptions = Some(p);
         }
@@ -249,7 +263,14 @@ impl Controller {
             self.probe = None;
             self.reason = "server has room again";
         }
-        if preempted {
+        if preempted && !thrashing && self.phase == Phase::SlowStart {
+            // At the KV cache's edge: slow start ends here; throughput decides the rest.
+            self.phase = Phase::Steady;
+            self.probe = None;
+            self.next_probe = PROBE_EVERY;
+            self.reason = "knee (preemptions)";
+        }
+        if thrashing {
             self.cut_by_signal = true;
             self.ceiling = Some((n.max(1.0), 0));
             if self.cut_to.is_none() {
@@ -276,15 +297,6 @@ impl Controller {
                 return true;
             }
         }
-        if sig.kv_usage.is_some_and(|u| u >= KV_HIGH) {
-            // Full enough: this is the knee; hold.
-            self.probe = None;
-            if self.phase == Phase::SlowStart {
-                self.phase = Phase::Steady;
-            }
-            self.next_probe = self.next_probe.max(1);
-            return true;
-        }
         // A queue forming (or a burst being admitted): wait a second before judging.
         self.queue_streak > 0
     }
@@ -306,7 +318,8 @@ impl Controller {
                 } else {
                     self.limit
                 };
-                let to = (1.1 * knee).ceil().clamp(p.from_limit, self.limit);
+                let (lo, hi) = (p.from_limit.min(self.limit), p.from_limit.max(self.limit));
+                let to = (1.1 * knee).ceil().max(lo).min(hi);
                 self.set(to, "knee");
                 self.settle = 1;
             }
@@ -350,7 +363,10 @@ impl Controller {
                     return;
                 }
                 self.next_probe = self.next_probe.saturating_sub(1);
-                if self.next_probe == 0 && self.limit < self.max {
+                if self.next_probe == 0 && self.since_preemption < 2 * PROBE_EVERY {
+                    // Preempting at this level: see whether less costs throughput.
+                    self.probe_up(n, tps, 0.9, "probe down (preemptions)");
+                } else if self.next_probe == 0 && self.limit < self.max {
                     self.probe_up(n, tps, 1.1, "probe up");
                 }
             }
@@ -362,17 +378,23 @@ impl Controller {
         let from = self.limit;
         let to = if factor >= 1.0 {
             let factor = match self.kv {
-                Some(u) if u > 0.05 => factor.min(KV_TARGET / u),
+                Some(u) if u > 0.05 && self.phase == Phase::SlowStart => {
+                    factor.min((KV_TARGET / u).max(1.1))
+                }
                 _ => factor,
             };
             if factor <= 1.0 {
                 return;
             }
             let up = (from * factor).max(from + 1.0);
-            match self.ceiling {
+            let up = match self.ceiling {
                 Some((c, _)) => up.min((c * 0.97).floor()),
                 None => up,
+            };
+            if up <= from {
+                return;
             }
+            up
         } else {
             (from * factor).min(from - 1.0)
         };
@@ -445,6 +467,11 @@ pub(crate) async fn steer(
         .iter()
         .map(|s| s.streamed.load(Ordering::Relaxed))
         .collect();
+    let mut last_answered: Vec<u64> = servers
+        .list
+        .iter()
+        .map(|s| s.answered.load(Ordering::Relaxed))
+        .collect();
     let mut was_up = vec![true; n];
     for (i, c) in ctl.iter().enumerate() {
         servers.set_limit(i, c.limit());
@@ -478,6 +505,9 @@ pub(crate) async fn steer(
             let tokens = s.streamed.load(Ordering::Relaxed);
             let delta = tokens.saturating_sub(last_tokens[i]);
             last_tokens[i] = tokens;
+            let answered = s.answered.load(Ordering::Relaxed);
+            let completions = answered.saturating_sub(last_answered[i]);
+            last_answered[i] = answered;
             if !s.up.load(Ordering::Relaxed) {
                 was_up[i] = false;
                 continue;
@@ -501,6 +531,7 @@ pub(crate) async fn steer(
                 dt,
                 inflight: s.inflight.load(Ordering::Relaxed) as f64,
                 tokens: delta as f64,
+                completions: completions as f64,
                 signals,
             });
             if limit != before {
@@ -551,6 +582,8 @@ mod tests {
                     dt: 1.0,
                     inflight: *n,
                     tokens: tps,
+                    // Requests of 100 tokens.
+                    completions: tps / 100.0,
                     signals,
                 }));
             }
@@ -595,9 +628,9 @@ mod tests {
         assert!((34.0..=48.0).contains(&last), "{limits:?}");
     }
 
-    /// Preemptions reported by the server cut the limit, once per cut until in-flight has
-    /// come down, and the limit settles below the level that preempts (trying past it at
-    /// most once a minute).
+    /// Preemptions that outnumber completions (thrashing: slow start overshot to 128) cut
+    /// the limit, once per cut until in-flight is down; it then stays near the level past
+    /// which the server preempts (70), probing down while it preempts.
     #[test]
     fn backs_off_on_preemptions() {
         let mut c = Controller::new(1024);
@@ -612,7 +645,8 @@ mod tests {
                     Some(Signals {
                         running: n.min(70.0),
                         waiting: 0.0,
-                        kv_usage: Some((n / 80.0).min(1.0)),
+                        // No KV usage exported: slow start overshoots into the thrash.
+                        kv_usage: None,
                         preemptions: Some(preempt),
                     }),
                 )
@@ -621,11 +655,14 @@ mod tests {
         };
         let mut n = 0.0;
         let limits = s.run(&mut c, 120, &mut n, 10.0);
-        let mut tail = limits[60..].to_vec();
-        // At most one probe a minute goes past the level that preempts.
-        assert!(tail.iter().filter(|&&l| l > 70).count() <= 2, "{limits:?}");
+        let mut tail = limits[30..].to_vec();
+        assert!(tail.iter().all(|&l| (55..=80).contains(&l)), "{limits:?}");
         tail.sort_unstable();
-        assert!((50..=70).contains(&tail[tail.len() / 2]), "{limits:?}");
+        assert!((62..=76).contains(&tail[tail.len() / 2]), "{limits:?}");
+        assert!(
+            limits.iter().any(|&l| l >= 100),
+            "overshoots first: {limits:?}"
+        );
         assert!(limits.iter().all(|&l| l >= 1));
     }
 

@@ -36,6 +36,8 @@ pub(crate) struct Server {
     pub(crate) limit: AtomicUsize,
     /// Tokens received from it (its throughput, for the limit and the ETA).
     pub(crate) streamed: AtomicU64,
+    /// Answers it gave (its completions, for the limit).
+    pub(crate) answered: AtomicU64,
     /// Woken when an attempt ends or a limit moves (waiters for room), with limits only.
     room: Option<Arc<Notify>>,
 }
@@ -201,6 +203,7 @@ impl Servers {
                     errors: AtomicU32::new(0),
                     limit: AtomicUsize::new(limit.unwrap_or(usize::MAX)),
                     streamed: AtomicU64::new(0),
+                    answered: AtomicU64::new(0),
                     room: limit.map(|_| room.clone()),
                 })
                 .collect(),
@@ -401,6 +404,7 @@ impl Servers {
     /// Server `i` answered: its error count restarts and it is back in rotation.
     pub(crate) fn ok(&self, i: usize) {
         let s = &self.list[i];
+        s.answered.fetch_add(1, Ordering::Relaxed);
         s.errors.store(0, Ordering::Relaxed);
         if !s.up.swap(true, Ordering::Relaxed) {
             tracing::info!(server = %s.url, "server back in rotation");
