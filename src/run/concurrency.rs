@@ -728,7 +728,7 @@ mod tests {
         assert!((70..=125).contains(before.last().unwrap()), "{before:?}");
         knee.set(50.0);
         let slowed = s.run(&mut c, 60, &mut n, 10.0);
-        let mut tail = slowed[30..].to_vec();
+        let mut tail = slowed[36..].to_vec();
         tail.sort_unstable();
         assert!(tail.iter().all(|&l| l <= 60), "{slowed:?}");
         assert!((30..=55).contains(&tail[tail.len() / 2]), "{slowed:?}");
