@@ -1,5 +1,5 @@
 # spool: the two commands that do everything are `make demo` and `make test`.
-.PHONY: demo test lint build soak bench bench-eta bench-autoconc bench-tokenize clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions
+.PHONY: demo test lint build soak test-llama-server bench bench-eta bench-autoconc bench-tokenize bench-tokenize-kimi clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions bench-bombs
 
 build:
 	cargo build
@@ -20,6 +20,14 @@ test:
 	else \
 		cargo test --no-fail-fast; \
 	fi
+
+## The server's rendering against a real llama.cpp server (not in `make test`: building
+## llama-server from the llama-cpp-python sdist took 25 min on 2 shared cores; kept in
+## LLAMA_SERVER_DIR, default target/llama-server, and reused).
+test-llama-server:
+	bash scripts/llama-server.sh $${LLAMA_SERVER_DIR:-target/llama-server}
+	SPOOL_TEST_LLAMA_SERVER=$$(realpath $${LLAMA_SERVER_DIR:-target/llama-server}) \
+		cargo test --test it llama_server -- --ignored --nocapture
 
 lint:
 	cargo fmt --check
@@ -57,6 +65,12 @@ bench-autoconc:
 ## in `make test`; figures go in BENCHMARKS.md. BENCH_TOKENIZE_ARGS="--sizes 100000" for less.
 bench-tokenize:
 	BIN=$$(bash scripts/spool_bin.sh --release) && python3 bench/tokenize/bench.py --spool "$$BIN" $(BENCH_TOKENIZE_ARGS)
+
+## The same with Kimi's tiktoken tokenizer (the model folder as [tokenizer] path): enqueue rate
+## and peak RSS, then the raw encoder on one thread vs Python tiktoken built as Moonshot builds it.
+bench-tokenize-kimi:
+	BIN=$$(bash scripts/spool_bin.sh --release) && cargo build --release --quiet --example bench_kimi_encode \
+	  && python3 bench/tokenize/bench.py --kimi --spool "$$BIN" $(BENCH_TOKENIZE_ARGS)
 
 clean:
 	cargo clean
@@ -116,6 +130,13 @@ bench-dedup:
 bench-export:
 	BIN=$${SPOOL_BENCH_BIN:-$$(bash scripts/spool_bin.sh --release)} && \
 		python3 bench/export/bench.py --spool "$$BIN" $(BENCH_EXPORT_ARGS)
+
+## Input bombs (small files that decode to gigabytes, beside a plain dataset): peak RSS,
+## wall time, exit code and data_dir size of `spool run` on each. SPOOL_BENCH_BIN measures
+## another build. Needs the zstd command-line tool.
+bench-bombs:
+	BIN=$${SPOOL_BENCH_BIN:-$$(bash scripts/spool_bin.sh --release)} && \
+		python3 bench/bombs/bench.py --spool "$$BIN" $(BENCH_BOMBS_ARGS)
 
 ## One process against 4 partitions (four `spool run`s, one file:// prefix, `finalize`) on
 ## the same mock capacity: wall time, completions/s, tok/s, a budgeted dataset's overshoot

@@ -83,6 +83,7 @@ fn rows(n: usize) -> Vec<ShardRow> {
                 tools: None,
                 sampling: None,
                 partial: None,
+                prompt_ids_source: Some(spool::prompt::remote::IdsSource::Client),
             }
         })
         .collect()

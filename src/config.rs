@@ -260,6 +260,78 @@ pub struct TokenizerConfig {
     pub path: PathBuf,
     #[serde(default)]
     pub chat_template: Option<PathBuf>,
+    /// SGLang's `--reasoning-parser` name, in place of the one the template implies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_parser: Option<String>,
+    /// SGLang's `--tool-call-parser` name, in place of the one the template implies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_parser: Option<String>,
+    /// Who renders prompts into ids: spool (`client`), or the server's own rendering
+    /// endpoint (`server`), for models whose rendering spool does not reproduce.
+    #[serde(default)]
+    pub source: PromptSource,
+    /// The start-up comparison of spool's rendering with the server's; absent: on where a
+    /// server renders (a warning only with `source = "server"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_check: Option<TemplateCheck>,
+}
+
+/// Who renders prompts into the ids that are sent and stored (`[tokenizer] source`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PromptSource {
+    /// spool's template and tokenizer, on every core at intake.
+    #[default]
+    Client,
+    /// The server's rendering endpoint (vLLM `/tokenize`, llama.cpp `/apply-template`).
+    Server,
+}
+
+/// What a difference found by the start-up template check does (`true`, `"warn"`,
+/// `false`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "serde_json::Value", into = "serde_json::Value")]
+pub enum TemplateCheck {
+    /// Stops the run (exit 2) before any generation.
+    Stop,
+    /// Logs the difference and goes on.
+    Warn,
+    /// No check.
+    Off,
+}
+
+impl TryFrom<serde_json::Value> for TemplateCheck {
+    type Error = String;
+
+    fn try_from(v: serde_json::Value) -> Result<Self, String> {
+        match v {
+            serde_json::Value::Bool(true) => Ok(TemplateCheck::Stop),
+            serde_json::Value::Bool(false) => Ok(TemplateCheck::Off),
+            serde_json::Value::String(s) if s == "warn" => Ok(TemplateCheck::Warn),
+            other => Err(format!("expected true, false or \"warn\", not {other}")),
+        }
+    }
+}
+
+impl From<TemplateCheck> for serde_json::Value {
+    fn from(c: TemplateCheck) -> serde_json::Value {
+        match c {
+            TemplateCheck::Stop => true.into(),
+            TemplateCheck::Warn => "warn".into(),
+            TemplateCheck::Off => false.into(),
+        }
+    }
+}
+
+impl TokenizerConfig {
+    /// The check as configured, else its default: stop with spool's rendering, warn with
+    /// the server's (spool's rendering is then sent nowhere).
+    pub fn template_check(&self) -> TemplateCheck {
+        self.template_check.unwrap_or(match self.source {
+            PromptSource::Client => TemplateCheck::Stop,
+            PromptSource::Server => TemplateCheck::Warn,
+        })
+    }
 }
 
 /// Sampling parameters; `[sampling]` gives defaults, `[dataset.sampling]` overrides per key.
@@ -754,6 +826,24 @@ impl Config {
         if self.datasets.is_empty() {
             return Err(self.invalid("dataset", "no [[dataset]] given"));
         }
+        if let Some(t) = &self.tokenizer {
+            use crate::prompt::syntax::{REASONING_PARSERS, TOOL_PARSERS};
+            for (key, name, known) in [
+                (
+                    "tokenizer.reasoning_parser",
+                    &t.reasoning_parser,
+                    REASONING_PARSERS,
+                ),
+                ("tokenizer.tool_parser", &t.tool_parser, TOOL_PARSERS),
+            ] {
+                if let Some(n) = name.as_deref().filter(|n| !known.contains(n)) {
+                    return Err(self.invalid(
+                        key,
+                        format!("unknown parser `{n}`; known: {}", known.join(", ")),
+                    ));
+                }
+            }
+        }
         let mut seen = std::collections::HashSet::new();
         for (i, d) in self.datasets.iter().enumerate() {
             let key = format!("dataset[{i}].name");
@@ -936,6 +1026,37 @@ mod tests {
         Config::load(&p, &Overrides::default())
     }
 
+    /// An unknown parser name is refused at load, naming the key and listing the names
+    /// it takes; a known one loads.
+    #[test]
+    fn parser_names_are_checked() {
+        let cfg = |k: &str, v: &str| {
+            format!(
+                "[server]\nurls=['http://127.0.0.1:1']\n[tokenizer]\npath='t.json'\n{k} = '{v}'\n\
+                 [[dataset]]\nname='a'\npath='a.jsonl'\n"
+            )
+        };
+        let e = load_str(&cfg("tool_parser", "kimi"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tokenizer.tool_parser") && e.contains("kimi_k2, minimax-m2"),
+            "{e}"
+        );
+        let e = load_str(&cfg("reasoning_parser", "glm4"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tokenizer.reasoning_parser") && e.contains("glm45"),
+            "{e}"
+        );
+        let ok = load_str(&cfg("reasoning_parser", "kimi_k2")).unwrap();
+        assert_eq!(
+            ok.tokenizer.unwrap().reasoning_parser.as_deref(),
+            Some("kimi_k2")
+        );
+    }
+
     /// A misspelt key is an error naming the key and the file, not a setting silently ignored.
     #[test]
     fn unknown_key_is_named() {
@@ -995,6 +1116,32 @@ mod tests {
         assert_eq!((g.samples, g.turns), (4, Turns::All));
         assert!(g.chat_template_kwargs.contains_key("effort"));
         assert_eq!(cfg.sampling_of(&cfg.datasets[0]).temperature, 0.6);
+    }
+
+    /// `[tokenizer] source` and `template_check` read as documented: the check defaults to
+    /// stopping with spool's rendering and to a warning with the server's; a bad value is
+    /// refused naming the key's line.
+    #[test]
+    fn tokenizer_source_and_template_check_keys() {
+        let base = "[[dataset]]\nname='a'\npath='a.jsonl'\n[tokenizer]\npath='t.json'\n";
+        let t = |extra: &str| load_str(&format!("{base}{extra}")).map(|c| c.tokenizer.unwrap());
+        let plain = t("").unwrap();
+        assert_eq!(plain.source, PromptSource::Client);
+        assert_eq!(plain.template_check(), TemplateCheck::Stop);
+        let server = t("source = 'server'\n").unwrap();
+        assert_eq!(server.template_check(), TemplateCheck::Warn);
+        for (v, want) in [
+            ("true", TemplateCheck::Stop),
+            ("false", TemplateCheck::Off),
+            ("'warn'", TemplateCheck::Warn),
+        ] {
+            let c = t(&format!("source = 'server'\ntemplate_check = {v}\n")).unwrap();
+            assert_eq!(c.template_check(), want, "{v}");
+        }
+        for bad in ["template_check = 'stop'\n", "source = 'both'\n"] {
+            let e = t(bad).unwrap_err().to_string();
+            assert!(e.contains("line 6"), "{bad}: {e}");
+        }
     }
 
     /// Dataset names that would escape or collide as folder names are refused, naming the key.

@@ -190,7 +190,8 @@ impl From<DatasetError> for Error {
             DatasetError::Open { .. }
             | DatasetError::Read { .. }
             | DatasetError::Format { .. }
-            | DatasetError::Parquet { .. } => Kind::Usage,
+            | DatasetError::Parquet { .. }
+            | DatasetError::Limit(_) => Kind::Usage,
         };
         Error::new(kind, e)
     }
@@ -251,9 +252,10 @@ impl From<IntakeError> for Error {
             IntakeError::Sink(e) => e
                 .downcast_ref::<QueueError>()
                 .map_or(Kind::Runtime, queue_kind),
-            IntakeError::Spill(_) | IntakeError::NotOpened(_) | IntakeError::Panicked => {
-                Kind::Runtime
-            }
+            IntakeError::Spill(_)
+            | IntakeError::NotOpened(_)
+            | IntakeError::Panicked
+            | IntakeError::Render { .. } => Kind::Runtime,
         };
         Error::new(kind, e)
     }
@@ -332,6 +334,20 @@ impl From<crate::cluster::commits::CommitError> for Error {
 impl From<crate::output::bucket::BucketError> for Error {
     fn from(e: crate::output::bucket::BucketError) -> Error {
         Error::runtime(e)
+    }
+}
+
+/// Something at `export --out` that an export must not replace is the user's to settle.
+impl From<crate::output::export::OutError> for Error {
+    fn from(e: crate::output::export::OutError) -> Error {
+        use crate::output::export::OutError;
+        let kind = match &e {
+            OutError::NotAnExport { .. }
+            | OutError::Folder { .. }
+            | OutError::NotAFolder { .. } => Kind::Usage,
+            OutError::Io { .. } => Kind::Runtime,
+        };
+        Error::new(kind, e)
     }
 }
 

@@ -5,6 +5,10 @@
 //! Invariant: the environment is read here and only here, once, by the CLI layer
 //! ([`Knobs::from_env`]); modules get the values passed down, so a library caller (a test
 //! running a job in-process) decides them itself and `Knobs::default()` is a plain run.
+//! Invariant: the fault points are read from the environment only by builds made for
+//! tests (the `fault-injection` feature, which the test suite turns on through its
+//! dev-dependency on this crate); any other build leaves them off whatever is set, warns
+//! once when one is set, and says so in `--version` ([`VERSION`]).
 
 use std::time::Duration;
 
@@ -28,6 +32,34 @@ pub const FAULT_QUEUE_TORN_COMMIT: &str = "SPOOL_FAULT_QUEUE_TORN_COMMIT";
 pub const FAULT_QUEUE_MIGRATION_STOP: &str = "SPOOL_FAULT_QUEUE_MIGRATION_STOP";
 /// Env var: how often (ms) "no inference server reachable" is repeated; tests shorten it.
 pub const DOWN_LOG_INTERVAL: &str = "SPOOL_DOWN_LOG_INTERVAL_MS";
+/// Every fault-point variable.
+pub const FAULT_VARS: [&str; 8] = [
+    FAULT_SHARD_PAUSE,
+    FAULT_PUBLISH_PAUSE,
+    FAULT_SHARD_WRITE_ERROR,
+    FAULT_COMMIT_FAILED_PAUSE,
+    FAULT_PANIC_IN_REQUEST,
+    FAULT_PANIC_IN_ROW,
+    FAULT_QUEUE_TORN_COMMIT,
+    FAULT_QUEUE_MIGRATION_STOP,
+];
+
+/// Whether this build obeys the `SPOOL_FAULT_*` variables: only a build made for tests.
+pub const FAULT_INJECTION: bool = cfg!(feature = "fault-injection");
+
+/// What `spool --version` says: the version, and whether fault injection is obeyed.
+pub const VERSION: &str = if FAULT_INJECTION {
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (test build: obeys SPOOL_FAULT_* fault injection)"
+    )
+} else {
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (SPOOL_FAULT_* fault injection off: not a test build)"
+    )
+};
+
 /// Env var (benchmarks): set, the NFC bypass of the tokenizer is off.
 pub const BENCH_NO_NFC_BYPASS: &str = "SPOOL_BENCH_NO_NFC_BYPASS";
 /// Env var (benchmarks): set, the fast byte-level BPE encoder is off.
@@ -87,12 +119,37 @@ impl Default for Knobs {
 }
 
 impl Knobs {
-    /// The switches set in this process's environment.
+    /// The switches set in this process's environment; fault points only in a build made
+    /// for tests (else one warning names the variables ignored).
     pub fn from_env() -> Knobs {
-        Knobs::from_lookup(|name| std::env::var(name).ok())
+        let (knobs, ignored) = Knobs::from_build(|name| std::env::var(name).ok(), FAULT_INJECTION);
+        if !ignored.is_empty() {
+            tracing::warn!(variables = ?ignored,
+                "fault-injection variables ignored: this is not a test build (see `spool --version`)");
+        }
+        knobs
     }
 
-    /// The switches as `lookup` gives them; unparsable values leave a switch off.
+    /// The switches as `lookup` gives them, the fault points only when `faults_obeyed`;
+    /// also the fault variables that were set but ignored.
+    pub fn from_build(
+        lookup: impl Fn(&str) -> Option<String>,
+        faults_obeyed: bool,
+    ) -> (Knobs, Vec<&'static str>) {
+        let mut knobs = Knobs::from_lookup(&lookup);
+        let mut ignored = Vec::new();
+        if !faults_obeyed {
+            knobs.faults = Faults::default();
+            ignored = FAULT_VARS
+                .into_iter()
+                .filter(|v| lookup(v).is_some())
+                .collect();
+        }
+        (knobs, ignored)
+    }
+
+    /// The switches as `lookup` gives them, fault points included (a library caller or a
+    /// test decides); unparsable values leave a switch off.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Knobs {
         let millis = |name| {
             lookup(name)
@@ -168,5 +225,32 @@ mod tests {
         assert_eq!(k.down_log_interval, Duration::from_millis(100));
         assert!(k.bench.naive_budget && !k.bench.serial_datasets);
         assert_eq!(Knobs::from_lookup(|_| None), Knobs::default());
+    }
+
+    /// A build not made for tests leaves every fault point off whatever is set, keeps the
+    /// other switches, and names the fault variables it ignored; a test build obeys them.
+    #[test]
+    fn only_a_test_build_obeys_fault_variables() {
+        let env = |name: &str| {
+            (FAULT_VARS.contains(&name) || name == BENCH_NAIVE_BUDGET || name == DOWN_LOG_INTERVAL)
+                .then(|| "1".to_string())
+        };
+        let (release, ignored) = Knobs::from_build(env, false);
+        assert_eq!(release.faults, Faults::default());
+        assert!(release.bench.naive_budget);
+        assert_eq!(release.down_log_interval, Duration::from_millis(1));
+        assert_eq!(ignored, FAULT_VARS.to_vec());
+        let (test, ignored) = Knobs::from_build(env, true);
+        assert!(test.faults.shard_write_error && test.faults.queue_torn_commit == Some(1));
+        assert!(ignored.is_empty());
+        assert!(Knobs::from_build(|_| None, false).1.is_empty());
+        // The suite runs as a test build, and says so.
+        const {
+            assert!(
+                FAULT_INJECTION,
+                "the test suite must build with `fault-injection`"
+            )
+        };
+        assert!(VERSION.contains("test build"));
     }
 }

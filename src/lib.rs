@@ -17,5 +17,6 @@ pub mod observe;
 pub mod output;
 pub mod prompt;
 pub mod run;
+pub mod secrets;
 pub mod store;
 pub mod upstream;

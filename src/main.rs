@@ -5,6 +5,7 @@
 use clap::{Parser, Subcommand};
 use spool::config::{Config, Overrides};
 use spool::error::{exit, exit_code, Context, Error};
+use spool::observe::printable::{escape_except, json_safe};
 use spool::observe::status::StatusReport;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,7 +20,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser, Debug)]
 #[command(
     name = "spool",
-    version,
+    version = spool::knobs::VERSION,
     about = "Prompt datasets → LLM completions → zstd Parquet shards, crash-safe and resumable"
 )]
 struct Cli {
@@ -111,6 +112,10 @@ enum Command {
         /// Output file, or folder for `hf` (written under a temporary name, renamed when complete).
         #[arg(long)]
         out: PathBuf,
+        /// Move aside what is at `--out` when it is not an earlier export (a folder of other
+        /// files; a folder where a file goes), instead of refusing.
+        #[arg(long)]
+        force: bool,
         /// Only this dataset (default: every dataset of the config).
         #[arg(long)]
         dataset: Option<String>,
@@ -123,6 +128,9 @@ enum Command {
         /// `token-freq`/`draft-vocab`: the target model's vocabulary size (default: `vocab_size` of the `config.json` beside the tokenizer).
         #[arg(long, value_name = "N")]
         target_vocab: Option<usize>,
+        /// Hold out this fraction of each dataset's items (whole conversations, by id hash) in an eval file beside the output (e.g. 0.02).
+        #[arg(long, value_name = "FRACTION")]
+        holdout: Option<f64>,
         /// Leave out rows with these finish reasons (comma-separated, e.g. `length,abort`; default: keep all).
         #[arg(long, value_delimiter = ',', value_name = "REASONS")]
         exclude_finish: Vec<String>,
@@ -138,13 +146,21 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Before any thread: what spool and its crates create is never more than 0640/0750.
+    spool::output::files::restrict_umask();
     let cli = Cli::parse();
     init_logging(cli.quiet, cli.verbose);
     spool::upstream::tls::install_provider();
     match real_main(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("spool: error: {}", spool::error::render(&e));
+            // Errors quote files and servers: their control characters are escaped (the
+            // line breaks of a config error's excerpt are spool's own).
+            let msg = spool::error::render(&e);
+            eprintln!(
+                "spool: error: {}",
+                spool::observe::printable::escape_except(&msg, &['\n'])
+            );
             ExitCode::from(exit_code(&e))
         }
     }
@@ -237,6 +253,66 @@ async fn first_signal() {
     });
 }
 
+/// What the signal handler of [`remove_on_signal`] removes.
+static ON_SIGNAL: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Removes what [`ON_SIGNAL`] holds and exits 130 on the first SIGINT or SIGTERM: a command
+/// holding scratch or a temporary output leaves nothing behind when stopped (a normal end
+/// removes them itself). Returns once the handler is in place, so a path is added to
+/// [`ON_SIGNAL`] before the path exists.
+fn remove_on_signal() {
+    let (ready, wait) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            let _ = ready.send(());
+            return;
+        };
+        rt.block_on(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
+                let _ = ready.send(());
+                return;
+            };
+            let _ = ready.send(());
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            let paths = ON_SIGNAL.lock().map(|p| p.clone()).unwrap_or_default();
+            for p in &paths {
+                let _ = std::fs::remove_dir_all(p).or_else(|_| std::fs::remove_file(p));
+            }
+            eprintln!("spool: interrupted; its scratch and temporary files are removed");
+            std::process::exit(i32::from(exit::INTERRUPTED));
+        });
+    });
+    let _ = wait.recv();
+}
+
+/// Adds `path` to what a signal removes ([`remove_on_signal`]).
+fn remove_on_signal_too(path: PathBuf) {
+    if let Ok(mut p) = ON_SIGNAL.lock() {
+        p.push(path);
+    }
+}
+
+/// A scratch folder made by `make`, added to what a signal removes with no moment between
+/// (the handler waits for the list while the folder is made).
+fn scratch_removed_on_signal(
+    make: impl FnOnce() -> std::io::Result<spool::output::files::Scratch>,
+) -> std::io::Result<spool::output::files::Scratch> {
+    let mut paths = ON_SIGNAL.lock().unwrap_or_else(|e| e.into_inner());
+    let scratch = make()?;
+    paths.push(scratch.to_path_buf());
+    Ok(scratch)
+}
+
 async fn wait_signal() {
     #[cfg(unix)]
     {
@@ -275,6 +351,12 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             // (dropping the runtime would wait for its blocking tasks forever).
             rt.shutdown_timeout(std::time::Duration::from_secs(5));
             let summary = summary?;
+            if !summary.limited.is_empty() {
+                eprintln!(
+                    "spool: intake of {} stopped at an input limit (the log names the file and the limit); the other datasets ran",
+                    summary.limited.join(", ")
+                );
+            }
             if summary.ending() == Some(spool::error::Kind::ItemsFailed) {
                 let failed = summary.report.failed();
                 eprintln!("spool: {failed} item(s) failed permanently; see `spool status` and `spool retry`");
@@ -297,9 +379,9 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                             &bucket, count, &datasets,
                         ))?;
                         if *json {
-                            println!("{}", serde_json::to_string_pretty(&st)?);
+                            println!("{}", json_safe(serde_json::to_string_pretty(&st)?));
                         } else {
-                            print!("{}", st.render_table());
+                            print!("{}", escape_except(&st.render_table(), &['\n']));
                         }
                         return Ok(exit::OK);
                     }
@@ -307,7 +389,7 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                 }
             };
             if *json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                println!("{}", json_safe(serde_json::to_string_pretty(&report)?));
             } else {
                 print!("{}", report.render_table());
             }
@@ -317,11 +399,15 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             let cfg = Config::load(&cli.config, &overrides(&cli))?;
             if let Some(count) = cluster_count(&cli, &cfg)? {
                 let bucket = spool::cluster::worker::open_bucket(&cfg)?;
+                // Private, fresh, removed on every exit: shards are downloaded there.
+                remove_on_signal();
                 let scratch =
-                    std::env::temp_dir().join(format!("spool-verify-{}", std::process::id()));
-                let (manifest, problems) = runtime()?
-                    .block_on(spool::cluster::manifest::verify(&bucket, count, &scratch))?;
-                let _ = std::fs::remove_dir_all(&scratch);
+                    scratch_removed_on_signal(|| spool::output::files::Scratch::new("verify"))
+                        .context("cannot make a scratch folder in $TMPDIR")?;
+                let (manifest, problems) = runtime()?.block_on(
+                    spool::cluster::manifest::verify(&bucket, count, scratch.path()),
+                )?;
+                drop(scratch);
                 if let Some(m) = &manifest {
                     for (name, d) in &m.datasets {
                         println!(
@@ -449,26 +535,65 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
         Command::Export {
             format,
             out,
+            force,
             dataset,
             per_turn,
             draft_vocab,
             target_vocab,
+            holdout,
             exclude_finish,
             keep_empty,
             think_markers,
         } => {
             let mut cfg = Config::load(&cli.config, &overrides(&cli))?;
+            // What is at --out: an earlier export is replaced, anything else kept.
+            let aside = spool::output::export::claim_out(out, *format, *force)?;
+            if let Some(aside) = &aside {
+                println!("moved {} aside to {}", out.display(), aside.display());
+            }
+            let parent = match out.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            remove_on_signal();
+            let mut opts = spool::output::export::ExportOptions {
+                format: *format,
+                out: out.clone(),
+                dataset: dataset.clone(),
+                per_turn: *per_turn,
+                draft_vocab: *draft_vocab,
+                target_vocab: *target_vocab,
+                holdout: *holdout,
+                gates: spool::output::export::Gates {
+                    exclude_finish: exclude_finish.clone(),
+                    keep_empty: *keep_empty,
+                    think: *think_markers,
+                    ..Default::default()
+                },
+                status: None,
+            };
+            for (tmp, _) in spool::output::export::outputs(&opts) {
+                remove_on_signal_too(tmp);
+            }
             // A cluster job's output: the published shards, fetched (and checked against
-            // the manifest) into a scratch folder that is read like an output folder.
+            // the manifest) into a private scratch folder beside --out (its file system),
+            // read like an output folder, removed on every exit.
             let mut scratch = None;
             if cluster_count(&cli, &cfg)?.is_some() {
                 let bucket = spool::cluster::worker::open_bucket(&cfg)?;
-                let dir = std::env::temp_dir().join(format!("spool-export-{}", std::process::id()));
+                spool::output::files::create_dir_all(&parent, spool::output::files::DIR_MODE)
+                    .with_context(|| format!("cannot create {}", parent.display()))?;
+                let dir = scratch_removed_on_signal(|| {
+                    spool::output::files::Scratch::new_in(&parent, "export")
+                })
+                .with_context(|| format!("cannot make a scratch folder in {}", parent.display()))?;
                 let wanted: Vec<String> = dataset.iter().cloned().collect();
                 runtime()?.block_on(spool::cluster::manifest::download_published(
-                    &bucket, &dir, &wanted,
+                    &bucket,
+                    dir.path(),
+                    &wanted,
                 ))?;
-                cfg.output_dir = dir.clone();
+                cfg.output_dir = dir.to_path_buf();
                 scratch = Some(dir);
             }
             // A dataset the config does not name is the user's to fix; what export itself
@@ -492,25 +617,9 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
             } else {
                 None
             };
-            let opts = spool::output::export::ExportOptions {
-                format: *format,
-                out: out.clone(),
-                dataset: dataset.clone(),
-                per_turn: *per_turn,
-                draft_vocab: *draft_vocab,
-                target_vocab: *target_vocab,
-                gates: spool::output::export::Gates {
-                    exclude_finish: exclude_finish.clone(),
-                    keep_empty: *keep_empty,
-                    think: *think_markers,
-                    ..Default::default()
-                },
-                status,
-            };
+            opts.status = status;
             let r = spool::output::export::export(&cfg, &opts).map_err(Error::runtime);
-            if let Some(dir) = scratch {
-                let _ = std::fs::remove_dir_all(dir);
-            }
+            drop(scratch);
             let r = r?;
             let acc = &r.accounting;
             println!("{}", opts.gates.describe());
@@ -525,6 +634,15 @@ fn real_main(cli: Cli) -> Result<u8, Error> {
                 out.display(),
                 spool::output::export::summary_path(out).display()
             );
+            for (_, also) in spool::output::export::outputs(&opts).iter().skip(1) {
+                println!("  and {}", also.display());
+            }
+            if *format == spool::output::export::Format::DraftVocab {
+                println!(
+                    "SpecForge's vocab_mapping_path takes a .pt: python -c 'import torch; from safetensors.torch import load_file; torch.save(load_file(\"{}\"), \"vocab_mapping.pt\")'",
+                    out.display()
+                );
+            }
             Ok(exit::OK)
         }
         Command::MockServer(mcfg) => {
@@ -571,9 +689,11 @@ async fn remote_status(url: &str) -> Result<StatusReport, Error> {
         .map_err(Error::msg)
 }
 
-/// The running process's `/status` when it answers, else the queue alone.
+/// The running process's `/status` when it answers and proves it owns the queue (the
+/// token it wrote in `data_dir`), else the queue alone.
 async fn status_report(cfg: &Config, faults: &spool::knobs::Faults) -> Result<StatusReport, Error> {
-    {
+    let token = std::fs::read_to_string(cfg.data_dir.join(spool::run::job::TOKEN_FILE));
+    if let Ok(token) = token {
         // The address a running process actually bound (it may have been given on its
         // command line, or be port 0), then the configured one.
         let mut addrs = Vec::new();
@@ -583,18 +703,20 @@ async fn status_report(cfg: &Config, faults: &spool::knobs::Faults) -> Result<St
         if !cfg.run.metrics_addr.is_empty() {
             addrs.push(cfg.run.metrics_addr.clone());
         }
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(std::time::Duration::from_secs(2))
-            .build()?;
+        addrs.dedup();
         for addr in addrs.iter().filter(|a| !a.ends_with(":0")) {
-            let url = format!("http://{addr}/status");
-            if let Ok(r) = client.get(&url).send().await {
-                if r.status().is_success() {
-                    if let Ok(rep) = r.json::<StatusReport>().await {
-                        return Ok(rep);
-                    }
+            match spool::observe::status::fetch_own(
+                addr,
+                token.trim(),
+                std::time::Duration::from_secs(2),
+            )
+            .await
+            {
+                Ok(rep) => return Ok(rep),
+                Err(e @ spool::observe::status::OwnStatusError::Untrusted(_)) => {
+                    tracing::warn!("{e}")
                 }
+                Err(e) => tracing::debug!(error = %e, "no live status"),
             }
         }
     }

@@ -19,8 +19,17 @@ With --ablate, spool also runs without the fast byte-level BPE encoder
 and, given --spool-glibc (a `--no-default-features` build), with glibc malloc and neither:
 what each optimisation bought, on the same input.
 
+With --kimi (`make bench-tokenize-kimi`), the same input through Kimi's tokenizer instead
+(tests/fixtures/tokenizers/kimi-k2, the model folder as `[tokenizer] path`, its own chat
+template): spool's enqueue path at each size (rate, peak RSS), then the raw encoder on one
+thread against Python tiktoken built as Moonshot builds it, on two corpora: the first
+--corpus rows' message texts, and the repository's own code and docs (wider vocabulary)
+(examples/bench_kimi_encode.rs vs kimi_reference.py; 3 passes each, first and best shown;
+token totals and id checksums compared).
+
 usage: bench.py [--sizes 100000,1000000] [--skip-python] [--spool PATH]
                 [--ablate] [--spool-glibc PATH]
+                [--kimi [--encoder PATH] [--corpus 100000]]
 """
 import argparse
 import json
@@ -38,6 +47,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from cargo_target import release_bin  # noqa: E402 (bench/cargo_target.py)
 from spool_toml import write_config  # noqa: E402 (bench/spool_toml.py)
 TOK = os.path.join(ROOT, "tests", "fixtures", "tokenizers", "qwen3")
+KIMI = os.path.join(ROOT, "tests", "fixtures", "tokenizers", "kimi-k2")
 DATA = os.path.join(ROOT, "target", "bench-data")
 
 
@@ -70,16 +80,19 @@ def ensure_data(n):
     return path
 
 
-def spool_config(d, prompts):
+def spool_config(d, prompts, kimi=False):
+    if kimi:
+        return write_config(d, "bench", prompts, tail=f'''[tokenizer]
+path = "{KIMI}"''')
     return write_config(d, "bench", prompts, tail=f'''[tokenizer]
 path = "{TOK}/tokenizer.json"
 chat_template = "{TOK}/tokenizer_config.json"''')
 
 
-def bench_spool(spool, prompts, env=None):
+def bench_spool(spool, prompts, env=None, kimi=False):
     d = tempfile.mkdtemp(prefix="spool-bench-", dir=DATA)
     try:
-        cfg = spool_config(d, prompts)
+        cfg = spool_config(d, prompts, kimi)
         res = peak_rss_mib(["env", *(env or []), spool, "run", "-c", cfg])
         line = next((l for l in res["err"].splitlines() if " enqueued" in l), None)
         if line is None:
@@ -106,6 +119,99 @@ def bench_python(prompts):
     return r
 
 
+def kimi_corpus(prompts, rows):
+    """The message texts of the first `rows` rows, one {"text"} a line: what the raw
+    encoder benchmark encodes on both sides."""
+    path = os.path.join(DATA, f"kimi-corpus-{rows}.jsonl")
+    if not os.path.exists(path):
+        with open(prompts, encoding="utf-8") as f, open(path + ".tmp", "w", encoding="utf-8") as out:
+            for i, line in enumerate(f):
+                if i == rows:
+                    break
+                row = json.loads(line)
+                turns = row.get("messages") or row.get("conversations")
+                text = "\n".join(t.get("content") or t.get("value") for t in turns)
+                out.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+        os.rename(path + ".tmp", path)
+    return path
+
+
+def repo_corpus():
+    """The repository's own Rust, Python and Markdown (target/ and fixtures left out), in
+    paragraphs of at most ~2,000 characters, one {"text"} a line: prose and code with a far
+    wider vocabulary than the generated prompts."""
+    path = os.path.join(DATA, "kimi-corpus-repo.jsonl")
+    with open(path + ".tmp", "w", encoding="utf-8") as out:
+        for top in ("src", "tests/it", "tests/python", "bench", "docs", "examples", "."):
+            base = os.path.join(ROOT, top)
+            names = sorted(os.listdir(base)) if top == "." else None
+            files = ([os.path.join(base, n) for n in names if n.endswith(".md")] if names is not None
+                     else sorted(os.path.join(r, f) for r, _, fs in os.walk(base) for f in fs
+                                 if f.endswith((".rs", ".py", ".md"))))
+            for fp in files:
+                with open(fp, encoding="utf-8") as f:
+                    chunk = ""
+                    for para in f.read().split("\n\n"):
+                        if chunk and len(chunk) + len(para) > 2000:
+                            out.write(json.dumps({"text": chunk}, ensure_ascii=False) + "\n")
+                            chunk = ""
+                        chunk += para + "\n\n"
+                    if chunk:
+                        out.write(json.dumps({"text": chunk}, ensure_ascii=False) + "\n")
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def json_lines(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"{cmd[0]} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+
+
+def bench_kimi(a):
+    """Kimi: the enqueue path at each size, then the raw encoder against Python tiktoken."""
+    rows = []
+    for n in [int(x) for x in a.sizes.split(",")]:
+        prompts = ensure_data(n)
+        s = bench_spool(a.spool, prompts, kimi=True)
+        rows.append((n, os.path.getsize(prompts) / 2**20, s))
+        print(json.dumps({"impl": "spool, kimi", "n": n, **s}), flush=True)
+    print()
+    print("| impl | prompts | input | prompts/s | tokens/s | loop s | process s | CPU s / 1k prompts | peak RSS |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for n, mib, r in rows:
+        print(f"| spool, Kimi folder | {n:,} | {mib:,.0f} MiB | {r['prompts'] / r['seconds']:,.0f} | "
+              f"{r['tokens'] / r['seconds']:,.0f} | {r['seconds']:.1f} | {r['wall']:.1f} | "
+              f"{1000 * r['cpu_s'] / r['prompts']:.3f} | {r['rss_mib']:,.0f} MiB |")
+    print()
+    enc = a.encoder or str(release_bin().parent / "examples" / "bench_kimi_encode")
+    for corpus in (kimi_corpus(ensure_data(max(a.corpus, 1)), a.corpus), repo_corpus()):
+        mine = json_lines([enc, KIMI, corpus, "3"])
+        theirs = [] if a.skip_python else json_lines(
+            [sys.executable, os.path.join(HERE, "kimi_reference.py"), KIMI, corpus, "3"])
+        results = [("spool", [r for r in mine if "pass" in r])]
+        for name in ("tiktoken", "vendor encode"):
+            results.append((f"python {name}", [r for r in theirs if r.get("impl") == name]))
+        loads = {"spool": round(mine[0]["load_seconds"], 3)}
+        if theirs:
+            loads["python"] = round(theirs[0]["load_seconds"], 3)
+        print(f"raw encoder, one thread: corpus {os.path.basename(corpus)}, tokenizer load s {loads}")
+        print("| impl | texts | MB | tokens | first pass s | best of 3 s | MB/s (best) | tokens/s (best) | ids |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+        want = results[0][1][0]
+        for name, passes in results:
+            if not passes:
+                continue
+            best = min(passes, key=lambda r: r["seconds"])
+            same = all(r["tokens"] == want["tokens"] and r["checksum"] == want["checksum"] for r in passes)
+            print(f"| {name} | {best['texts']:,} | {best['bytes'] / 1e6:,.1f} | {best['tokens']:,} | "
+                  f"{passes[0]['seconds']:.2f} | {best['seconds']:.2f} | "
+                  f"{best['bytes'] / 1e6 / best['seconds']:,.2f} | "
+                  f"{best['tokens'] / best['seconds']:,.0f} | {'same' if same else 'DIFFER'} |")
+        print()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="100000,1000000")
@@ -113,9 +219,17 @@ def main():
     ap.add_argument("--spool", help="spool binary (default: the release build, wherever cargo put it)")
     ap.add_argument("--ablate", action="store_true")
     ap.add_argument("--spool-glibc")
+    ap.add_argument("--kimi", action="store_true")
+    ap.add_argument("--encoder", help="examples/bench_kimi_encode (default: the release build)")
+    ap.add_argument("--corpus", type=int, default=100_000)
     a = ap.parse_args()
     a.spool = a.spool or str(release_bin())
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.platform()}, python {platform.python_version()}")
+    if a.kimi:
+        import tiktoken
+        print(f"tiktoken {tiktoken.__version__}")
+        bench_kimi(a)
+        return
     try:
         import tokenizers, transformers
         print(f"transformers {transformers.__version__}, tokenizers {tokenizers.__version__}")

@@ -11,8 +11,15 @@
 //! out of its shard every item a record before `seq` holds (whoever wrote it), and if
 //! another writer takes `seq` first it reads that record and checks again at `seq + 1`.
 //! Invariant: a record names an object that was wholly uploaded before the record existed.
+//! Invariant: nothing read from the store is trusted. A record is used only if it is one
+//! a worker of this job could have written ([`check`]): filed under its own partition and
+//! sequence number, of this job's partition count, a dataset name that is a safe folder
+//! name, its items owned by its partition and held by no earlier record, a shard exactly
+//! at [`shard_key`] of its writer, dataset, index and sha256 when it has items, and none
+//! when it has none. Anything else, and any other object among the records, is
+//! [`CommitError::Untrusted`], naming the object: never a path, a skipped item or a copy.
 
-use crate::cluster::partition::Partition;
+use crate::cluster::partition::{self, Partition};
 use crate::output::bucket::{Bucket, BucketError, Created};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
@@ -20,6 +27,19 @@ use std::sync::Arc;
 
 /// The record's format; a reader refuses a newer one rather than misread it.
 pub const FORMAT: u32 = 1;
+
+/// The most bytes a commit record, done marker or status object is read into memory: far
+/// above what a worker writes (a record lists one shard's item ids), far below harm.
+pub const RECORD_BYTES: u64 = 64 << 20;
+
+/// Names under the output prefix that are spool's own, so no dataset may have them.
+pub const RESERVED: [&str; 2] = ["_spool", "_manifest.json"];
+
+/// Whether `name` can be a dataset's folder under the output prefix: a config dataset
+/// name (`config::valid_name`) other than spool's own names.
+pub fn is_dataset_name(name: &str) -> bool {
+    crate::config::valid_name(name) && !RESERVED.contains(&name)
+}
 
 /// Failures of the commit log: the store's, or a record that is not what spool writes.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +58,30 @@ pub enum CommitError {
         seq: u64,
         key: String,
     },
+    /// An object no worker of this job could have written where a record or marker
+    /// belongs: forged, edited by hand, or another job's.
+    #[error("{key}: not a record this job's workers wrote: {detail}; nothing was published from it (move it out of the prefix once you know where it came from)")]
+    Untrusted { key: String, detail: String },
+}
+
+impl CommitError {
+    /// The object at fault, when the error is about one (not about reaching the store).
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            CommitError::Bucket(_) => None,
+            CommitError::Malformed { key, .. }
+            | CommitError::Newer { key, .. }
+            | CommitError::Gap { key, .. }
+            | CommitError::Untrusted { key, .. } => Some(key),
+        }
+    }
+}
+
+fn untrusted(key: &str, detail: impl Into<String>) -> CommitError {
+    CommitError::Untrusted {
+        key: key.into(),
+        detail: detail.into(),
+    }
 }
 
 /// One shard that counts: what a reader, `finalize` and `verify` need to know of it.
@@ -94,6 +138,15 @@ pub fn rejected_key(p: u32, dataset: &str) -> String {
     format!("{}/rejected/{dataset}.jsonl", partition_prefix(p))
 }
 
+/// The dataset of `key` when it is partition `p`'s rejected rows of a dataset
+/// ([`rejected_key`] of a dataset name).
+pub fn rejected_dataset(p: u32, key: &str) -> Option<&str> {
+    let name = key
+        .strip_prefix(&format!("{}/rejected/", partition_prefix(p)))?
+        .strip_suffix(".jsonl")?;
+    is_dataset_name(name).then_some(name)
+}
+
 /// The key of the status (`spool status --json`'s form) a worker leaves when it stops.
 pub fn status_key(p: u32) -> String {
     format!("{}/status.json", partition_prefix(p))
@@ -146,17 +199,26 @@ impl CommitLog {
             .bucket
             .list(&format!("{}/commits/", partition_prefix(partition.index)))
             .await?;
+        for (key, _) in &listed {
+            if record_seq(partition.index, key).is_none() {
+                return Err(untrusted(
+                    key,
+                    "not a commit record (they are named commits/NNNNNNNNNN.json)",
+                ));
+            }
+        }
         let n = listed.len() as u64;
         for seq in 0..n {
             let key = commit_key(partition.index, seq);
-            let Some(body) = log.bucket.get(&key).await? else {
+            let Some(body) = log.bucket.get_capped(&key, RECORD_BYTES).await? else {
                 return Err(CommitError::Gap {
                     partition: partition.index,
                     seq,
                     key,
                 });
             };
-            log.push(parse(&key, &body)?);
+            let c = parse(&key, &body)?;
+            log.push(&key, seq, c)?;
         }
         // Records created between the listing and now.
         log.catch_up().await?;
@@ -166,21 +228,37 @@ impl CommitLog {
     /// Reads records past the last one known, if any were created since.
     pub async fn catch_up(&mut self) -> Result<(), CommitError> {
         loop {
-            let key = commit_key(self.partition.index, self.commits.len() as u64);
-            match self.bucket.get(&key).await? {
+            let seq = self.commits.len() as u64;
+            let key = commit_key(self.partition.index, seq);
+            match self.bucket.get_capped(&key, RECORD_BYTES).await? {
                 Some(body) => {
                     let c = parse(&key, &body)?;
-                    self.push(c);
+                    self.push(&key, seq, c)?;
                 }
                 None => return Ok(()),
             }
         }
     }
 
-    fn push(&mut self, c: Commit) {
+    /// Adds record `seq` (read from `key`) once it is one this job could have written and
+    /// holds no item an earlier record holds.
+    fn push(&mut self, key: &str, seq: u64, c: Commit) -> Result<(), CommitError> {
+        check(key, &c, self.partition, seq)?;
+        if let Some(held) = self.ids.get(&c.dataset) {
+            if let Some(id) = c.ids.iter().find(|id| held.contains(*id)) {
+                return Err(untrusted(
+                    key,
+                    format!(
+                        "it holds item {id:?} of dataset `{}`, which an earlier record of partition {} holds",
+                        c.dataset, self.partition.index
+                    ),
+                ));
+            }
+        }
         let set = self.ids.entry(c.dataset.clone()).or_default();
         Arc::make_mut(set).extend(c.ids.iter().cloned());
         self.commits.push(c);
+        Ok(())
     }
 
     /// Every record read, in sequence order.
@@ -230,16 +308,136 @@ impl CommitLog {
         })?;
         match self.bucket.create(&key, body.into()).await? {
             Created::Mine => {
-                self.push(c);
+                self.push(&key, seq, c)?;
                 Ok(Appended::Committed(seq))
             }
             Created::Theirs(existing) => {
                 let theirs = parse(&key, &existing)?;
-                self.push(theirs);
+                self.push(&key, seq, theirs)?;
                 Ok(Appended::Lost(seq))
             }
         }
     }
+}
+
+/// The sequence number of `key` when it is the name of a record of partition `p`.
+fn record_seq(p: u32, key: &str) -> Option<u64> {
+    let name = key.strip_prefix(&format!("{}/commits/", partition_prefix(p)))?;
+    let digits = name.strip_suffix(".json")?;
+    (digits.len() == 10 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// Whether `s` is a hex sha256 as spool writes them (64 lower-case digits).
+pub fn is_sha256(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Refuses record `c`, read from `key` as commit `seq` of partition `p`, unless a worker
+/// of this job could have written it (module invariants).
+pub fn check(key: &str, c: &Commit, p: Partition, seq: u64) -> Result<(), CommitError> {
+    let no = |detail: String| Err(untrusted(key, detail));
+    if c.partition != p.index {
+        return no(format!(
+            "it says partition {}, but is filed under partition {}",
+            c.partition, p.index
+        ));
+    }
+    if c.partitions != p.count {
+        return no(format!(
+            "it says partitions = {}, but this job has {}",
+            c.partitions, p.count
+        ));
+    }
+    if c.seq != seq {
+        return no(format!(
+            "it says seq {}, but is filed as commit {seq}",
+            c.seq
+        ));
+    }
+    if !is_dataset_name(&c.dataset) {
+        return no(format!(
+            "dataset {:?} is not a dataset name ([A-Za-z0-9_.-]+, not `.`, `..`, `_spool` or `_manifest.json`)",
+            c.dataset
+        ));
+    }
+    if !crate::config::valid_name(&c.writer) {
+        return no(format!("writer {:?} is not a writer id", c.writer));
+    }
+    match &c.key {
+        None => {
+            if !c.ids.is_empty() || c.rows > 0 || c.completion_tokens > 0 {
+                return no(format!(
+                    "it lists {} items ({} rows) but no shard: they would count as committed and never be published",
+                    c.ids.len(),
+                    c.rows
+                ));
+            }
+        }
+        Some(k) => {
+            if !is_sha256(&c.sha256) {
+                return no(format!("sha256 {:?} is not a sha256", c.sha256));
+            }
+            let expected = shard_key(p.index, &c.writer, &c.dataset, c.local_index, &c.sha256);
+            if *k != expected {
+                return no(format!(
+                    "its shard key {k:?} is not where its writer uploads that shard ({expected})"
+                ));
+            }
+            if c.ids.is_empty() || c.rows < c.ids.len() as u64 || c.bytes == 0 {
+                return no(format!(
+                    "a shard of {} rows and {} bytes cannot hold {} items",
+                    c.rows,
+                    c.bytes,
+                    c.ids.len()
+                ));
+            }
+        }
+    }
+    let mut seen = HashSet::with_capacity(c.ids.len());
+    for id in &c.ids {
+        if !seen.insert(id.as_str()) {
+            return no(format!("it lists item {id:?} twice"));
+        }
+        let owner = partition::owner(&c.dataset, id, p.count);
+        if owner != p.index {
+            return no(format!(
+                "item {id:?} of `{}` belongs to partition {owner}",
+                c.dataset
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Reads partition `p`'s done marker (`None` when it has none), refusing one that is not
+/// this partition's.
+pub async fn read_done(bucket: &Bucket, p: Partition) -> Result<Option<Done>, CommitError> {
+    let key = done_key(p.index);
+    let Some(body) = bucket.get_capped(&key, RECORD_BYTES).await? else {
+        return Ok(None);
+    };
+    let d: Done = serde_json::from_slice(&body).map_err(|e| CommitError::Malformed {
+        key: key.clone(),
+        detail: e.to_string(),
+    })?;
+    if d.partition != p.index || d.partitions != p.count {
+        return Err(untrusted(
+            &key,
+            format!(
+                "it says partition {} of {}, but is filed under partition {} of {}",
+                d.partition, d.partitions, p.index, p.count
+            ),
+        ));
+    }
+    if !crate::config::valid_name(&d.writer) {
+        return Err(untrusted(
+            &key,
+            format!("writer {:?} is not a writer id", d.writer),
+        ));
+    }
+    Ok(Some(d))
 }
 
 /// Parses a record, refusing another partition's or a newer format's.
@@ -260,4 +458,167 @@ pub fn parse(key: &str, body: &[u8]) -> Result<Commit, CommitError> {
         key: key.into(),
         detail: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::bucket::BucketOptions;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// Ids of `dataset` that partition `index` of `count` owns.
+    fn owned(dataset: &str, index: u32, count: u32, n: usize) -> Vec<String> {
+        (0..)
+            .map(|i| format!("id{i}"))
+            .filter(|id| partition::owner(dataset, id, count) == index)
+            .take(n)
+            .collect()
+    }
+
+    fn record(p: Partition, seq: u64, ids: Vec<String>) -> Commit {
+        let sha = "ab".repeat(32);
+        Commit {
+            format: FORMAT,
+            partition: p.index,
+            partitions: p.count,
+            seq,
+            writer: "0123456789abcdef".into(),
+            dataset: "d".into(),
+            local_index: seq,
+            key: Some(shard_key(p.index, "0123456789abcdef", "d", seq, &sha)),
+            rows: ids.len() as u64 * 2,
+            completion_tokens: 10,
+            bytes: 100,
+            sha256: sha,
+            dropped: 0,
+            over_share: 0,
+            ids,
+            spool_version: "0".into(),
+        }
+    }
+
+    /// A record as a worker writes it passes; each way a record can be one no worker of
+    /// this job wrote is refused by name — partition, count, sequence number, dataset name,
+    /// writer, items without a shard, a shard at another key or with a bad checksum, too
+    /// few rows, an item twice, an item of another partition.
+    #[test]
+    fn only_records_a_worker_could_write_pass() {
+        let p = Partition { index: 1, count: 2 };
+        let good = record(p, 3, owned("d", 1, 2, 4));
+        let key = commit_key(1, 3);
+        check(&key, &good, p, 3).unwrap();
+        let foreign = owned("d", 0, 2, 1);
+        type Edit = Box<dyn Fn(&mut Commit)>;
+        let cases: Vec<(&str, Edit)> = vec![
+            ("partition", Box::new(|c| c.partition = 0)),
+            ("partitions", Box::new(|c| c.partitions = 3)),
+            ("seq", Box::new(|c| c.seq = 4)),
+            ("dataset", Box::new(|c| c.dataset = "../x".into())),
+            ("dataset", Box::new(|c| c.dataset = "_spool".into())),
+            ("dataset", Box::new(|c| c.dataset = "/abs".into())),
+            ("writer", Box::new(|c| c.writer = "a/b".into())),
+            ("no shard", Box::new(|c| c.key = None)),
+            (
+                "shard key",
+                Box::new(|c| c.key = Some("_manifest.json".into())),
+            ),
+            ("sha256", Box::new(|c| c.sha256 = "AB".repeat(32))),
+            ("cannot hold", Box::new(|c| c.rows = 1)),
+            ("twice", Box::new(|c| c.ids.push(c.ids[0].clone()))),
+            ("belongs to partition 0", {
+                let f = foreign.clone();
+                Box::new(move |c| c.ids.push(f[0].clone()))
+            }),
+        ];
+        for (word, edit) in cases {
+            let mut c = good.clone();
+            edit(&mut c);
+            let e = check(&key, &c, p, 3).unwrap_err();
+            let said = e.to_string();
+            assert!(
+                matches!(e, CommitError::Untrusted { .. })
+                    && said.contains(&key)
+                    && said.contains(word),
+                "{word}: {said}"
+            );
+        }
+        // A record of no items and no shard is what a worker writes when others had them all.
+        let mut none = good.clone();
+        none.key = None;
+        none.ids.clear();
+        none.rows = 0;
+        none.completion_tokens = 0;
+        check(&key, &none, p, 3).unwrap();
+    }
+
+    /// The log refuses, by name, a record holding an item an earlier one holds, any object
+    /// among the records that is not a record, and a record larger than any spool writes;
+    /// a done marker of another partition is refused.
+    #[test]
+    fn the_log_refuses_overlaps_strays_and_giants() {
+        rt().block_on(async {
+            let b = Arc::new(Bucket::open("memory://", &BucketOptions::default()).unwrap());
+            let p = Partition { index: 0, count: 1 };
+            let ids = owned("d", 0, 1, 3);
+            let put = |seq: u64, c: &Commit| {
+                let b = b.clone();
+                let body = serde_json::to_vec(c).unwrap();
+                async move { b.put(&commit_key(0, seq), body.into()).await.unwrap() }
+            };
+            put(0, &record(p, 0, ids.clone())).await;
+            put(1, &record(p, 1, vec![ids[1].clone()])).await;
+            let e = CommitLog::load(b.clone(), p).await.err().unwrap();
+            assert_eq!(e.key(), Some(commit_key(0, 1).as_str()), "{e}");
+            assert!(e.to_string().contains("earlier record"), "{e}");
+
+            b.delete(&commit_key(0, 1)).await.unwrap();
+            b.put("_spool/p0000/commits/x.json", "{}".into())
+                .await
+                .unwrap();
+            let e = CommitLog::load(b.clone(), p).await.err().unwrap();
+            assert_eq!(e.key(), Some("_spool/p0000/commits/x.json"), "{e}");
+            b.delete("_spool/p0000/commits/x.json").await.unwrap();
+
+            let giant = vec![b' '; RECORD_BYTES as usize + 1];
+            b.put(&commit_key(0, 1), giant.into()).await.unwrap();
+            let e = CommitLog::load(b.clone(), p).await.err().unwrap();
+            assert!(e.to_string().contains("more than"), "{e}");
+            b.delete(&commit_key(0, 1)).await.unwrap();
+            assert_eq!(
+                CommitLog::load(b.clone(), p).await.unwrap().commits().len(),
+                1
+            );
+
+            let done = Done {
+                partition: 2,
+                partitions: 1,
+                writer: "w".into(),
+                commits: 1,
+                spool_version: "0".into(),
+            };
+            b.put(&done_key(0), serde_json::to_vec(&done).unwrap().into())
+                .await
+                .unwrap();
+            let e = read_done(&b, p).await.unwrap_err();
+            assert!(matches!(e, CommitError::Untrusted { .. }), "{e}");
+            assert_eq!(
+                rejected_dataset(0, "_spool/p0000/rejected/a.b-c.jsonl"),
+                Some("a.b-c")
+            );
+            assert_eq!(
+                rejected_dataset(0, "_spool/p0000/rejected/x/../y.jsonl"),
+                None
+            );
+            assert_eq!(
+                rejected_dataset(0, "_spool/p0000/rejected/_spool.jsonl"),
+                None
+            );
+        });
+    }
 }

@@ -11,12 +11,19 @@
 //! it lists; finalize publishes only committed shards, and committed shards hold disjoint
 //! items (`commits`), so the published folder holds every committed item exactly once;
 //! finalize is idempotent (the names are fixed by the log), so a failed one is run again.
+//! Nothing read from the store is trusted: finalize publishes nothing until every record,
+//! done marker and rejected-rows object of every partition has passed `commits::check`
+//! (one that fails is an error naming it), and a published shard stays only if its bytes
+//! have the size and sha256 its record names; `verify` reports each refused object;
+//! a manifest is used only once its dataset names are dataset names and its shard paths
+//! the published names ([`check_manifest`]), so `export` never writes outside its scratch.
 
-use crate::cluster::commits::{self, CommitLog, Done};
+use crate::cluster::commits::{self, CommitError, CommitLog};
 use crate::cluster::partition::Partition;
 use crate::error::{Context, Error};
 use crate::output::bucket::Bucket;
 use crate::output::reader;
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -26,6 +33,13 @@ pub const MANIFEST: &str = "_manifest.json";
 
 /// The manifest's format.
 pub const FORMAT: u32 = 1;
+
+/// The most bytes of `_manifest.json` read into memory (a manifest lists every shard: a few
+/// hundred bytes each).
+pub const MANIFEST_BYTES: u64 = 512 << 20;
+
+/// Shards copied and checked at once by `finalize`.
+const PUBLISH_IN_FLIGHT: usize = 4;
 
 /// `_manifest.json`: the published output, for readers and `verify`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -88,27 +102,41 @@ pub struct PartitionState {
     pub live: bool,
 }
 
-/// Reads every partition's log and done marker.
+/// Reads every partition's log and done marker; a record or marker no worker of this
+/// job could have written is an error naming it.
 pub async fn partitions(
     bucket: &Arc<Bucket>,
     count: u32,
 ) -> Result<Vec<(PartitionState, CommitLog)>, Error> {
     let mut out = Vec::new();
     for index in 0..count {
-        let log = CommitLog::load(bucket.clone(), Partition { index, count }).await?;
-        let done = match bucket.get(&commits::done_key(index)).await? {
-            Some(body) => serde_json::from_slice::<Done>(&body).is_ok(),
-            None => false,
-        };
+        let p = Partition { index, count };
+        let log = CommitLog::load(bucket.clone(), p).await?;
+        let done = commits::read_done(bucket, p).await?.is_some();
         let mut pending = BTreeMap::new();
         let mut live = false;
-        if let Some(body) = bucket.get(&commits::status_key(index)).await? {
-            if let Ok(r) = serde_json::from_slice::<crate::observe::status::StatusReport>(&body) {
-                live = r.running && !done;
-                for d in r.datasets {
-                    pending.insert(d.name, d.pending);
+        let key = commits::status_key(index);
+        // Shown only: a status object that is not a worker's is left out, said once.
+        match bucket.get_capped(&key, commits::RECORD_BYTES).await {
+            Ok(Some(body)) => {
+                match serde_json::from_slice::<crate::observe::status::StatusReport>(&body) {
+                    Ok(r) if r.datasets.iter().all(|d| commits::is_dataset_name(&d.name)) => {
+                        live = r.running && !done;
+                        for d in r.datasets {
+                            pending.insert(d.name, d.pending);
+                        }
+                    }
+                    Ok(_) => tracing::warn!(key = %key,
+                        "a status object whose dataset names are not dataset names; its pending counts are not shown"),
+                    Err(e) => tracing::warn!(key = %key, error = %e,
+                        "not a status report; its pending counts are not shown"),
                 }
             }
+            Ok(None) => {}
+            Err(e @ crate::output::bucket::BucketError::TooLarge { .. }) => {
+                tracing::warn!(error = %e, "its pending counts are not shown")
+            }
+            Err(e) => return Err(e.into()),
         }
         let mut datasets: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
         for c in log.commits() {
@@ -153,12 +181,30 @@ pub async fn finalize(
             keys.join(", ")
         )));
     }
+    // Every rejected-rows object is checked before anything is published.
+    let mut rejected = Vec::new();
+    for (state, _) in &parts {
+        let prefix = format!("{}/rejected/", commits::partition_prefix(state.partition));
+        for (key, _) in bucket.list(&prefix).await? {
+            let Some(dataset) = commits::rejected_dataset(state.partition, &key) else {
+                return Err(CommitError::Untrusted {
+                    key,
+                    detail: "not a partition's rejected rows (`rejected/<dataset>.jsonl`, a dataset name)"
+                        .into(),
+                }
+                .into());
+            };
+            let dest = format!("{dataset}/_rejected-{:04}.jsonl", state.partition);
+            rejected.push((dataset.to_string(), key.clone(), dest));
+        }
+    }
     let mut manifest = Manifest {
         format: FORMAT,
         spool_version: env!("CARGO_PKG_VERSION").to_string(),
         partitions: count,
         datasets: BTreeMap::new(),
     };
+    let mut copies = Vec::new();
     for (state, log) in &parts {
         for c in log.commits() {
             let d = manifest.datasets.entry(c.dataset.clone()).or_default();
@@ -166,15 +212,11 @@ pub async fn finalize(
                 continue;
             };
             let dest = published_key(&c.dataset, state.partition, c.seq);
-            bucket
-                .copy(key, &dest)
-                .await
-                .with_context(|| format!("cannot publish {key} as {dest}"))?;
             d.rows += c.rows;
             d.items += c.ids.len() as u64;
             d.completion_tokens += c.completion_tokens;
             d.shards.push(ManifestShard {
-                path: dest,
+                path: dest.clone(),
                 rows: c.rows,
                 completion_tokens: c.completion_tokens,
                 bytes: c.bytes,
@@ -182,35 +224,26 @@ pub async fn finalize(
                 partition: state.partition,
                 commit: c.seq,
             });
+            copies.push((commits::commit_key(state.partition, c.seq), key, dest, c));
         }
     }
-    for (state, _) in &parts {
-        for (key, _) in bucket
-            .list(&format!(
-                "{}/rejected/",
-                commits::partition_prefix(state.partition)
-            ))
-            .await?
-        {
-            let Some(dataset) = key
-                .rsplit('/')
-                .next()
-                .and_then(|n| n.strip_suffix(".jsonl"))
-            else {
-                continue;
-            };
-            let dest = format!("{dataset}/_rejected-{:04}.jsonl", state.partition);
-            bucket
-                .copy(&key, &dest)
-                .await
-                .with_context(|| format!("cannot publish {key} as {dest}"))?;
-            manifest
-                .datasets
-                .entry(dataset.to_string())
-                .or_default()
-                .rejected
-                .push(dest);
-        }
+    let published: Vec<Result<(), Error>> = futures_util::stream::iter(copies)
+        .map(|(record, key, dest, c)| publish(bucket, record, key, dest, c))
+        .buffer_unordered(PUBLISH_IN_FLIGHT)
+        .collect()
+        .await;
+    published.into_iter().collect::<Result<Vec<()>, Error>>()?;
+    for (dataset, key, dest) in rejected {
+        bucket
+            .copy(&key, &dest)
+            .await
+            .with_context(|| format!("cannot publish {key} as {dest}"))?;
+        manifest
+            .datasets
+            .entry(dataset)
+            .or_default()
+            .rejected
+            .push(dest);
     }
     for (name, d) in manifest.datasets.iter_mut() {
         d.budget = budgets.get(name).copied();
@@ -218,6 +251,103 @@ pub async fn finalize(
     let body = serde_json::to_vec_pretty(&manifest)?;
     bucket.put(MANIFEST, body.into()).await?;
     Ok(manifest)
+}
+
+/// Copies committed shard `key` (of `record`) to `dest` and checks the copy's size and
+/// sha256 against the record; a copy that differs is deleted and the error names both.
+async fn publish(
+    bucket: &Arc<Bucket>,
+    record: String,
+    key: &str,
+    dest: String,
+    c: &commits::Commit,
+) -> Result<(), Error> {
+    bucket
+        .copy(key, &dest)
+        .await
+        .with_context(|| format!("cannot publish {key} as {dest}"))?;
+    let got = bucket.checksum(&dest).await?;
+    match got {
+        Some(u) if u.sha256 == c.sha256 && u.bytes == c.bytes => Ok(()),
+        got => {
+            bucket.delete(&dest).await?;
+            let (bytes, sha) = got.map_or((0, "(none)".to_string()), |u| (u.bytes, u.sha256));
+            Err(Error::msg(format!(
+                "{record}: its shard {key} is {bytes} bytes of sha256 {sha}, but the record says {} bytes of sha256 {}; not published (the object changed after it was committed)",
+                c.bytes, c.sha256
+            )))
+        }
+    }
+}
+
+/// What is wrong with a manifest as spool writes them: dataset names that are not
+/// dataset names, shard paths that are not the published names, checksums that are not
+/// sha256s, partitions outside the job. Each problem names what it is about.
+pub fn check_manifest(m: &Manifest) -> Vec<String> {
+    let mut out = Vec::new();
+    if m.format > FORMAT {
+        out.push(format!(
+            "format {}, newer than this spool's {FORMAT}; use a newer spool",
+            m.format
+        ));
+        return out;
+    }
+    if m.partitions == 0 {
+        out.push("partitions = 0".into());
+    }
+    for (name, d) in &m.datasets {
+        if !commits::is_dataset_name(name) {
+            out.push(format!(
+                "dataset {name:?} is not a dataset name ([A-Za-z0-9_.-]+, not `.`, `..`, `_spool` or `_manifest.json`)"
+            ));
+            continue;
+        }
+        for s in &d.shards {
+            let expected = published_key(name, s.partition, s.commit);
+            if s.partition >= m.partitions {
+                out.push(format!(
+                    "shard {:?} of `{name}` is of partition {}, outside the job's {}",
+                    s.path, s.partition, m.partitions
+                ));
+            } else if s.path != expected {
+                out.push(format!(
+                    "shard path {:?} of `{name}` is not its published name {expected}",
+                    s.path
+                ));
+            } else if !commits::is_sha256(&s.sha256) {
+                out.push(format!(
+                    "shard {} has sha256 {:?}, not a sha256",
+                    s.path, s.sha256
+                ));
+            }
+        }
+        for r in &d.rejected {
+            let ok = (0..m.partitions).any(|p| *r == format!("{name}/_rejected-{p:04}.jsonl"));
+            if !ok {
+                out.push(format!(
+                    "rejected rows {r:?} of `{name}` are not a published name"
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Reads and checks `_manifest.json`: `None` when there is none.
+async fn read_manifest(bucket: &Bucket) -> Result<Option<Result<Manifest, String>>, Error> {
+    let Some(body) = bucket.get_capped(MANIFEST, MANIFEST_BYTES).await? else {
+        return Ok(None);
+    };
+    let m: Manifest = match serde_json::from_slice(&body) {
+        Ok(m) => m,
+        Err(e) => return Ok(Some(Err(format!("not a manifest: {e}")))),
+    };
+    let problems = check_manifest(&m);
+    Ok(Some(if problems.is_empty() {
+        Ok(m)
+    } else {
+        Err(problems.join("; "))
+    }))
 }
 
 /// What `verify` found wrong with the published output.
@@ -233,10 +363,12 @@ impl std::fmt::Display for PublishedProblem {
     }
 }
 
-/// Checks the published output against the manifest and the commit logs: every listed
-/// shard is there with its size, checksum and rows; each (id, sample, turn) appears once
-/// per dataset; no `.parquet` object in a dataset folder is unlisted; every committed
-/// shard is listed. Shards are downloaded one at a time into `scratch`.
+/// Checks the published output against the manifest and the commit logs: every record
+/// and done marker is one this job's workers wrote (each refused one is a problem naming
+/// it); the manifest is one spool writes; every listed shard is there with its size,
+/// checksum and rows, and is the one its commit record names; each (id, sample, turn)
+/// appears once per dataset; no `.parquet` object in a dataset folder is unlisted; every
+/// committed shard is listed. Shards are downloaded one at a time into `scratch`.
 pub async fn verify(
     bucket: &Arc<Bucket>,
     count: u32,
@@ -247,28 +379,73 @@ pub async fn verify(
         path: path.to_string(),
         detail,
     };
-    let Some(body) = bucket.get(MANIFEST).await? else {
-        problems.push(problem(
-            MANIFEST,
-            "missing: `spool finalize` has not run (readers must wait for it)".into(),
-        ));
-        return Ok((None, problems));
-    };
-    let manifest: Manifest = match serde_json::from_slice(&body) {
-        Ok(m) => m,
-        Err(e) => {
-            problems.push(problem(MANIFEST, format!("not a manifest: {e}")));
-            return Ok((None, problems));
+    let refused = |e: CommitError| -> Result<PublishedProblem, Error> {
+        match e.key() {
+            Some(key) => Ok(PublishedProblem {
+                path: key.to_string(),
+                detail: e.to_string().replacen(&format!("{key}: "), "", 1),
+            }),
+            None => Err(e.into()),
         }
     };
-    std::fs::create_dir_all(scratch)
-        .with_context(|| format!("cannot create {}", scratch.display()))?;
+    // The logs, each read as far as it can be trusted.
+    let mut logs: Vec<(u32, CommitLog)> = Vec::new();
+    for index in 0..count {
+        let p = Partition { index, count };
+        match CommitLog::load(bucket.clone(), p).await {
+            Ok(log) => logs.push((index, log)),
+            Err(e) => problems.push(refused(e)?),
+        }
+        if let Err(e) = commits::read_done(bucket, p).await {
+            problems.push(refused(e)?);
+        }
+    }
+    let manifest = match read_manifest(bucket).await? {
+        None => {
+            problems.push(problem(
+                MANIFEST,
+                "missing: `spool finalize` has not run (readers must wait for it)".into(),
+            ));
+            return Ok((None, problems));
+        }
+        Some(Err(detail)) => {
+            problems.push(problem(MANIFEST, detail));
+            return Ok((None, problems));
+        }
+        Some(Ok(m)) => m,
+    };
+    if manifest.partitions != count {
+        problems.push(problem(
+            MANIFEST,
+            format!(
+                "a job of {} partitions, but this config's has {count}",
+                manifest.partitions
+            ),
+        ));
+    }
+    let record_of = |partition: u32, seq: u64| {
+        logs.iter()
+            .find(|(i, _)| *i == partition)
+            .and_then(|(_, l)| l.commits().get(seq as usize))
+    };
     let mut listed: HashSet<String> = HashSet::new();
     for (name, d) in &manifest.datasets {
         let mut seen: HashMap<(String, u32, u32), String> = HashMap::new();
         let (mut rows, mut tokens) = (0u64, 0u64);
         for s in &d.shards {
             listed.insert(s.path.clone());
+            let record = commits::commit_key(s.partition, s.commit);
+            match record_of(s.partition, s.commit) {
+                Some(c) if c.key.is_some() && c.dataset == *name && c.sha256 == s.sha256 => {}
+                Some(_) => problems.push(problem(
+                    &s.path,
+                    format!("listed in the manifest, but {record} commits another shard"),
+                )),
+                None => problems.push(problem(
+                    &s.path,
+                    format!("listed in the manifest, but there is no usable record {record}"),
+                )),
+            }
             let local = scratch.join("shard.parquet");
             match bucket.head(&s.path).await? {
                 None => {
@@ -311,7 +488,7 @@ pub async fn verify(
                 if r.dataset != *name {
                     problems.push(problem(
                         &s.path,
-                        format!("row of dataset `{}` (id `{}`) in `{name}`", r.dataset, r.id),
+                        format!("row of dataset {:?} (id {:?}) in `{name}`", r.dataset, r.id),
                     ));
                 }
                 let key = (r.id, r.sample, r.turn);
@@ -319,7 +496,7 @@ pub async fn verify(
                     problems.push(problem(
                         &s.path,
                         format!(
-                            "id `{}` sample {} turn {} is also in {first}",
+                            "id {:?} sample {} turn {} is also in {first}",
                             key.0, key.1, key.2
                         ),
                     ));
@@ -359,12 +536,12 @@ pub async fn verify(
         }
     }
     let _ = std::fs::remove_file(scratch.join("shard.parquet"));
-    for (state, log) in partitions(bucket, count.max(manifest.partitions)).await? {
+    for (partition, log) in &logs {
         for c in log.commits().iter().filter(|c| c.key.is_some()) {
-            let key = published_key(&c.dataset, state.partition, c.seq);
+            let key = published_key(&c.dataset, *partition, c.seq);
             if !listed.contains(&key) {
                 problems.push(problem(
-                    &commits::commit_key(state.partition, c.seq),
+                    &commits::commit_key(*partition, c.seq),
                     format!(
                         "committed ({} rows) but not published: run `spool finalize` again",
                         c.rows
@@ -506,27 +683,35 @@ impl ClusterStatus {
 
 /// Downloads the published shards of `datasets` (all when empty), as `_manifest.json` lists
 /// them, into `dir/<dataset>/part-NNNNNN.parquet` (numbered in manifest order), so the local
-/// readers (`spool export`) read them as an output folder. Each download is checked
-/// against the manifest's sha256.
+/// readers (`spool export`) read them as an output folder. A manifest that fails
+/// [`check_manifest`] is refused before anything is written; each download is checked
+/// against the manifest's sha256; folders made here are private (0700).
 pub async fn download_published(
     bucket: &Arc<Bucket>,
     dir: &std::path::Path,
     datasets: &[String],
 ) -> Result<Manifest, Error> {
-    let Some(body) = bucket.get(MANIFEST).await? else {
-        return Err(Error::msg(format!(
-            "{}: no {MANIFEST}: the job is not published yet (run `spool finalize`)",
-            bucket.url()
-        )));
+    let manifest = match read_manifest(bucket).await? {
+        None => {
+            return Err(Error::msg(format!(
+                "{}: no {MANIFEST}: the job is not published yet (run `spool finalize`)",
+                bucket.url()
+            )))
+        }
+        Some(Err(detail)) => {
+            return Err(Error::msg(format!(
+                "{}/{MANIFEST}: not a manifest spool wrote: {detail}; nothing was exported",
+                bucket.url()
+            )))
+        }
+        Some(Ok(m)) => m,
     };
-    let manifest: Manifest = serde_json::from_slice(&body)
-        .map_err(|e| Error::msg(format!("{}/{MANIFEST}: {e}", bucket.url())))?;
     for (name, d) in &manifest.datasets {
         if !datasets.is_empty() && !datasets.contains(name) {
             continue;
         }
         let folder = dir.join(name);
-        std::fs::create_dir_all(&folder)
+        crate::output::files::create_dir_all(&folder, crate::output::files::PRIVATE_DIR_MODE)
             .with_context(|| format!("cannot create {}", folder.display()))?;
         for (k, s) in d.shards.iter().enumerate() {
             let local = folder.join(crate::output::shard::shard_file_name(k as u64));

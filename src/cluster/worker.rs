@@ -68,6 +68,22 @@ pub async fn run(
 ) -> Result<RunSummary, Error> {
     let partition = cfg.partition.unwrap_or(Partition::WHOLE);
     cfg.partition = Some(partition);
+    if let Some(d) = cfg
+        .datasets
+        .iter()
+        .find(|d| !commits::is_dataset_name(&d.name))
+    {
+        return Err(crate::config::ConfigError::Invalid {
+            path: cfg.source.clone(),
+            key: "dataset.name".into(),
+            detail: format!(
+                "`{}` is spool's own name under a cluster job's output ({}); rename the dataset",
+                d.name,
+                commits::RESERVED.join(", ")
+            ),
+        }
+        .into());
+    }
     let bucket = open_bucket(&cfg)?;
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("cannot create data_dir {}", cfg.data_dir.display()))?;
@@ -157,13 +173,25 @@ async fn persevere<T>(
         tries += 1;
         match step().await {
             Ok(v) => return Ok(v),
-            Err(e) if tries >= STEP_TRIES => return Err(e.context(format!("cannot {what}"))),
+            // An object refused as untrusted stays so: no use trying again.
+            Err(e) if tries >= STEP_TRIES || refused(&e) => {
+                return Err(e.context(format!("cannot {what}")))
+            }
             Err(e) => {
                 tracing::warn!(tries, error = %crate::error::render(&e), "cannot {what} yet; trying again");
                 tokio::time::sleep(Duration::from_millis(250 << tries.min(5))).await;
             }
         }
     }
+}
+
+/// Whether `e` is about an object in the store that is not what spool writes (rather than
+/// about reaching the store).
+fn refused(e: &Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<commits::CommitError>()
+            .is_some_and(|c| c.key().is_some())
+    })
 }
 
 /// Sets each budgeted dataset's budget to this partition's share: the split by item

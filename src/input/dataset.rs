@@ -10,15 +10,18 @@
 //! Invariant: a [`PrefixMark`] is only taken at a line end, so an unchanged prefix holds
 //! whole lines, and skipping it leaves the reader where reading them would have.
 
+use super::limits::{size, LimitError, EXPANSION_FLOOR, MAX_EXPANSION, ZSTD_WINDOW_LOG_MAX};
 use super::parquet::ParquetSource;
 use super::row::{Entry, Parser, Raw, RawEntry};
 use std::hash::Hasher as _;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use twox_hash::XxHash64;
 
 /// Longest line accepted; longer lines are rejected without being held in memory.
-pub const MAX_LINE_BYTES: usize = 32 << 20;
+pub const MAX_LINE_BYTES: usize = super::limits::MAX_ROW_BYTES;
 
 /// A prompt file that cannot be read at all (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +41,9 @@ pub enum DatasetError {
     Format { path: PathBuf },
     #[error("dataset file {path}: {detail}")]
     Parquet { path: PathBuf, detail: String },
+    /// Past a file limit (`super::limits`): intake of the dataset stops, the run goes on.
+    #[error(transparent)]
+    Limit(#[from] LimitError),
 }
 
 /// A prefix of a line-based input file: its first `lines` lines are `bytes` bytes
@@ -66,15 +72,69 @@ struct LinePos {
     hasher: XxHash64,
     /// The last byte consumed was a newline (or nothing was consumed): a mark may be taken.
     at_line_end: bool,
+    /// For a compressed file: compressed bytes read so far, to hold the expansion to
+    /// [`MAX_EXPANSION`].
+    compressed: Option<Arc<AtomicU64>>,
 }
 
 impl LinePos {
-    fn new() -> Self {
+    fn new(compressed: Option<Arc<AtomicU64>>) -> Self {
         Self {
             bytes: 0,
             hasher: XxHash64::with_seed(0),
             at_line_end: true,
+            compressed,
         }
+    }
+
+    /// `Err` (the limit passed) once a compressed file has expanded past
+    /// [`MAX_EXPANSION`] times its compressed bytes, beyond [`EXPANSION_FLOOR`].
+    fn check_expansion(&self) -> std::io::Result<()> {
+        let Some(c) = &self.compressed else {
+            return Ok(());
+        };
+        let compressed = c.load(Ordering::Relaxed).max(1);
+        if self.bytes > EXPANSION_FLOOR && self.bytes / compressed > MAX_EXPANSION {
+            return Err(std::io::Error::other(Expanded {
+                decompressed: self.bytes,
+                compressed,
+            }));
+        }
+        Ok(())
+    }
+}
+
+/// A compressed file that expanded past [`MAX_EXPANSION`].
+#[derive(Debug)]
+struct Expanded {
+    decompressed: u64,
+    compressed: u64,
+}
+
+impl std::fmt::Display for Expanded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "decompressed {} from {} of the file, more than {MAX_EXPANSION}× its compressed size (a decompression bomb, or data no real dataset compresses to)",
+            size(self.decompressed),
+            size(self.compressed)
+        )
+    }
+}
+
+impl std::error::Error for Expanded {}
+
+/// A reader counting the bytes it has read (the compressed side of a decoder).
+struct Counted<R> {
+    inner: R,
+    read: Arc<AtomicU64>,
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
     }
 }
 
@@ -100,11 +160,18 @@ impl DatasetReader {
         let source = if name.ends_with(".parquet") {
             Source::Parquet(Box::new(ParquetSource::open(path, file)?))
         } else if name.ends_with(".jsonl.zst") || name.ends_with(".zst") {
-            let dec = zstd::stream::read::Decoder::new(file).map_err(open_err)?;
+            let read = Arc::new(AtomicU64::new(0));
+            let counted = Counted {
+                inner: file,
+                read: read.clone(),
+            };
+            let mut dec = zstd::stream::read::Decoder::new(counted).map_err(open_err)?;
+            // A frame asking for a bigger window is an error, not an allocation.
+            dec.window_log_max(ZSTD_WINDOW_LOG_MAX).map_err(open_err)?;
             Source::Lines {
                 reader: Box::new(BufReader::with_capacity(1 << 16, dec)),
                 buf: Vec::new(),
-                pos: LinePos::new(),
+                pos: LinePos::new(Some(read)),
             }
         } else if name.ends_with(".jsonl") || name.ends_with(".json") || name.ends_with(".ndjson") {
             Source::Lines {
@@ -112,7 +179,7 @@ impl DatasetReader {
                 // reads cost as much system time as the hashing.
                 reader: Box::new(BufReader::with_capacity(1 << 20, file)),
                 buf: Vec::new(),
-                pos: LinePos::new(),
+                pos: LinePos::new(None),
             }
         } else {
             return Err(DatasetError::Format {
@@ -212,10 +279,18 @@ impl DatasetReader {
             Source::Lines { reader, buf, pos } => loop {
                 buf.clear();
                 let (n, too_long) = read_line_capped(reader.as_mut(), buf, MAX_LINE_BYTES, pos)
-                    .map_err(|source| DatasetError::Read {
-                        path: self.path.clone(),
-                        line: self.line + 1,
-                        source,
+                    .map_err(|source| {
+                        match source.get_ref().and_then(|e| e.downcast_ref::<Expanded>()) {
+                            Some(x) => DatasetError::Limit(LimitError {
+                                path: self.path.clone(),
+                                what: format!("line {}: {x}", self.line + 1),
+                            }),
+                            None => DatasetError::Read {
+                                path: self.path.clone(),
+                                line: self.line + 1,
+                                source,
+                            },
+                        }
                     })?;
                 if n == 0 {
                     return Ok(None);
@@ -269,6 +344,7 @@ fn read_line_capped(
         pos.hasher.write(&avail[..take]);
         pos.bytes += take as u64;
         pos.at_line_end = found;
+        pos.check_expansion()?;
         if !too_long {
             if buf.len() + take > cap + 1 {
                 too_long = true;

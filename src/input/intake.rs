@@ -8,9 +8,18 @@
 //! Parallelism: one reader thread cuts the file into chunks of raw rows; `threads` workers
 //! parse, render, tokenize and encode whole chunks; this thread puts the chunks back in file
 //! order and does everything that must be sequential (duplicate ids, `max_prompts`, the
-//! sink's batches). Channels between the stages are bounded, so at most
-//! `MAX_CHUNKS_IN_FLIGHT × CHUNK_ROWS` rows (and one batch) are in memory, whatever the
-//! file size.
+//! sink's batches). Channels between the stages are bounded, and so are the bytes of raw
+//! rows between the reader and the sequential stage (`IN_FLIGHT_BYTES`) and of a batch
+//! (`BATCH_BYTES`), so memory does not depend on the file's size nor on its rows' sizes
+//! (each at most `limits::MAX_ROW_BYTES`).
+//!
+//! With `[tokenizer] source = "server"` ([`IntakeOptions::server`]) the workers ask the
+//! server to render instead: each chunk's new rows are sent to its rendering endpoint
+//! (several requests in flight per worker) and the server's text and ids are what is
+//! enqueued, so the queue keeps the exact ids sent and a restart never asks again. The
+//! cost is the server's tokenizer throughput (one or two requests per row) before the
+//! first generation; a server that cannot be reached stops intake (nothing is rejected
+//! for it, the next run resumes), one that refuses a row rejects that row.
 //!
 //! Invariants: a batch of items and the scan position that covers them are one
 //! [`IntakeSink::commit`], so a crash mid-intake resumes at the first line not taken in;
@@ -22,9 +31,11 @@ use crate::cluster::partition::Partition;
 use crate::config::{DatasetConfig, GenerationSpec, HistoryReasoning, Sampling, Turns};
 use crate::input::dataset::{DatasetError, DatasetReader, PrefixMark};
 use crate::input::dedup::{IdSet, SpillError};
+use crate::input::limits::LimitError;
 use crate::input::row::{Entry, Input, Parser, Raw, RawEntry, Rejection, Row};
 use crate::prompt::conversation::Conversation;
 use crate::prompt::draw::Drawer;
+use crate::prompt::remote::{IdsSource, RemoteError, RemoteRenderer, RenderInput};
 use crate::prompt::{BuiltPrompt, PromptBuilder};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -34,8 +45,13 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Rows per batch handed to the sink.
+/// Rows per batch handed to the sink ...
 const BATCH: usize = 1024;
+/// ... or fewer, once the batch's rows were this many bytes of input.
+const BATCH_BYTES: usize = 32 << 20;
+/// Bytes of raw rows read and not yet taken in by the sequential stage, at most (one
+/// chunk more when a single chunk is larger): with the batch, what intake holds.
+const IN_FLIGHT_BYTES: usize = 64 << 20;
 /// Rows per chunk handed to a worker ...
 const CHUNK_ROWS: usize = 256;
 /// ... or fewer, once the chunk holds this many bytes of raw lines.
@@ -71,6 +87,10 @@ pub enum IntakeError {
     /// The dataset's generation keys cannot be used (the config check refuses them first).
     #[error("dataset `{dataset}`: {detail}")]
     Generation { dataset: String, detail: String },
+    /// No server answered the rendering requests (`source = "server"`); what was taken in
+    /// is kept and the next run resumes.
+    #[error("dataset `{dataset}`: the server could not render prompts: {detail}")]
+    Render { dataset: String, detail: String },
 }
 
 /// What one intake pass did.
@@ -114,6 +134,8 @@ pub struct IntakeOptions {
     pub generation: GenerationSpec,
     /// In a partitioned job: which rows this worker takes in.
     pub filter: Option<ItemFilter>,
+    /// `[tokenizer] source = "server"`: the server renders prompts instead of `builder`.
+    pub server: Option<Arc<dyn RemoteRenderer>>,
 }
 
 /// Which rows of a dataset one partition takes in: those it owns
@@ -143,19 +165,29 @@ struct Render {
     /// The dataset's template variables that every generation gets (`enable_thinking =
     /// false` for `reasoning = "disable"`); a row's `tools` are added to them.
     kwargs: Map<String, Value>,
+    /// See [`IntakeOptions::server`].
+    server: Option<Arc<dyn RemoteRenderer>>,
+}
+
+/// What a row's prompt is, before it is rendered.
+enum Planned {
+    /// Rendered by spool's builder, or the server.
+    Input(RenderInput),
+    /// Sent as the messages themselves, unrendered (`api = "chat"` without a template).
+    AsIs(BuiltPrompt),
 }
 
 impl Render {
-    /// The prompt of one row: its messages (turn 0's request with `turns = "all"`)
-    /// rendered with the dataset's fixed variables and the row's tools.
-    fn build(&self, builder: &PromptBuilder, row: &Row) -> Result<BuiltPrompt, String> {
+    /// What one row's prompt is made of: its messages (turn 0's request with `turns =
+    /// "all"`) with the dataset's fixed variables and the row's tools, or its text.
+    fn plan(&self, builder: &PromptBuilder, row: &Row, server: bool) -> Result<Planned, String> {
         let m = match &row.input {
             Input::Prompt(p) => {
                 if row.tools.is_some() {
                     return Err("`tools` needs `messages` or `conversations` (a `prompt` is                                 sent as is, with no template to put them in)"
                         .into());
                 }
-                return builder.build_text(p).map_err(|e| e.to_string());
+                return Ok(Planned::Input(RenderInput::text(builder, p)));
             }
             Input::Messages(m) => m,
         };
@@ -172,23 +204,34 @@ impl Render {
                 &first
             }
         };
-        if self.server_templates && !builder.has_template() {
-            return Ok(BuiltPrompt {
+        if self.server_templates && !builder.has_template() && !server {
+            return Ok(Planned::AsIs(BuiltPrompt {
                 text: messages.to_string(),
                 token_ids: None,
-            });
+            }));
         }
-        let extra = match &row.tools {
-            None => std::borrow::Cow::Borrowed(&self.kwargs),
-            Some(tools) => {
-                let mut k = self.kwargs.clone();
-                k.insert("tools".into(), tools.clone());
-                std::borrow::Cow::Owned(k)
-            }
+        let mut kwargs = self.kwargs.clone();
+        if let Some(tools) = &row.tools {
+            kwargs.insert("tools".into(), tools.clone());
+        }
+        Ok(Planned::Input(RenderInput::Chat {
+            messages: messages.clone(),
+            kwargs,
+        }))
+    }
+
+    /// The prompt of one row rendered by spool's builder, and who made its ids.
+    fn build(
+        &self,
+        builder: &PromptBuilder,
+        row: &Row,
+    ) -> Result<(BuiltPrompt, Option<IdsSource>), String> {
+        let built = match self.plan(builder, row, false)? {
+            Planned::AsIs(b) => b,
+            Planned::Input(i) => i.build(builder).map_err(|e| e.to_string())?,
         };
-        builder
-            .build_chat_with(messages, &extra)
-            .map_err(|e| e.to_string())
+        let from = built.token_ids.as_ref().map(|_| IdsSource::Client);
+        Ok((built, from))
     }
 }
 
@@ -236,8 +279,9 @@ pub trait IntakeSink {
     /// A new item as the sink stores it, encoded on the worker threads.
     type Item: Send;
 
-    /// Encodes a new row and its prompt (called on the worker threads, hence no `self`).
-    fn encode(row: &Row, prompt: BuiltPrompt) -> Self::Item;
+    /// Encodes a new row, its prompt and who made the prompt's ids (called on the worker
+    /// threads, hence no `self`).
+    fn encode(row: &Row, prompt: BuiltPrompt, ids: Option<IdsSource>) -> Self::Item;
 
     /// The dataset's progress; `None` when the sink does not know the dataset.
     fn progress(&self) -> Option<Progress>;
@@ -287,8 +331,13 @@ enum Prepared<T> {
         row: u64,
         id: String,
         hash: [u8; 16],
+        /// Its size in the file (the batch is cut by bytes too).
+        bytes: usize,
         built: Option<Result<Ready<T>, String>>,
     },
+    /// A new row the server could not render for a reason that is not the row's (down,
+    /// overloaded): intake stops here rather than reject it.
+    Unavailable(String),
 }
 
 /// A new row built and encoded for the sink on a worker thread, so the sequential stage
@@ -299,101 +348,227 @@ struct Ready<T> {
     item: T,
 }
 
-/// Parses and builds one chunk (the parallel stage); `encode` is the sink's encoder.
+/// The sink's encoder of a new row, its prompt and who made the prompt's ids.
+type Encode<T> = fn(&Row, BuiltPrompt, Option<IdsSource>) -> T;
+
+/// Parses and builds one chunk (the parallel stage); `encode` is the sink's encoder. With
+/// a server renderer, the chunk's new rows are rendered there together (one call, several
+/// requests in flight) after they are all parsed.
 fn prepare<T>(
     parser: &Parser,
     builder: &PromptBuilder,
-    encode: fn(&Row, BuiltPrompt) -> T,
+    encode: Encode<T>,
     render: &Render,
     scanned: u64,
     chunk: Vec<RawEntry>,
 ) -> Vec<Prepared<T>> {
-    chunk
-        .into_iter()
-        .map(|raw| {
-            let line = raw.line();
-            match parser.parse(raw) {
-                Entry::Rejected(r) => Prepared::Rejected(r),
-                Entry::Row(row)
-                    if render.filter.as_ref().is_some_and(|f| {
-                        !f.partition.owns(&render.dataset, &row.id) || f.committed.contains(&row.id)
-                    }) =>
-                {
-                    let owned = render
-                        .filter
-                        .as_ref()
-                        .is_some_and(|f| f.partition.owns(&render.dataset, &row.id));
-                    Prepared::Elsewhere {
-                        row: row.row,
-                        committed: owned,
-                    }
-                }
-                Entry::Row(row) => {
-                    let built = (line > scanned).then(|| {
-                        // A panic in the template engine or the tokenizer rejects this row
-                        // only: a lost chunk would stall the in-order collector.
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            render.build(builder, &row)
-                        }))
-                        .unwrap_or_else(|panic| {
-                            let what = panic
-                                .downcast_ref::<&str>()
-                                .map(|s| s.to_string())
-                                .or_else(|| panic.downcast_ref::<String>().cloned())
-                                .unwrap_or_default();
-                            Err(format!(
-                                "internal error while rendering or tokenizing: {what}"
-                            ))
-                        })
-                        .map(|b| Ready {
-                            tokens: b.token_ids.as_ref().map(|ids| ids.len() as u64),
-                            item: encode(&row, b),
-                        })
-                    });
-                    Prepared::Row {
-                        row: row.row,
-                        id: row.id,
-                        hash: row.hash,
-                        built,
-                    }
-                }
+    let server = render.server.as_deref();
+    let mut out = Vec::with_capacity(chunk.len());
+    // (place in `out`, the row, what the server renders).
+    let mut remote: Vec<(usize, Row, RenderInput)> = Vec::new();
+    for raw in chunk {
+        let line = raw.line();
+        let bytes = raw_bytes(&raw);
+        let row = match parser.parse(raw) {
+            Entry::Rejected(r) => {
+                out.push(Prepared::Rejected(r));
+                continue;
             }
+            Entry::Row(row) => row,
+        };
+        if let Some(f) = &render.filter {
+            let owned = f.partition.owns(&render.dataset, &row.id);
+            if !owned || f.committed.contains(&row.id) {
+                out.push(Prepared::Elsewhere {
+                    row: row.row,
+                    committed: owned,
+                });
+                continue;
+            }
+        }
+        if line <= scanned {
+            out.push(Prepared::Row {
+                row: row.row,
+                id: row.id,
+                hash: row.hash,
+                bytes,
+                built: None,
+            });
+            continue;
+        }
+        let built = match server {
+            Some(_) => match render.plan(builder, &row, true) {
+                Ok(Planned::Input(input)) => {
+                    out.push(Prepared::Row {
+                        row: row.row,
+                        id: row.id.clone(),
+                        hash: row.hash,
+                        bytes,
+                        built: None,
+                    });
+                    remote.push((out.len() - 1, row, input));
+                    continue;
+                }
+                Ok(Planned::AsIs(b)) => Ok((b, None)),
+                Err(why) => Err(why),
+            },
+            None => build_locally(render, builder, &row),
+        };
+        out.push(Prepared::Row {
+            row: row.row,
+            id: row.id.clone(),
+            hash: row.hash,
+            bytes,
+            built: Some(built.map(|(b, from)| ready(encode, &row, b, from))),
+        });
+    }
+    if let (Some(server), false) = (server, remote.is_empty()) {
+        let inputs: Vec<RenderInput> = remote.iter().map(|(_, _, i)| i.clone()).collect();
+        let rendered = server.render_blocking(&inputs);
+        for ((at, row, _), r) in remote.into_iter().zip(rendered) {
+            match r {
+                Ok(b) => {
+                    if let Prepared::Row { built, .. } = &mut out[at] {
+                        *built = Some(Ok(ready(encode, &row, b, Some(IdsSource::Server))));
+                    }
+                }
+                Err(RemoteError::Refused(why)) => {
+                    if let Prepared::Row { built, .. } = &mut out[at] {
+                        *built = Some(Err(format!(
+                            "the server refused to render the prompt: {why}"
+                        )));
+                    }
+                }
+                Err(RemoteError::Unavailable(why)) => out[at] = Prepared::Unavailable(why),
+            }
+        }
+    }
+    out
+}
+
+/// A row rendered by spool's builder; a panic in the template engine or the tokenizer
+/// rejects this row only (a lost chunk would stall the in-order collector).
+fn build_locally(
+    render: &Render,
+    builder: &PromptBuilder,
+    row: &Row,
+) -> Result<(BuiltPrompt, Option<IdsSource>), String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| render.build(builder, row)))
+        .unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(format!(
+                "internal error while rendering or tokenizing: {what}"
+            ))
         })
-        .collect()
+}
+
+/// A built row encoded for the sink.
+fn ready<T>(encode: Encode<T>, row: &Row, b: BuiltPrompt, from: Option<IdsSource>) -> Ready<T> {
+    Ready {
+        tokens: b.token_ids.as_ref().map(|ids| ids.len() as u64),
+        item: encode(row, b, from),
+    }
 }
 
 fn raw_bytes(r: &RawEntry) -> usize {
     match &r.raw {
         Raw::Line(b) => b.len(),
         Raw::Bad(s) => s.len(),
-        Raw::Object(_) => 256,
+        Raw::Object(o) => object_bytes(o),
     }
 }
 
-/// A chunk of raw rows, numbered, with the reader's [`PrefixMark`] after its last row.
-type RawChunk = (u64, Vec<RawEntry>, Option<PrefixMark>);
-/// A chunk after the parallel stage.
-type PreparedChunk<T> = (u64, Vec<Prepared<T>>, Option<PrefixMark>);
+/// About the memory of a Parquet row's JSON: its strings, 64 bytes a value besides.
+fn object_bytes(o: &Map<String, Value>) -> usize {
+    fn value(v: &Value) -> usize {
+        64 + match v {
+            Value::String(s) => s.len(),
+            Value::Array(a) => a.iter().map(value).sum(),
+            Value::Object(o) => o.iter().map(|(k, v)| k.len() + value(v)).sum(),
+            _ => 0,
+        }
+    }
+    o.iter().map(|(k, v)| k.len() + value(v)).sum()
+}
+
+/// A chunk of raw rows, numbered, with the reader's [`PrefixMark`] after its last row and
+/// its size in bytes.
+type RawChunk = (u64, Vec<RawEntry>, Option<PrefixMark>, usize);
+/// A chunk after the parallel stage, with the size of its raw rows.
+type PreparedChunk<T> = (u64, Vec<Prepared<T>>, Option<PrefixMark>, usize);
+
+/// Bytes of raw rows between the reader and the sequential stage: the reader waits while
+/// more than [`IN_FLIGHT_BYTES`] are, so a file of huge rows holds a bounded number.
+#[derive(Default)]
+struct InFlight {
+    bytes: Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+impl InFlight {
+    /// Waits until `n` more bytes fit (or nothing is in flight), then counts them; `false`
+    /// when `stop` was set meanwhile.
+    fn acquire(&self, n: usize, stop: &AtomicBool) -> bool {
+        let mut b = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
+        while *b > 0 && *b + n > IN_FLIGHT_BYTES {
+            if stop.load(Ordering::Relaxed) {
+                return false;
+            }
+            b = self
+                .freed
+                .wait_timeout(b, Duration::from_millis(100))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        *b += n;
+        true
+    }
+
+    fn release(&self, n: usize) {
+        let mut b = self.bytes.lock().unwrap_or_else(|p| p.into_inner());
+        *b = b.saturating_sub(n);
+        self.freed.notify_all();
+    }
+}
 
 /// The reader stage: raw rows in chunks, numbered, until the end, an error or `stop`.
 fn read_chunks(
     mut reader: DatasetReader,
     out: SyncSender<RawChunk>,
     stop: &AtomicBool,
+    in_flight: &InFlight,
 ) -> Result<(), DatasetError> {
     let mut seq = 0u64;
     let mut chunk = Vec::with_capacity(CHUNK_ROWS);
     let mut bytes = 0;
-    while let Some(raw) = reader.next_raw()? {
+    loop {
+        let raw = match reader.next_raw() {
+            Ok(Some(raw)) => raw,
+            Ok(None) => break,
+            Err(e @ DatasetError::Limit(_)) => {
+                // The rows before the limit are taken in (and their rejections kept).
+                if !chunk.is_empty() && in_flight.acquire(bytes, stop) {
+                    let _ = out.send((seq, chunk, None, bytes));
+                }
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         bytes += raw_bytes(&raw);
         chunk.push(raw);
         if chunk.len() >= CHUNK_ROWS || bytes >= CHUNK_BYTES {
             if stop.load(Ordering::Relaxed)
+                || !in_flight.acquire(bytes, stop)
                 || out
                     .send((
                         seq,
                         std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK_ROWS)),
                         reader.mark(),
+                        bytes,
                     ))
                     .is_err()
             {
@@ -403,8 +578,8 @@ fn read_chunks(
             bytes = 0;
         }
     }
-    if !chunk.is_empty() {
-        let _ = out.send((seq, chunk, reader.mark()));
+    if !chunk.is_empty() && in_flight.acquire(bytes, stop) {
+        let _ = out.send((seq, chunk, reader.mark(), bytes));
     }
     Ok(())
 }
@@ -415,32 +590,29 @@ fn work_chunks<T>(
     out: SyncSender<PreparedChunk<T>>,
     parser: &Parser,
     builder: &PromptBuilder,
-    encode: fn(&Row, BuiltPrompt) -> T,
+    encode: Encode<T>,
     render: &Render,
     scanned: u64,
 ) {
     loop {
         // The lock is held only to take the next chunk.
         let job = jobs.lock().unwrap_or_else(|p| p.into_inner()).recv();
-        let Ok((seq, chunk, mark)) = job else { return };
+        let Ok((seq, chunk, mark, bytes)) = job else {
+            return;
+        };
         let done = prepare(parser, builder, encode, render, scanned, chunk);
-        if out.send((seq, done, mark)).is_err() {
+        if out.send((seq, done, mark, bytes)).is_err() {
             return;
         }
     }
 }
 
-/// Takes in new rows of `d` into `sink` and checks the old ones.
-pub fn intake<S: IntakeSink>(
-    sink: &mut S,
+/// The parser and the renderer of `d`'s rows, as `opts` sets them.
+fn stage(
+    reader: &DatasetReader,
     d: &DatasetConfig,
-    builder: &PromptBuilder,
     opts: &IntakeOptions,
-) -> Result<IntakeReport, IntakeError> {
-    let state = sink
-        .progress()
-        .ok_or_else(|| IntakeError::NotOpened(d.name.clone()))?;
-    let mut reader = DatasetReader::open(&d.path, &d.name)?;
+) -> Result<(Parser, Render), IntakeError> {
     let turns = opts.generation.turns;
     let parser = reader
         .parser()
@@ -462,7 +634,104 @@ pub fn intake<S: IntakeSink>(
         server_templates: opts.server_templates,
         turns,
         kwargs,
+        server: opts.server.clone(),
     };
+    Ok((parser, render))
+}
+
+/// Good rows the start-up template check compares, read from the start of a dataset.
+pub const CHECK_ROWS: usize = 8;
+/// Lines read at most to find them.
+pub const CHECK_SCAN: u64 = 2_000;
+
+/// A row of a dataset and what its prompt is made of, for the start-up template check.
+#[derive(Debug, Clone)]
+pub struct SampledRow {
+    /// 1-based line (Parquet: row number).
+    pub line: u64,
+    pub id: String,
+    pub input: RenderInput,
+}
+
+/// The rows the start-up template check compares: among the first [`CHECK_SCAN`] lines of
+/// `d`, the first three good rows, then the first row with each of: tools, a system
+/// prompt, an earlier assistant turn, a tool result, reasoning in an earlier turn — at
+/// most [`CHECK_ROWS`]. Each is what intake would render (turn 0's request with `turns =
+/// "all"`, the dataset's fixed variables, the row's tools). Rows intake sends unrendered
+/// or would reject are left out.
+pub fn sample_rows(
+    d: &DatasetConfig,
+    builder: &PromptBuilder,
+    opts: &IntakeOptions,
+) -> Result<Vec<SampledRow>, IntakeError> {
+    let mut reader = DatasetReader::open(&d.path, &d.name)?;
+    let (parser, render) = stage(&reader, d, opts)?;
+    let mut picked: Vec<SampledRow> = Vec::new();
+    let mut covered = [false; 5];
+    while let Some(raw) = reader.next_raw()? {
+        let line = raw.line();
+        if line > CHECK_SCAN || picked.len() >= CHECK_ROWS {
+            break;
+        }
+        let Entry::Row(row) = parser.parse(raw) else {
+            continue;
+        };
+        let Ok(Planned::Input(input)) = render.plan(builder, &row, false) else {
+            continue;
+        };
+        let features = features_of(&row, &input);
+        let new = features.iter().zip(&covered).any(|(f, c)| *f && !c);
+        if picked.len() < 3 || new {
+            for (c, f) in covered.iter_mut().zip(features) {
+                *c |= f;
+            }
+            picked.push(SampledRow {
+                line,
+                id: row.id,
+                input,
+            });
+        }
+    }
+    Ok(picked)
+}
+
+/// Which of the features [`sample_rows`] looks for a row has: tools, a system prompt, an
+/// earlier assistant turn, a tool result, reasoning in an earlier turn.
+fn features_of(row: &Row, input: &RenderInput) -> [bool; 5] {
+    let RenderInput::Chat { messages, .. } = input else {
+        return [false; 5];
+    };
+    let list = messages.as_array().map(Vec::as_slice).unwrap_or_default();
+    let role = |r: &str| {
+        list.iter()
+            .any(|m| m.get("role").and_then(Value::as_str) == Some(r))
+    };
+    let reasoning = list.iter().any(|m| {
+        ["reasoning_content", "reasoning"]
+            .iter()
+            .any(|k| m.get(*k).is_some_and(|v| !v.is_null()))
+    });
+    [
+        row.tools.is_some(),
+        role("system"),
+        role("assistant"),
+        role("tool"),
+        reasoning,
+    ]
+}
+
+/// Takes in new rows of `d` into `sink` and checks the old ones.
+pub fn intake<S: IntakeSink>(
+    sink: &mut S,
+    d: &DatasetConfig,
+    builder: &PromptBuilder,
+    opts: &IntakeOptions,
+) -> Result<IntakeReport, IntakeError> {
+    let state = sink
+        .progress()
+        .ok_or_else(|| IntakeError::NotOpened(d.name.clone()))?;
+    let mut reader = DatasetReader::open(&d.path, &d.name)?;
+    let (parser, render) = stage(&reader, d, opts)?;
     let render = &render;
     // Restart fast path: an unchanged prefix (same bytes, by fingerprint) holds only rows
     // already taken in, so it is hashed, not parsed and checked row by row.
@@ -497,6 +766,7 @@ pub fn intake<S: IntakeSink>(
         },
         items: state.items,
         batch: Vec::with_capacity(BATCH),
+        batch_bytes: 0,
         ids,
         ids_seeded: state.items == 0,
         batch_rejected: 0,
@@ -508,12 +778,14 @@ pub fn intake<S: IntakeSink>(
         last_log: Instant::now(),
     };
     let stop = AtomicBool::new(false);
+    let in_flight = InFlight::default();
     let scanned = state.scanned_lines;
     let (read_res, collect_res) = std::thread::scope(|s| {
         let (job_tx, job_rx) = sync_channel::<RawChunk>(threads * 2);
         let (done_tx, done_rx) = sync_channel::<PreparedChunk<S::Item>>(threads * 2);
         let stop = &stop;
-        let reader = s.spawn(move || read_chunks(reader, job_tx, stop));
+        let in_flight = &in_flight;
+        let reader = s.spawn(move || read_chunks(reader, job_tx, stop, in_flight));
         let jobs = Arc::new(Mutex::new(job_rx));
         let mut workers = Vec::with_capacity(threads);
         for _ in 0..threads {
@@ -523,7 +795,7 @@ pub fn intake<S: IntakeSink>(
             }));
         }
         drop((jobs, done_tx));
-        let collected = collector.collect(done_rx);
+        let collected = collector.collect(done_rx, in_flight);
         // Whatever happened, let the other stages wind down (their sends fail).
         stop.store(true, Ordering::Relaxed);
         let panicked = workers.into_iter().any(|w| w.join().is_err());
@@ -539,6 +811,18 @@ pub fn intake<S: IntakeSink>(
         (read, collected)
     });
     let stopped_early = collect_res?;
+    if let (false, Err(IntakeError::Dataset(DatasetError::Limit(e)))) =
+        (stopped_early, read_res.as_ref())
+    {
+        let e = LimitError {
+            path: e.path.clone(),
+            what: e.what.clone(),
+        };
+        // Every row before the limit was taken in (the reader stopped there): keep them
+        // and their rejections, then stop this dataset.
+        collector.keep_before_limit()?;
+        return Err(IntakeError::Dataset(DatasetError::Limit(e)));
+    }
     read_res?;
     collector.finish(stopped_early)
 }
@@ -556,6 +840,8 @@ struct Collector<'a, S: IntakeSink> {
     report: IntakeReport,
     items: u64,
     batch: Vec<S::Item>,
+    /// Input bytes of the rows in `batch`.
+    batch_bytes: usize,
     /// Every id taken in for the dataset, seeded from the sink on first use when the
     /// dataset already had items.
     ids: IdSet,
@@ -573,18 +859,23 @@ struct Collector<'a, S: IntakeSink> {
 impl<S: IntakeSink> Collector<'_, S> {
     /// Takes prepared chunks, puts them in order and processes them; `Ok(true)` when it
     /// stopped at `max_prompts` before the end of the file.
-    fn collect(&mut self, done: Receiver<PreparedChunk<S::Item>>) -> Result<bool, IntakeError> {
+    fn collect(
+        &mut self,
+        done: Receiver<PreparedChunk<S::Item>>,
+        in_flight: &InFlight,
+    ) -> Result<bool, IntakeError> {
         let mut waiting = BTreeMap::new();
         let mut next = 0u64;
-        for (seq, rows, mark) in done {
-            waiting.insert(seq, (rows, mark));
-            while let Some((rows, mark)) = waiting.remove(&next) {
+        for (seq, rows, mark, bytes) in done {
+            waiting.insert(seq, (rows, mark, bytes));
+            while let Some((rows, mark, bytes)) = waiting.remove(&next) {
                 next += 1;
                 for p in rows {
                     if !self.take(p)? {
                         return Ok(true);
                     }
                 }
+                in_flight.release(bytes);
                 // Every line up to the mark is taken in (in `batch` or the sink).
                 if mark.is_some() {
                     self.mark = mark;
@@ -658,6 +949,12 @@ impl<S: IntakeSink> Collector<'_, S> {
     /// One row, in file order; `Ok(false)` = stop here (`max_prompts` reached).
     fn take(&mut self, p: Prepared<S::Item>) -> Result<bool, IntakeError> {
         let (line, already) = match &p {
+            Prepared::Unavailable(detail) => {
+                return Err(IntakeError::Render {
+                    dataset: self.d.name.clone(),
+                    detail: detail.clone(),
+                })
+            }
             Prepared::Rejected(r) => (r.line, r.line <= self.scanned),
             Prepared::Row { row, .. } | Prepared::Elsewhere { row, .. } => {
                 (row + 1, *row < self.scanned)
@@ -675,6 +972,8 @@ impl<S: IntakeSink> Collector<'_, S> {
                     self.reject(r, RejectKind::BadRow)?;
                 }
             }
+            // Returned above.
+            Prepared::Unavailable(_) => {}
             Prepared::Elsewhere { committed, .. } => {
                 if !already {
                     if committed {
@@ -688,6 +987,7 @@ impl<S: IntakeSink> Collector<'_, S> {
                 row,
                 id,
                 hash,
+                bytes,
                 built,
             } => {
                 if already {
@@ -751,6 +1051,7 @@ impl<S: IntakeSink> Collector<'_, S> {
                 self.ids.insert(id.as_bytes(), row)?;
                 self.batch_ids.insert(id, row);
                 self.batch.push(ready.item);
+                self.batch_bytes += bytes;
                 self.items += 1;
                 self.report.added += 1;
             }
@@ -760,9 +1061,13 @@ impl<S: IntakeSink> Collector<'_, S> {
     }
 
     fn maybe_flush(&mut self, line: u64) -> Result<(), IntakeError> {
-        if self.batch.len() >= BATCH || self.batch_rejected as usize >= REJECTS_PER_BATCH {
+        if self.batch.len() >= BATCH
+            || self.batch_bytes >= BATCH_BYTES
+            || self.batch_rejected as usize >= REJECTS_PER_BATCH
+        {
             self.commit(line)?;
             self.batch.clear();
+            self.batch_bytes = 0;
             self.batch_ids.clear();
             self.batch_rejected = 0;
         }
@@ -781,6 +1086,15 @@ impl<S: IntakeSink> Collector<'_, S> {
             self.unlogged = 0;
         }
         Ok(())
+    }
+
+    /// Commits what was taken in before the reader stopped at a limit (nothing, when the
+    /// limit came inside the part of the file an earlier run took in).
+    fn keep_before_limit(&mut self) -> Result<(), IntakeError> {
+        if self.last_line >= self.scanned {
+            self.commit(self.last_line)?;
+        }
+        self.sink.flush().map_err(IntakeError::Sink)
     }
 
     fn finish(mut self, stopped_at_cap: bool) -> Result<IntakeReport, IntakeError> {
@@ -856,7 +1170,7 @@ mod tests {
     impl IntakeSink for Memory {
         type Item = (u64, String, [u8; 16], String);
 
-        fn encode(row: &Row, prompt: BuiltPrompt) -> Self::Item {
+        fn encode(row: &Row, prompt: BuiltPrompt, _: Option<IdsSource>) -> Self::Item {
             (row.row, row.id.clone(), row.hash, prompt.text)
         }
         fn progress(&self) -> Option<Progress> {
@@ -908,6 +1222,60 @@ mod tests {
         fn rejects_path(&self) -> &Path {
             Path::new("memory")
         }
+    }
+
+    /// The template check's rows: the first three good rows, then the first row with
+    /// each feature not yet seen (tools, a system prompt, an earlier assistant turn, a
+    /// tool result, reasoning in history); bad rows and rows with nothing new are passed.
+    #[test]
+    fn the_check_samples_the_first_rows_and_each_feature_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("m.jsonl");
+        let user = r#"{"role": "user", "content": "q"}"#;
+        let tools = r#""tools": [{"type": "function", "function": {"name": "f"}}]"#;
+        let rows = [
+            format!(r#"{{"messages": [{user}]}}"#),
+            "{bad".to_string(),
+            format!(r#"{{"messages": [{user}]}}"#),
+            format!(r#"{{"messages": [{user}]}}"#),
+            format!(r#"{{"messages": [{user}]}}"#),
+            format!(r#"{{"messages": [{user}], {tools}}}"#),
+            format!(r#"{{"messages": [{user}], {tools}}}"#),
+            format!(r#"{{"messages": [{{"role": "system", "content": "s"}}, {user}]}}"#),
+            format!(r#"{{"messages": [{user}, {{"role": "assistant", "content": "a"}}, {user}]}}"#),
+            format!(
+                r#"{{"messages": [{user}, {{"role": "assistant", "content": "", "tool_calls": [{{"type": "function", "function": {{"name": "f", "arguments": "{{}}"}}}}]}}, {{"role": "tool", "content": "r"}}]}}"#
+            ),
+            format!(
+                r#"{{"messages": [{user}, {{"role": "assistant", "content": "a", "reasoning_content": "t"}}, {user}]}}"#
+            ),
+            format!(r#"{{"messages": [{user}]}}"#),
+        ];
+        std::fs::write(&file, rows.join("\n") + "\n").unwrap();
+        let d = DatasetConfig {
+            name: "m".into(),
+            path: file,
+            token_budget: None,
+            max_prompts: None,
+            sampling: Default::default(),
+            reasoning: None,
+            turns: None,
+            history_reasoning: None,
+            samples: None,
+            chat_template_kwargs: None,
+        };
+        let picked = sample_rows(
+            &d,
+            &PromptBuilder::new(None, None),
+            &IntakeOptions::default(),
+        )
+        .unwrap();
+        let lines: Vec<u64> = picked.iter().map(|r| r.line).collect();
+        assert_eq!(lines, [1, 3, 4, 6, 8, 9, 10, 11]);
+        let RenderInput::Chat { kwargs, .. } = &picked[3].input else {
+            panic!("a chat row");
+        };
+        assert!(kwargs.contains_key("tools"), "the row's tools are rendered");
     }
 
     /// Without a queue, intake hands the sink every good row in file order and every bad

@@ -9,11 +9,13 @@
 //! runs them in parallel and hands the result to an [`intake::IntakeSink`]. The stage does
 //! not know the queue: the sink is implemented where the queue is (`crate::run::enqueue`).
 //! [`remote`] fetches dataset files kept in object storage to a local copy first.
+//! [`limits`] holds the sizes every row and file is held to (memory bounded on any input).
 
 pub mod batch;
 pub mod dataset;
 pub mod dedup;
 pub mod intake;
+pub mod limits;
 pub mod parquet;
 pub mod remote;
 pub mod row;

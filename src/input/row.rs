@@ -173,8 +173,8 @@ fn parse_text(
     whole: bool,
     samples: u32,
 ) -> Result<Row, Refusal> {
-    let v: Value =
-        serde_json::from_str(text).map_err(|e| (format!("not valid JSON: {e}"), None))?;
+    let v = super::limits::parse_json_bounded(text, super::limits::MAX_ROW_VALUES)
+        .map_err(|reason| (reason, None))?;
     let Value::Object(obj) = v else {
         return Err(("a row must be a JSON object".into(), None));
     };

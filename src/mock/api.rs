@@ -11,9 +11,10 @@
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
+use super::render::MockRendering;
 use super::sim::{
-    detokenize, ids_key, push_text, splitmix64, text_key, tokenize, Finish, Part, Plan, EOS_ID,
-    THINK_CLOSE, THINK_OPEN, VOCAB,
+    detokenize, ids_key, push_text, splitmix64, text_key, Finish, Part, Plan, EOS_ID, THINK_CLOSE,
+    THINK_OPEN, VOCAB,
 };
 
 /// The three generation endpoints.
@@ -101,12 +102,31 @@ const SGLANG_DEFAULT_MAX_NEW: u32 = 128;
 /// OpenAI's (and vLLM's) default `max_tokens` for legacy completions.
 const COMPLETIONS_DEFAULT_MAX: u32 = 16;
 
-/// Parses and validates a generation body. `context_len` gives chat its default cap.
+/// [`parse_with`] the mock's own tokenizer and chat lines.
+#[cfg(test)]
 pub(crate) fn parse(
     api: Api,
     body: &[u8],
     header_rid: Option<String>,
     context_len: u32,
+) -> Result<GenRequest, Rejection> {
+    parse_with(
+        api,
+        body,
+        header_rid,
+        context_len,
+        &MockRendering::default(),
+    )
+}
+
+/// Parses and validates a generation body, its prompt tokenized (and chat rendered) by
+/// `rendering`. `context_len` gives chat its default cap.
+pub(crate) fn parse_with(
+    api: Api,
+    body: &[u8],
+    header_rid: Option<String>,
+    context_len: u32,
+    rendering: &MockRendering,
 ) -> Result<GenRequest, Rejection> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| bad(format!("JSON decode error: {e}"), false, header_rid.clone()))?;
@@ -119,7 +139,7 @@ pub(crate) fn parse(
         _ => header_rid,
     };
     let fail = |m: String| bad(m, stream, rid.clone());
-    match parse_fields(api, &obj, context_len) {
+    match parse_fields(api, &obj, context_len, rendering) {
         Ok(f) => Ok(GenRequest {
             api,
             rid: rid.clone(),
@@ -152,7 +172,12 @@ struct Fields {
     return_token_ids: bool,
 }
 
-fn parse_fields(api: Api, obj: &Map<String, Value>, context_len: u32) -> Result<Fields, String> {
+fn parse_fields(
+    api: Api,
+    obj: &Map<String, Value>,
+    context_len: u32,
+    rendering: &MockRendering,
+) -> Result<Fields, String> {
     if opt_bool(obj, "stream").is_none() && !matches!(obj.get("stream"), None | Some(Value::Null)) {
         return Err("stream: Input should be a valid boolean".into());
     }
@@ -162,7 +187,7 @@ fn parse_fields(api: Api, obj: &Map<String, Value>, context_len: u32) -> Result<
                 (Some(t), Some(i)) if !t.is_null() && !i.is_null() => {
                     return Err("Either text or input_ids should be provided, not both.".into())
                 }
-                (Some(t), _) if !t.is_null() => text_prompt(t, "text")?,
+                (Some(t), _) if !t.is_null() => text_prompt(t, "text", rendering)?,
                 (_, Some(i)) if !i.is_null() => ids_prompt(i, "input_ids")?,
                 _ => return Err("Either text or input_ids should be provided.".into()),
             };
@@ -192,13 +217,14 @@ fn parse_fields(api: Api, obj: &Map<String, Value>, context_len: u32) -> Result<
                         return Err("Field required: prompt".into());
                     }
                     Some(Value::String(_)) | Some(Value::Array(_)) => {
-                        let (ids, key) = completion_prompt(&obj["prompt"])?;
+                        let (ids, key) = completion_prompt(&obj["prompt"], rendering)?;
                         (ids, key, Vec::new())
                     }
                     Some(_) => return Err("prompt: must be a string or a list of token ids".into()),
                 }
             } else {
-                chat_prompt(obj)?
+                let c = chat_prompt(obj, rendering)?;
+                (c.ids, c.key, c.tools)
             };
             let (thinking_allowed, think_opened) = if api == Api::Chat {
                 (!thinking_disabled(obj)?, false)
@@ -344,11 +370,15 @@ fn opt_u32(obj: &Map<String, Value>, key: &str) -> Result<Option<u32>, String> {
     }
 }
 
-fn text_prompt(v: &Value, field: &str) -> Result<(Vec<u32>, u64), String> {
+fn text_prompt(
+    v: &Value,
+    field: &str,
+    rendering: &MockRendering,
+) -> Result<(Vec<u32>, u64), String> {
     match v {
-        Value::String(s) => Ok((tokenize(s), text_key(s))),
+        Value::String(s) => Ok((rendering.encode(s, true)?, text_key(s))),
         // A one-element batch is the same request; real batches are not simulated.
-        Value::Array(a) if a.len() == 1 => text_prompt(&a[0], field),
+        Value::Array(a) if a.len() == 1 => text_prompt(&a[0], field, rendering),
         _ => Err(format!(
             "{field}: must be a string (batched requests are not supported by the mock server)"
         )),
@@ -377,22 +407,40 @@ fn ids_prompt(v: &Value, field: &str) -> Result<(Vec<u32>, u64), String> {
     Ok((ids, key))
 }
 
-fn completion_prompt(v: &Value) -> Result<(Vec<u32>, u64), String> {
+fn completion_prompt(v: &Value, rendering: &MockRendering) -> Result<(Vec<u32>, u64), String> {
     match v {
-        Value::String(_) => text_prompt(v, "prompt"),
-        Value::Array(a) if a.len() == 1 && a[0].is_string() => text_prompt(&a[0], "prompt"),
+        Value::String(_) => text_prompt(v, "prompt", rendering),
+        Value::Array(a) if a.len() == 1 && a[0].is_string() => {
+            text_prompt(&a[0], "prompt", rendering)
+        }
         Value::Array(_) => ids_prompt(v, "prompt"),
         _ => Err("prompt: must be a string or a list of token ids".into()),
     }
 }
 
-/// Chat prompt: the tools' names first (`"tools: a b\n"`, as templates render the schemas),
-/// then each message as `"{role}: {content}\n"`, an assistant's `reasoning_content` (or
-/// `reasoning`) as a think block before its content and its `tool_calls` as
-/// `<tool_call> {name}` after it; counted by the mock tokenizer (so the role word counts as
-/// one prompt token per message). Returns the tools an answer is to call: those offered
-/// when the last message is the user's.
-fn chat_prompt(obj: &Map<String, Value>) -> Result<(Vec<u32>, u64, Vec<String>), String> {
+/// A chat request's prompt as the mock renders it.
+pub(crate) struct ChatPrompt {
+    /// The rendered text.
+    pub text: String,
+    pub ids: Vec<u32>,
+    pub key: u64,
+    /// The tools an answer is to call.
+    pub tools: Vec<String>,
+}
+
+/// Chat prompt: with `--chat-template`, that template's rendering (the request's `tools`
+/// and `chat_template_kwargs` as its variables, a generation prompt added unless
+/// `add_generation_prompt` is false); else the tools' names first (`"tools: a b\n"`, as
+/// templates render the schemas), then each message as `"{role}: {content}\n"`, an
+/// assistant's `reasoning_content` (or `reasoning`) as a think block before its content and
+/// its `tool_calls` as `<tool_call> {name}` after it. Encoded without special tokens by
+/// the real tokenizer, or counted by the mock tokenizer (so the role word counts as one
+/// prompt token per message). Its tools to call: those offered when the last message is
+/// the user's.
+pub(crate) fn chat_prompt(
+    obj: &Map<String, Value>,
+    rendering: &MockRendering,
+) -> Result<ChatPrompt, String> {
     let Some(Value::Array(msgs)) = obj.get("messages") else {
         return Err("Field required: messages (a list of messages)".into());
     };
@@ -400,6 +448,26 @@ fn chat_prompt(obj: &Map<String, Value>) -> Result<(Vec<u32>, u64, Vec<String>),
         return Err("messages: List should have at least 1 item".into());
     }
     let names = tool_names(obj)?;
+    let last_user = msgs
+        .last()
+        .and_then(|m| m.get("role"))
+        .and_then(Value::as_str)
+        == Some("user");
+    if let Some(text) = rendering.render_chat(obj)? {
+        let tools = if last_user {
+            callable_tools(obj, names)?
+        } else {
+            Vec::new()
+        };
+        let ids = rendering.encode(&text, false)?;
+        let key = text_key(&text);
+        return Ok(ChatPrompt {
+            text,
+            ids,
+            key,
+            tools,
+        });
+    }
     let mut rendered = String::new();
     if !names.is_empty() {
         rendered.push_str("tools: ");
@@ -465,7 +533,12 @@ fn chat_prompt(obj: &Map<String, Value>) -> Result<(Vec<u32>, u64, Vec<String>),
     } else {
         Vec::new()
     };
-    Ok((tokenize(&rendered), text_key(&rendered), tools))
+    Ok(ChatPrompt {
+        ids: rendering.encode(&rendered, false)?,
+        key: text_key(&rendered),
+        text: rendered,
+        tools,
+    })
 }
 
 /// vLLM's context-length message. `requested` = prompt + max tokens.

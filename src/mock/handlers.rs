@@ -122,7 +122,7 @@ async fn handle(st: Arc<MockState>, api: Api, headers: &HeaderMap, body: Bytes) 
     if st.cfg.log_bodies {
         rec.body = Some(body.clone());
     }
-    let req = match api::parse(api, &body, header_rid, st.cfg.context_len) {
+    let req = match api::parse_with(api, &body, header_rid, st.cfg.context_len, &st.rendering) {
         Ok(r) => r,
         Err(rej) => {
             rec.rid = rej.rid.clone();
@@ -133,6 +133,18 @@ async fn handle(st: Arc<MockState>, api: Api, headers: &HeaderMap, body: Bytes) 
     };
     rec.rid = req.rid.clone();
     rec.stream = req.stream;
+    if st.cfg.refuse_stream_ids && api == Api::Chat && req.stream && req.return_token_ids {
+        rec.outcome = Some(Outcome::BadRequest);
+        let rej = Rejection {
+            status: 400,
+            message: "return_token_ids is not supported with streaming on /v1/chat/completions. \
+                Please set stream=false when using return_token_ids=true."
+                .into(),
+            stream: req.stream,
+            rid: req.rid.clone(),
+        };
+        return reject(api, &rej);
+    }
     let prompt = u32::try_from(req.prompt_ids.len()).unwrap_or(u32::MAX);
     rec.prompt_tokens = prompt;
 

@@ -1,17 +1,24 @@
 //! `spool mock-server`: a simulated continuous-batching inference server speaking SGLang's
 //! `/generate` and vLLM's `/v1/completions` and `/v1/chat/completions` (streaming and not),
-//! with `/health`, `/v1/models`, `/get_model_info` and `/abort_request`. It is what the
-//! demo, the tests and the benchmarks run against.
+//! with `/health`, `/v1/models`, `/get_model_info` and `/abort_request`, and with
+//! `--tokenize-api` one server kind's rendering endpoints (`render`: vLLM's `/tokenize`,
+//! llama.cpp's `/apply-template`, SGLang's `/v1/tokenize`). It is what the demo, the tests
+//! and the benchmarks run against.
 //!
 //! How it simulates (see the submodules for details):
 //! - **Tokens.** One token per whitespace-separated word of a text prompt (or one per id
-//!   of an id prompt; chat messages are rendered `"{role}: {content}\n"` first). Output
+//!   of an id prompt; chat messages are rendered `"{role}: {content}\n"` first), or the
+//!   real tokenizer's ids with `--tokenizer` (see **Prompts**). Output
 //!   token `t` (in `0..32000`) has the text `" w{t}"`, so text is always the concatenation
 //!   of the ids' texts (markers and tool-call characters too, see below). Chat renders
 //!   `"tools: {names}\n"` first when tools are offered, an assistant's `reasoning_content`
 //!   (or `reasoning`) as `<think>\n{r}\n</think>\n\n` before its content, and its
 //!   `tool_calls` as ` <tool_call> {name}` after it; `tool` messages as any other role.
-//! - **Real tokens** (`--tokenizer FILE`, a HuggingFace `tokenizer.json`). The same plans,
+//! - **Prompts** are rendered and encoded by `render`: chat by `--chat-template` when
+//!   given, text by `--tokenizer`'s real tokenizer when given (so a chat answer's
+//!   `prompt_token_ids` and `usage.prompt_tokens` are what `/tokenize` answers).
+//! - **Real tokens** (`--tokenizer PATH`: a `tokenizer.json`, or a model folder such as
+//!   Kimi's tiktoken one). The same plans,
 //!   each id replaced by real tokens of that tokenizer (see `vocab`): words are one-token
 //!   English words after a space, the think block Qwen3-style `<think>` `\n` … `\n`
 //!   `</think>` `\n\n`, so encoding the text gives back the ids. No tool calls.
@@ -97,8 +104,11 @@ mod exporter;
 mod handlers;
 pub mod kv;
 mod log;
+mod render;
 mod sim;
 mod vocab;
+
+pub use self::render::TokenizeApi;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -158,6 +168,10 @@ pub struct MockConfig {
     /// Ignore `return_token_ids` on the OpenAI APIs (like servers without it).
     #[arg(long)]
     pub no_token_ids: bool,
+    /// Refuse a streamed chat request that asks for `return_token_ids` with a 400, as
+    /// SGLang's chat API does.
+    #[arg(long)]
+    pub refuse_stream_ids: bool,
     /// Never send `usage` on the OpenAI APIs (forces client-side counting).
     #[arg(long)]
     pub no_usage: bool,
@@ -195,9 +209,10 @@ pub struct MockConfig {
     /// The field the reasoning parser fills: `reasoning_content`, or vLLM's newer `reasoning`.
     #[arg(long, value_enum, default_value_t = ReasoningField::ReasoningContent)]
     pub reasoning_field: ReasoningField,
-    /// A HuggingFace `tokenizer.json`: completions are made of that tokenizer's real
-    /// tokens (ids and text consistent), think markers its `<think>`/`</think>`; no tool
-    /// calls. Without it, ids are the mock's own (`w{t}` words).
+    /// A tokenizer (a HuggingFace `tokenizer.json`, or a model folder such as Kimi's
+    /// `tiktoken.model` one): completions are made of that tokenizer's real tokens (ids and
+    /// text consistent), think markers its `<think>`/`</think>`; no tool calls. Without it,
+    /// ids are the mock's own (`w{t}` words).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// With `--tokenizer`: a completion that stops ends with the end-of-turn id
@@ -228,6 +243,17 @@ pub struct MockConfig {
     /// Which names `/metrics` exports the server's gauges under (`none`: no `/metrics`).
     #[arg(long, value_enum, default_value_t = MetricNames::Both)]
     pub metrics_names: MetricNames,
+    /// Serve the rendering endpoints of this server kind (`vllm`: `/tokenize` taking a
+    /// prompt or messages, `/detokenize`; `llama-cpp`: `/apply-template`, `/tokenize`
+    /// taking `content`, `/detokenize`; `sglang`: `/tokenize` and `/v1/tokenize` taking a
+    /// prompt only). None by default.
+    #[arg(long, value_enum)]
+    pub tokenize_api: Option<TokenizeApi>,
+    /// A chat template (a `.jinja` file, or a `tokenizer_config.json` with one) the mock
+    /// renders chat with, on its rendering endpoints and for `/v1/chat/completions`'
+    /// prompt ids, instead of its own `role: content` lines.
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
 }
 
 /// The metric names `/metrics` uses: a vLLM's, an SGLang's, both, or no endpoint at all.
@@ -283,6 +309,7 @@ impl Default for MockConfig {
             instant: false,
             incremental: false,
             no_token_ids: false,
+            refuse_stream_ids: false,
             no_usage: false,
             fail_500: 0.0,
             fail_429: 0.0,
@@ -304,6 +331,8 @@ impl Default for MockConfig {
             prefill_chunk: 8192,
             cache_block: 16,
             metrics_names: MetricNames::Both,
+            tokenize_api: None,
+            chat_template: None,
         }
     }
 }
@@ -524,6 +553,8 @@ pub struct MockState {
     next_id: AtomicU64,
     /// `--tokenizer`: the real tokens completions are made of.
     vocab: Option<Arc<vocab::RealVocab>>,
+    /// How prompts become ids (`--chat-template`, `--tokenizer`).
+    rendering: render::MockRendering,
 }
 
 impl MockState {
@@ -548,8 +579,11 @@ impl MockState {
             .as_deref()
             .map(|p| vocab::RealVocab::load(p, cfg.eos_in_ids).map(Arc::new))
             .transpose()?;
+        let rendering =
+            render::MockRendering::load(cfg.chat_template.as_deref(), cfg.tokenizer.as_deref())?;
         Ok(Arc::new(Self {
             vocab,
+            rendering,
             lengths: LengthModel::new(cfg.mean_tokens, cfg.sigma, cfg.min_tokens, cfg.seed)?,
             fault_mix: cfg.faults(),
             // A stream of its own, so faults never shift the outputs.
@@ -673,14 +707,29 @@ impl MockState {
 
 /// The mock's routes over `state`, for embedding in another server or a test.
 pub fn router(state: Arc<MockState>) -> Router {
-    let metrics = state.cfg.metrics_names != MetricNames::None;
-    let r = Router::new();
-    let r = if metrics {
-        r.route("/metrics", get(exporter::metrics))
+    let routes = Router::new();
+    let routes = if state.cfg.metrics_names != MetricNames::None {
+        routes.route("/metrics", get(exporter::metrics))
     } else {
-        r
+        routes
     };
-    r.route("/generate", post(handlers::generate))
+    let routes = match state.cfg.tokenize_api {
+        None => routes,
+        Some(TokenizeApi::Vllm) => routes
+            .route("/tokenize", post(render::vllm_tokenize))
+            .route("/detokenize", post(render::vllm_detokenize)),
+        Some(TokenizeApi::LlamaCpp) => routes
+            .route("/apply-template", post(render::llama_apply_template))
+            .route("/tokenize", post(render::llama_tokenize))
+            .route("/detokenize", post(render::llama_detokenize)),
+        Some(TokenizeApi::Sglang) => routes
+            .route("/tokenize", post(render::sglang_tokenize))
+            .route("/v1/tokenize", post(render::sglang_tokenize))
+            .route("/detokenize", post(render::sglang_detokenize))
+            .route("/v1/detokenize", post(render::sglang_detokenize)),
+    };
+    routes
+        .route("/generate", post(handlers::generate))
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat))
         .route("/abort_request", post(handlers::abort_request))

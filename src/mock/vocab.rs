@@ -1,4 +1,5 @@
-//! `--tokenizer`: the mock's completions made of real tokens of a HuggingFace tokenizer, so
+//! `--tokenizer`: the mock's completions made of real tokens of a real tokenizer (a
+//! `tokenizer.json`, or a model folder such as Kimi's with its tiktoken vocabulary), so
 //! ids, text and counts are what a server running that model would send.
 //!
 //! The plan is drawn exactly as in the default mode (same lengths, same word draws), then
@@ -13,7 +14,8 @@
 //! Invariants:
 //! - Encoding the completion text (no special tokens added) gives exactly the ids sent,
 //!   because every word is letters after one space and the markers are special tokens or
-//!   newlines the pre-tokenizer splits at. The unit test checks it on the Qwen3 fixture.
+//!   newlines the pre-tokenizer splits at. The unit tests check it on the Qwen3 and Kimi
+//!   fixtures.
 //! - The cap applies to real ids: a plan cut by `max_tokens` holds `max_tokens` ids and
 //!   finishes `length`; otherwise it finishes `stop`, and with `--eos-in-ids` ends with the
 //!   tokenizer's end-of-turn id (`eos_token` of the `tokenizer_config.json` beside it), whose
@@ -333,7 +335,8 @@ fn one_id(tok: &Tokenizer, text: &str) -> Result<Option<u32>> {
 }
 
 impl RealVocab {
-    /// Loads `tokenizer.json` at `path` and checks the words and markers it needs.
+    /// Loads the tokenizer at `path` (a file or a model folder) and checks the words and
+    /// markers it needs.
     pub(crate) fn load(path: &Path, eos_in_ids: bool) -> Result<Self> {
         let tok = Tokenizer::from_file(path)
             .map_err(|e| anyhow!("{e}"))
@@ -376,7 +379,7 @@ impl RealVocab {
         }
         // Only `--eos-in-ids` needs the tokenizer's own end of turn; otherwise it is just
         // the id `/generate` reports as matched.
-        let eos = match end_of_turn_of(path, &tok)? {
+        let eos = match end_of_turn_of(tok.origin(), &tok)? {
             Some(e) => e.id,
             None if !eos_in_ids => super::sim::EOS_ID,
             None => bail!(
@@ -467,11 +470,10 @@ impl RealVocab {
 mod tests {
     use super::*;
 
-    fn qwen3() -> (std::path::PathBuf, Tokenizer) {
-        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/tokenizers/qwen3/tokenizer.json");
-        let tok = Tokenizer::from_file(&p).unwrap();
-        (p, tok)
+    fn fixture(rel: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tokenizers")
+            .join(rel)
     }
 
     fn limits(max: u32) -> Limits {
@@ -482,18 +484,22 @@ mod tests {
         }
     }
 
-    /// With Qwen3's tokenizer, encoding the text of every plan (think block or not, capped
-    /// or not) gives back exactly its ids; think markers are Qwen3's own tokens; a stopped
-    /// plan ends with `<|im_end|>` only with `--eos-in-ids`, a capped one never.
-    #[test]
-    fn real_plans_round_trip_through_qwen3() {
-        let (p, tok) = qwen3();
-        let v = RealVocab::load(&p, false).unwrap();
+    /// The ids a tokenizer's plans must use: `(think_open, think_close, nl, nl2)` and the
+    /// end-of-turn id `--eos-in-ids` sends.
+    struct Expect {
+        markers: (u32, u32, u32, u32),
+        eos: u32,
+    }
+
+    /// Encoding the text of every plan (think block or not, capped or not) gives back
+    /// exactly its ids; think markers are the tokenizer's own; a stopped plan ends with
+    /// the end-of-turn id only with `--eos-in-ids`, a capped one never.
+    fn plans_round_trip(path: &Path, want: Expect) {
+        let tok = Tokenizer::from_file(path).unwrap();
+        let v = RealVocab::load(path, false).unwrap();
         assert!(v.words.len() >= 200, "{} words", v.words.len());
-        assert_eq!(
-            (v.think_open, v.think_close, v.nl, v.nl2),
-            (151667, 151668, 198, 271)
-        );
+        assert_eq!((v.think_open, v.think_close, v.nl, v.nl2), want.markers);
+        let (open, close, nl, nl2) = want.markers;
         let lengths = LengthModel::new(40.0, 0.8, 1, 7).unwrap();
         let mut thought = 0;
         for key in 0..200u64 {
@@ -503,18 +509,19 @@ mod tests {
                     let mut text = String::new();
                     v.push_text(&mut text, &plan.ids);
                     assert_eq!(tok.encode(&text, false).unwrap(), plan.ids, "{text:?}");
+                    assert_eq!(tok.decode(&plan.ids).unwrap(), text);
                     assert!(plan.ids.len() <= max as usize);
                     assert_eq!(
                         plan.finish == Finish::Length,
                         plan.ids.len() == max as usize
                     );
                     if think == Think::Block && plan.ids.len() > 2 {
-                        assert_eq!(plan.ids[..2], [151667, 198]);
+                        assert_eq!(plan.ids[..2], [open, nl]);
                         thought += 1;
                     }
                     if max == u32::MAX && think != Think::Off {
                         let t = &plan.ids[plan.think_end - 2..plan.think_end];
-                        assert_eq!(t, [151668, 271]);
+                        assert_eq!(t, [close, nl2]);
                         let mut r = String::new();
                         v.push_text(&mut r, &plan.ids[plan.thinking.clone()]);
                         assert!(r.starts_with(' ') && !r.contains('<'), "{r:?}");
@@ -523,16 +530,41 @@ mod tests {
             }
         }
         assert!(thought > 100);
-        let with_eos = RealVocab::load(&p, true).unwrap();
+        let with_eos = RealVocab::load(path, true).unwrap();
         let stop = with_eos.plan(&lengths, 3, limits(u32::MAX), Think::Block);
         assert_eq!(stop.finish, Finish::Stop);
-        assert_eq!(stop.ids.last(), Some(&151645));
+        assert_eq!(stop.ids.last(), Some(&want.eos));
         assert_eq!(
             &stop.ids[..stop.ids.len() - 1],
             &v.plan(&lengths, 3, limits(u32::MAX), Think::Block).ids[..]
         );
         let cut = with_eos.plan(&lengths, 3, limits(5), Think::Block);
         assert_eq!((cut.finish, cut.ids.len()), (Finish::Length, 5));
-        assert_ne!(cut.ids.last(), Some(&151645));
+        assert_ne!(cut.ids.last(), Some(&want.eos));
+    }
+
+    /// Qwen3's `tokenizer.json`: `<think>`, `</think>`, `\n`, `\n\n` and `<|im_end|>`.
+    #[test]
+    fn real_plans_round_trip_through_qwen3() {
+        plans_round_trip(
+            &fixture("qwen3/tokenizer.json"),
+            Expect {
+                markers: (151667, 151668, 198, 271),
+                eos: 151645,
+            },
+        );
+    }
+
+    /// Kimi's model folder (tiktoken): its special `<think>`/`</think>`, its newlines, and
+    /// the `eos_token` of its `tokenizer_config.json` (`[EOS]`).
+    #[test]
+    fn real_plans_round_trip_through_kimi() {
+        plans_round_trip(
+            &fixture("kimi-k2"),
+            Expect {
+                markers: (163606, 163607, 198, 382),
+                eos: 163585,
+            },
+        );
     }
 }

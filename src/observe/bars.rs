@@ -261,10 +261,18 @@ pub struct LogWriter;
 
 impl Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        // The fmt layer writes one whole event per call; write it whole.
+        // The fmt layer writes one whole event per call; write it whole, on one line: a
+        // line break or control character from outside (a server's message) is escaped;
+        // only the formatter's colours (SGR sequences) are kept.
+        let text = String::from_utf8_lossy(buf);
+        let body = text.strip_suffix('\n').unwrap_or(&text);
+        let safe = crate::observe::printable::escape_keeping_colours(body);
         let write = || {
             let mut e = std::io::stderr().lock();
-            e.write_all(buf)?;
+            e.write_all(safe.as_bytes())?;
+            if body.len() < text.len() {
+                e.write_all(b"\n")?;
+            }
             e.flush()
         };
         match active() {

@@ -38,6 +38,7 @@ pub struct Metrics {
     pub concurrency_limit: IntGaugeVec,
     pub shards_written: IntCounterVec,
     pub shard_bytes: IntCounterVec,
+    pub prompt_disagreements: IntCounterVec,
 }
 
 /// One dataset's hot-path handles.
@@ -52,6 +53,10 @@ pub struct DatasetMetrics {
     pub streamed_tokens: IntCounter,
     pub duration: prometheus::Histogram,
     pub ttft: prometheus::Histogram,
+    /// Chat answers whose prompt disagrees with spool's own rendering.
+    pub prompt_disagreements: IntCounter,
+    /// Set once the first disagreement of the dataset has been logged.
+    pub disagreement_warned: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -198,6 +203,13 @@ impl Metrics {
                 Opts::new("spool_shard_bytes_total", "Bytes of sealed shard files."),
                 ds
             )),
+            prompt_disagreements: reg!(IntCounterVec::new(
+                Opts::new(
+                    "spool_prompt_token_disagreements_total",
+                    "Chat answers whose prompt differs from spool's own rendering: the server's prompt ids, or else its usage.prompt_tokens, against spool's ids."
+                ),
+                ds
+            )),
             registry,
         }
     }
@@ -218,6 +230,8 @@ impl Metrics {
             streamed_tokens: self.streamed_tokens.with_label_values(&[name]),
             duration: self.request_duration.with_label_values(&[name]),
             ttft: self.ttft.with_label_values(&[name]),
+            prompt_disagreements: self.prompt_disagreements.with_label_values(&[name]),
+            disagreement_warned: Default::default(),
         }
     }
 
@@ -322,6 +336,7 @@ mod tests {
             "spool_server_up{server=\"http://x\"}",
             "spool_shards_written_total{dataset=\"a\"}",
             "spool_shard_bytes_total{dataset=\"a\"}",
+            "spool_prompt_token_disagreements_total{dataset=\"a\"}",
             "spool_run_eta_seconds 12",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");

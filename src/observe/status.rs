@@ -6,32 +6,170 @@
 
 use crate::config::Config;
 use crate::observe::figures::{format_duration, human};
+use crate::observe::printable::escape;
 use crate::store::queue::{Queue, QueueError};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// A running process's `/status` (`url` is its endpoint, with or without `/status`): for
-/// `spool status --url` and for a cluster worker copying its own to the store. The error
-/// names the endpoint.
+/// Most bytes of a `/status` answer read: a report of a thousand datasets is well under
+/// it; a server that sends more is not a spool endpoint.
+pub const MAX_STATUS_BYTES: usize = 4 << 20;
+
+/// A running process's `/status` (`url` is its endpoint, `http://HOST:PORT`, with or
+/// without `/status`): for `spool status --url` and for a cluster worker copying its own
+/// to the store. The error names the endpoint. Bounded whatever answers: `timeout` for the
+/// whole exchange, [`MAX_STATUS_BYTES`] of body, redirects followed only to the same
+/// origin (scheme, host and port).
 pub async fn fetch(url: &str, timeout: std::time::Duration) -> Result<StatusReport, String> {
+    let endpoint = status_url(url)?;
+    let (_, report) = get_report(&endpoint, timeout, None, None).await?;
+    Ok(report)
+}
+
+/// The `/status` of the run that owns `data_dir`'s queue, from the address it wrote there,
+/// only if the endpoint proves it holds the token the run wrote beside it
+/// ([`crate::observe::http::proof`]); then asked again with the token, so the failures
+/// carry their reasons. `Err` says why there is no trusted report: `Untrusted` when
+/// something answered without the proof (another process on the port).
+pub async fn fetch_own(
+    addr: &str,
+    token: &str,
+    timeout: std::time::Duration,
+) -> Result<StatusReport, OwnStatusError> {
+    use crate::observe::http::{proof, PROOF_HEADER};
+    let endpoint = status_url(&format!("http://{addr}")).map_err(OwnStatusError::NoAnswer)?;
+    let challenge: String = (0..16)
+        .map(|_| format!("{:02x}", rand::random::<u8>()))
+        .collect();
+    let (headers, _) = get_report(&endpoint, timeout, Some(&challenge), None)
+        .await
+        .map_err(OwnStatusError::NoAnswer)?;
+    let answered = headers
+        .get(PROOF_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if answered != proof(token, &challenge) {
+        return Err(OwnStatusError::Untrusted(format!(
+            "{endpoint} answers, but cannot prove it is the run of this queue (no token \
+             proof): another process holds the port; its report is ignored"
+        )));
+    }
+    let (_, report) = get_report(&endpoint, timeout, None, Some(token))
+        .await
+        .map_err(OwnStatusError::NoAnswer)?;
+    Ok(report)
+}
+
+/// Why [`fetch_own`] has no report.
+#[derive(Debug, thiserror::Error)]
+pub enum OwnStatusError {
+    /// Nothing usable answered (no process, or not a spool endpoint).
+    #[error("{0}")]
+    NoAnswer(String),
+    /// Something answered without proving it holds the run's token.
+    #[error("{0}")]
+    Untrusted(String),
+}
+
+/// `url`'s `/status`; a URL without `http://` or `https://` is refused with what to add.
+fn status_url(url: &str) -> Result<reqwest::Url, String> {
     let base = url.trim_end_matches('/');
     let base = base.strip_suffix("/status").unwrap_or(base);
-    let endpoint = format!("{base}/status");
+    let safe = crate::observe::printable::escape(base);
+    if !base.contains("://") {
+        return Err(format!(
+            "`{safe}` has no scheme: add `http://` (e.g. `http://{safe}`)"
+        ));
+    }
+    let u = reqwest::Url::parse(&format!("{base}/status"))
+        .map_err(|e| format!("`{safe}` is not a URL: {e}"))?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err(format!(
+            "`{safe}`: only http:// and https:// endpoints are read"
+        ));
+    }
+    Ok(u)
+}
+
+/// One bounded GET of a `/status`: its headers and report.
+async fn get_report(
+    endpoint: &reqwest::Url,
+    timeout: std::time::Duration,
+    challenge: Option<&str>,
+    token: Option<&str>,
+) -> Result<(reqwest::header::HeaderMap, StatusReport), String> {
+    let origin = endpoint.origin();
     let client = reqwest::Client::builder()
         .no_proxy()
         .timeout(timeout)
+        .connect_timeout(timeout)
+        .redirect(reqwest::redirect::Policy::custom(move |a| {
+            if a.previous().len() >= 3 {
+                a.error("too many redirects")
+            } else if a.url().origin() != origin {
+                a.error("redirect to another origin refused")
+            } else {
+                a.follow()
+            }
+        }))
         .build()
         .map_err(|e| format!("{endpoint}: {e}"))?;
-    let r = client
-        .get(&endpoint)
+    let mut url = endpoint.clone();
+    if let Some(c) = challenge {
+        url.query_pairs_mut().append_pair("challenge", c);
+    }
+    let mut req = client.get(url);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let mut r = req
         .send()
         .await
-        .map_err(|e| format!("{endpoint}: no answer: {e}"))?;
+        .map_err(|e| format!("{endpoint}: no answer: {}", error_chain(&e)))?;
     if !r.status().is_success() {
         return Err(format!("{endpoint}: answered {}", r.status()));
     }
-    let body = r.bytes().await.map_err(|e| format!("{endpoint}: {e}"))?;
-    serde_json::from_slice(&body).map_err(|e| format!("{endpoint}: not a spool status report: {e}"))
+    if r.content_length()
+        .is_some_and(|n| n > MAX_STATUS_BYTES as u64)
+    {
+        return Err(format!(
+            "{endpoint}: answer larger than {} MiB: not a spool status report",
+            MAX_STATUS_BYTES >> 20
+        ));
+    }
+    let headers = r.headers().clone();
+    let mut body = Vec::new();
+    while let Some(chunk) = r
+        .chunk()
+        .await
+        .map_err(|e| format!("{endpoint}: {}", error_chain(&e)))?
+    {
+        if body.len() + chunk.len() > MAX_STATUS_BYTES {
+            return Err(format!(
+                "{endpoint}: answer larger than {} MiB: not a spool status report",
+                MAX_STATUS_BYTES >> 20
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    let report = serde_json::from_slice(&body)
+        .map_err(|e| format!("{endpoint}: not a spool status report: {e}"))?;
+    Ok((headers, report))
+}
+
+/// An error and its causes on one line (reqwest's own says only "error sending request").
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let s = c.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cause = c.source();
+    }
+    out
 }
 
 /// Where a dataset stands: the one vocabulary of `spool status`, `/status`, and the
@@ -212,7 +350,9 @@ impl StatusReport {
     }
 
     /// The human table: where the figures come from, one row per dataset, then the first
-    /// permanent failures. The rate and ETA columns appear only in a live report.
+    /// permanent failures. Names and reasons come from outside (a remote endpoint, a
+    /// server's message): their control characters are escaped. The rate and ETA columns
+    /// appear only in a live report.
     pub fn render_table(&self) -> String {
         let mut header = vec![
             "dataset",
@@ -236,7 +376,7 @@ impl StatusReport {
                 None => human(d.completion_tokens),
             };
             let mut row = vec![
-                d.name.clone(),
+                escape(&d.name).into_owned(),
                 format!("{}/{}", d.done, d.items),
                 d.pending.to_string(),
                 d.inflight.to_string(),
@@ -304,7 +444,11 @@ impl StatusReport {
         }
         for d in &self.datasets {
             for (line, reason) in &d.failures {
-                out.push_str(&format!("{}: failed at line {line}: {reason}\n", d.name));
+                out.push_str(&format!(
+                    "{}: failed at line {line}: {}\n",
+                    escape(&d.name),
+                    escape(reason)
+                ));
             }
         }
         out
@@ -378,6 +522,24 @@ mod tests {
              dataset   done  pending  inflight  failed  rejected  tokens/budget  overshoot  shards       state\n\
              math     28/80       50         2       2         1    12.2k/12.0k        203       1  budget_met\n\
              math: failed at line 12: HTTP 400: too long\n"
+        );
+    }
+
+    /// A dataset name and a failure reason with terminal escapes and line breaks are
+    /// printed escaped: one table line each, no control character.
+    #[test]
+    fn table_escapes_text_from_outside() {
+        let mut r = report(false);
+        r.datasets[0].name = "ma\u{1b}[2Jth".into();
+        r.datasets[0].failures = vec![(3, "HTTP 500: \u{1b}]0;owned\u{7}\nfake line\r".into())];
+        let t = r.render_table();
+        assert!(!t.chars().any(|c| c.is_control() && c != '\n'), "{t:?}");
+        assert_eq!(t.lines().count(), 4, "{t}");
+        assert!(
+            t.contains(
+                "ma\\u{1b}[2Jth: failed at line 3: HTTP 500: \\u{1b}]0;owned\\u{7}\\nfake line\\r"
+            ),
+            "{t}"
         );
     }
 

@@ -5,7 +5,12 @@
 //! multipart upload completed only after every part; aborted on failure); a conditional
 //! create whose answer was lost and that finds its own bytes in place reports them as its
 //! own, never as someone else's; credentials come from the environment or the store's
-//! own chain and are never in a `Debug`, an error or a log (only the URL as given is).
+//! own chain and are never in a `Debug`, an error or a log (only the URL as given is): the
+//! store's error text (which may echo the request: S3's `SignatureDoesNotMatch` carries the
+//! key id and the canonical request with the session token) is redacted
+//! ([`crate::secrets`]) before it becomes a [`BucketError`]; an object is read into memory
+//! only up to a stated size ([`Bucket::get_capped`]); a download never writes through a
+//! name someone else planted (created exclusively, without following a symlink, 0600).
 
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -31,18 +36,60 @@ const CREATE_TRIES: u32 = 8;
 pub enum BucketError {
     #[error("{url}: {detail}")]
     Url { url: String, detail: String },
-    #[error("{url}: {op} {key}: {source}")]
+    /// The store's error, as text with every credential redacted (not the error itself:
+    /// its chain would print what the store echoed).
+    #[error("{url}: {op} {key}: {detail}")]
     Store {
         url: String,
         op: &'static str,
         key: String,
-        source: Box<object_store::Error>,
+        detail: String,
     },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{url}: {key}: more than {limit} bytes, more than spool ever writes there; not read")]
+    TooLarge {
+        url: String,
+        key: String,
+        limit: u64,
+    },
+}
+
+/// A credential's value shorter than this is not looked for in the store's text (it would
+/// mangle ordinary words); AWS's key ids (20), secrets (40) and session tokens are longer,
+/// and credential-shaped fields are redacted whatever their length.
+const MIN_SECRET_CHARS: usize = 8;
+
+/// The values among the `AWS_*` settings that are credentials.
+fn store_secrets(env: &[(String, String)]) -> crate::secrets::Secrets {
+    crate::secrets::Secrets::new(
+        env.iter()
+            .filter(|(k, v)| {
+                k.starts_with("AWS_")
+                    && (k.contains("KEY") || k.contains("SECRET") || k.contains("TOKEN"))
+                    && !k.ends_with("_FILE")
+                    && v.chars().count() >= MIN_SECRET_CHARS
+            })
+            .map(|(_, v)| v),
+    )
+}
+
+/// An object-store error's text and its causes, redacted.
+fn redacted(secrets: &crate::secrets::Secrets, e: &object_store::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = std::error::Error::source(e);
+    while let Some(c) = cur {
+        let c_text = c.to_string();
+        if !s.contains(&c_text) {
+            s.push_str(": ");
+            s.push_str(&c_text);
+        }
+        cur = c.source();
+    }
+    secrets.redact(&s)
 }
 
 /// The hex sha256 of a file: what an upload reports and a manifest records.
@@ -105,6 +152,8 @@ pub struct Bucket {
     store: Arc<dyn ObjectStore>,
     root: String,
     url: String,
+    /// The credentials from the environment, redacted from every error.
+    secrets: crate::secrets::Secrets,
 }
 
 impl std::fmt::Debug for Bucket {
@@ -132,11 +181,12 @@ impl Bucket {
             url: url.into(),
             detail: detail.into(),
         };
-        let store_err = |source| BucketError::Store {
+        let secrets = store_secrets(env);
+        let store_err = |source: object_store::Error| BucketError::Store {
             url: url.into(),
             op: "open",
             key: String::new(),
-            source: Box::new(source),
+            detail: redacted(&secrets, &source),
         };
         let trimmed = url.trim_end_matches('/');
         if let Some(rest) = trimmed.strip_prefix("s3://") {
@@ -185,6 +235,7 @@ impl Bucket {
                 store: Arc::new(store),
                 root: prefix.trim_matches('/').to_string(),
                 url: url.into(),
+                secrets,
             })
         } else if let Some(dir) = trimmed.strip_prefix("file://") {
             if !dir.starts_with('/') {
@@ -200,12 +251,14 @@ impl Bucket {
                 store: Arc::new(store),
                 root: String::new(),
                 url: url.into(),
+                secrets,
             })
         } else if url.starts_with("memory://") {
             Ok(Bucket {
                 store: Arc::new(object_store::memory::InMemory::new()),
                 root: String::new(),
                 url: url.into(),
+                secrets,
             })
         } else {
             Err(bad("not an object-store URL (s3://, file:// or memory://)"))
@@ -235,7 +288,7 @@ impl Bucket {
             url: self.url.clone(),
             op,
             key: key.into(),
-            source: Box::new(source),
+            detail: redacted(&self.secrets, &source),
         }
     }
 
@@ -332,7 +385,7 @@ impl Bucket {
                 Err(e) => {
                     // The request may or may not have landed: try again; finding our
                     // own bytes there then means it did.
-                    tracing::warn!(url = %self.url, key, tries, error = %e,
+                    tracing::warn!(url = %self.url, key, tries, error = %redacted(&self.secrets, &e),
                         "conditional create failed in transit; trying again");
                     tokio::time::sleep(Duration::from_millis(100 << tries.min(6))).await;
                 }
@@ -356,6 +409,56 @@ impl Bucket {
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.err("get", key)(e)),
         }
+    }
+
+    /// The object's bytes, or `None` when there is none; an object larger than `limit` is
+    /// [`BucketError::TooLarge`], refused before (or while) it is read, never held whole.
+    pub async fn get_capped(&self, key: &str, limit: u64) -> Result<Option<Bytes>, BucketError> {
+        let r = match self.store.get(&self.path(key)).await {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.err("get", key)(e)),
+        };
+        let too_large = || BucketError::TooLarge {
+            url: self.url.clone(),
+            key: key.into(),
+            limit,
+        };
+        if r.meta.size > limit {
+            return Err(too_large());
+        }
+        let mut out = Vec::with_capacity(r.meta.size as usize);
+        let mut stream = r.into_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(self.err("get", key))?;
+            if (out.len() + chunk.len()) as u64 > limit {
+                return Err(too_large());
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(Some(Bytes::from(out)))
+    }
+
+    /// The size and sha256 of the object's bytes as the store serves them (streamed, not
+    /// held), or `None` when there is none.
+    pub async fn checksum(&self, key: &str) -> Result<Option<Uploaded>, BucketError> {
+        let r = match self.store.get(&self.path(key)).await {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.err("checksum", key)(e)),
+        };
+        let mut hash = Sha256::new();
+        let mut n = 0u64;
+        let mut stream = r.into_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(self.err("checksum", key))?;
+            hash.update(&chunk);
+            n += chunk.len() as u64;
+        }
+        Ok(Some(Uploaded {
+            bytes: n,
+            sha256: crate::config::hex(&hash.finalize()),
+        }))
     }
 
     /// The object's size and ETag, or `None` when there is none.
@@ -394,7 +497,9 @@ impl Bucket {
             .map_err(self.err("copy", from))
     }
 
-    /// Streams `key` into `local` (a temporary name beside it, synced, then renamed).
+    /// Streams `key` into `local` (a temporary name beside it, synced, then renamed). The
+    /// temporary file is private (0600) and made exclusively: a name planted there, a
+    /// symlink included, is removed rather than written through.
     pub async fn download(&self, key: &str, local: &Path) -> Result<u64, BucketError> {
         let name = local
             .file_name()
@@ -411,7 +516,8 @@ impl Bucket {
             .await
             .map_err(self.err("download", key))?;
         let mut stream = r.into_stream();
-        let mut file = std::fs::File::create(&tmp).map_err(io)?;
+        let mut file = crate::output::files::replace(&tmp, crate::output::files::PRIVATE_FILE_MODE)
+            .map_err(io)?;
         let mut n = 0u64;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(self.err("download", key))?;
@@ -464,6 +570,76 @@ mod tests {
                 b.create("k", Bytes::from("b")).await.unwrap(),
                 Created::Theirs(Bytes::from("a"))
             );
+        });
+    }
+
+    /// A store error that echoes the request (S3's `SignatureDoesNotMatch`: the key id,
+    /// the signature, the canonical request with the session token) reaches the error and
+    /// its log line redacted; short settings are left alone.
+    #[test]
+    fn store_errors_are_redacted() {
+        let env: Vec<(String, String)> = [
+            ("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEKEY123456"),
+            (
+                "AWS_SECRET_ACCESS_KEY",
+                "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            ),
+            ("AWS_SESSION_TOKEN", "FwoGZXIvYXdzEJr//////////wEaDToken"),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ALLOW_HTTP", "true"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let secrets = store_secrets(&env);
+        let echo = object_store::Error::Generic {
+            store: "S3",
+            source: "<AWSAccessKeyId>AKIAEXAMPLEKEY123456</AWSAccessKeyId><CanonicalRequest>x-amz-security-token:FwoGZXIvYXdzEJr//////////wEaDToken\nx-amz-date:1</CanonicalRequest> secret wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY us-east-1"
+                .into(),
+        };
+        let shown = redacted(&secrets, &echo);
+        for gone in ["AKIAEXAMPLE", "FwoGZXIv", "wJalrXUtn"] {
+            assert!(!shown.contains(gone), "{gone} in {shown}");
+        }
+        assert!(shown.contains("us-east-1"), "{shown}");
+    }
+
+    /// `get_capped` refuses an object larger than asked without holding it.
+    #[test]
+    fn capped_reads_refuse_large_objects() {
+        rt().block_on(async {
+            let b = Bucket::open("memory://", &BucketOptions::default()).unwrap();
+            b.put("k", Bytes::from(vec![1u8; 1000])).await.unwrap();
+            assert_eq!(b.get_capped("k", 1000).await.unwrap().unwrap().len(), 1000);
+            assert!(matches!(
+                b.get_capped("k", 999).await,
+                Err(BucketError::TooLarge { .. })
+            ));
+            assert_eq!(b.get_capped("none", 1).await.unwrap(), None);
+            let sum = b.checksum("k").await.unwrap().unwrap();
+            assert_eq!(sum.bytes, 1000);
+            assert_eq!(sum.sha256, crate::config::hex(&Sha256::digest([1u8; 1000])));
+        });
+    }
+
+    /// A download does not write through a symlink planted at its temporary name: the
+    /// victim keeps its bytes, the download lands, and the file is the owner's alone.
+    #[test]
+    fn a_download_does_not_follow_a_planted_symlink() {
+        use std::os::unix::fs::PermissionsExt;
+        rt().block_on(async {
+            let dir = tempfile::tempdir().unwrap();
+            let b = Bucket::open("memory://", &BucketOptions::default()).unwrap();
+            b.put("k", Bytes::from("shard bytes")).await.unwrap();
+            let victim = dir.path().join("victim");
+            std::fs::write(&victim, b"precious").unwrap();
+            std::os::unix::fs::symlink(&victim, dir.path().join(".shard.parquet.part")).unwrap();
+            let local = dir.path().join("shard.parquet");
+            b.download("k", &local).await.unwrap();
+            assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+            assert_eq!(std::fs::read(&local).unwrap(), b"shard bytes");
+            let m = std::fs::symlink_metadata(&local).unwrap();
+            assert!(m.is_file() && m.permissions().mode() & 0o077 == 0);
         });
     }
 

@@ -20,8 +20,9 @@ use parquet::file::metadata::ParquetMetaData;
 
 #[cfg(doc)]
 use crate::output::schema::schema;
-use crate::output::schema::{check_schema, ARROW_SCHEMA_KEY, GENERATION_COLUMNS};
+use crate::output::schema::{check_schema, is_appended, ARROW_SCHEMA_KEY};
 use crate::output::shard::ShardError;
+use crate::prompt::remote::IdsSource;
 use crate::store::row::ShardRow;
 
 /// Rows per decoded batch: bounds the memory of one read whatever the shard's size.
@@ -100,9 +101,9 @@ impl ShardReader {
             let schema = builder.schema().clone();
             let roots = columns
                 .iter()
-                // A shard written before the generation columns lacks them: they read as
-                // absent ([`opt_column`]).
-                .filter(|c| !GENERATION_COLUMNS.contains(c) || schema.index_of(c).is_ok())
+                // A shard written before an appended column lacks it: it reads as absent
+                // ([`opt_column`]).
+                .filter(|c| !is_appended(c) || schema.index_of(c).is_ok())
                 .map(|c| {
                     builder
                         .schema()
@@ -154,8 +155,8 @@ pub fn column<'a, T: 'static>(
         })
 }
 
-/// Column `name` as its Arrow array type, or None when the shard has no such column (one
-/// of [`GENERATION_COLUMNS`] in a shard written before them, or not projected).
+/// Column `name` as its Arrow array type, or None when the shard has no such column (an
+/// appended one in a shard written before it, or not projected).
 pub fn opt_column<'a, T: 'static>(
     path: &Path,
     batch: &'a RecordBatch,
@@ -221,6 +222,7 @@ pub fn batch_to_rows(
         text("sampling")?,
         text("partial")?,
     );
+    let source = text("prompt_ids_source")?;
     out.reserve(batch.num_rows());
     for i in 0..batch.num_rows() {
         out.push(ShardRow {
@@ -247,6 +249,17 @@ pub fn batch_to_rows(
             tools: text_at(tools, i),
             sampling: text_at(sampling, i),
             partial: text_at(partial, i),
+            prompt_ids_source: match text_at(source, i) {
+                None => None,
+                Some(s) => Some(IdsSource::parse(&s).ok_or_else(|| {
+                    ShardError::schema(
+                        path,
+                        format!(
+                            "column `prompt_ids_source` holds {s:?} (client or server expected)"
+                        ),
+                    )
+                })?),
+            },
         });
     }
     Ok(())
@@ -403,6 +416,52 @@ mod tests {
         assert!(matches!(read_keys(&path), Err(ShardError::Schema { .. })));
     }
 
+    /// A shard written before `prompt_ids_source` (every other column) reads, that column
+    /// None, whole and projected; a value other than client or server is refused, naming
+    /// the column.
+    #[test]
+    fn shards_written_before_prompt_ids_source_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let rows: Vec<ShardRow> = (0..9).map(sample).collect();
+        let full = crate::output::writer::rows_to_batch(&rows).unwrap();
+        let n = full.num_columns();
+        let old = full.project(&(0..n - 1).collect::<Vec<_>>()).unwrap();
+        let path = dir.path().join("part-000000.parquet");
+        let mut w = ArrowWriter::try_new(File::create(&path).unwrap(), old.schema(), None).unwrap();
+        w.write(&old).unwrap();
+        w.close().unwrap();
+        let want: Vec<ShardRow> = rows
+            .iter()
+            .map(|r| ShardRow {
+                prompt_ids_source: None,
+                ..r.clone()
+            })
+            .collect();
+        assert_eq!(read_rows(&path).unwrap(), want);
+        let projected = ShardReader::open_checked(&path)
+            .unwrap()
+            .batches(Some(&["id", "prompt_ids_source"]))
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        assert_eq!(projected.num_columns(), 1);
+
+        let mut columns = full.columns().to_vec();
+        columns[n - 1] = Arc::new(StringArray::from(vec![Some("model"); rows.len()]));
+        let bad = RecordBatch::try_new(full.schema(), columns).unwrap();
+        let bad_path = dir.path().join("part-000001.parquet");
+        let mut w =
+            ArrowWriter::try_new(File::create(&bad_path).unwrap(), bad.schema(), None).unwrap();
+        w.write(&bad).unwrap();
+        w.close().unwrap();
+        let err = read_rows(&bad_path).unwrap_err().to_string();
+        assert!(
+            err.contains("prompt_ids_source") && err.contains("\"model\""),
+            "{err}"
+        );
+    }
+
     fn arb_row() -> impl Strategy<Value = ShardRow> {
         let ids = proptest::option::of(proptest::collection::vec(any::<u32>(), 0..20));
         (
@@ -458,6 +517,7 @@ mod tests {
                     tools: None,
                     sampling: None,
                     partial: None,
+                    prompt_ids_source: None,
                 },
             )
     }

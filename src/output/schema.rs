@@ -15,7 +15,8 @@
 //!
 //! Invariant: writers and readers both check against [`schema`], so a shard that passes
 //! [`check_schema`] decodes into every column type named here; columns are only appended,
-//! so a shard written before [`GENERATION_COLUMNS`] is a prefix of the schema and reads.
+//! so a shard written before [`GENERATION_COLUMNS`] or [`SOURCE_COLUMNS`] is a prefix of
+//! the schema and reads, the missing columns as 0 or null.
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -70,6 +71,15 @@ pub const GENERATION_COLUMNS: &[&str] = &[
     "partial",
 ];
 
+/// The columns appended after [`GENERATION_COLUMNS`]: who rendered the prompt ids. A
+/// shard written before them reads them as null.
+pub const SOURCE_COLUMNS: &[&str] = &["prompt_ids_source"];
+
+/// Whether `name` is a column some shards lack (written before it was appended).
+pub fn is_appended(name: &str) -> bool {
+    GENERATION_COLUMNS.contains(&name) || SOURCE_COLUMNS.contains(&name)
+}
+
 /// The item field of the token-id list columns: named `item`, never null.
 pub(crate) fn list_item_field() -> FieldRef {
     Arc::new(Field::new("item", DataType::UInt32, false))
@@ -110,6 +120,7 @@ pub fn schema() -> SchemaRef {
                 Field::new("tools", DataType::Utf8, true),
                 Field::new("sampling", DataType::Utf8, true),
                 Field::new("partial", DataType::Utf8, true),
+                Field::new("prompt_ids_source", DataType::Utf8, true),
             ]))
         })
         .clone()
@@ -129,17 +140,20 @@ pub(crate) fn leaf_path(name: &str) -> ColumnPath {
 }
 
 /// Fails unless `found` has exactly the shard columns (names, types, nullability, order),
-/// or exactly those before [`GENERATION_COLUMNS`] (a shard written before them).
+/// or exactly those before [`SOURCE_COLUMNS`] or before [`GENERATION_COLUMNS`] (a shard
+/// written before them).
 pub(crate) fn check_schema(path: &Path, found: &Schema) -> Result<(), ShardError> {
     let expected = schema();
     let all = expected.fields().len();
-    let before = all - GENERATION_COLUMNS.len();
-    if found.fields().len() != all && found.fields().len() != before {
+    let before_source = all - SOURCE_COLUMNS.len();
+    let before = before_source - GENERATION_COLUMNS.len();
+    let n = found.fields().len();
+    if n != all && n != before_source && n != before {
         return Err(ShardError::schema(
             path,
             format!(
-                "{} columns, expected {all} (or {before}, written before the generation columns)",
-                found.fields().len(),
+                "{n} columns, expected {all} (or {before_source}, written before \
+                 prompt_ids_source, or {before}, before the generation columns)",
             ),
         ));
     }
@@ -199,11 +213,16 @@ mod tests {
         let columns = doc["columns"].as_array().unwrap();
         let fields = schema();
         assert_eq!(columns.len(), fields.fields().len());
-        let tail: Vec<&str> = columns[columns.len() - GENERATION_COLUMNS.len()..]
+        let names: Vec<&str> = columns
             .iter()
             .map(|c| c["name"].as_str().unwrap())
             .collect();
-        assert_eq!(tail, GENERATION_COLUMNS);
+        let (rest, source) = names.split_at(names.len() - SOURCE_COLUMNS.len());
+        assert_eq!(source, SOURCE_COLUMNS);
+        assert_eq!(
+            &rest[rest.len() - GENERATION_COLUMNS.len()..],
+            GENERATION_COLUMNS
+        );
         for (c, f) in columns.iter().zip(fields.fields()) {
             assert_eq!(c["name"].as_str().unwrap(), f.name());
             assert_eq!(

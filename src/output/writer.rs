@@ -21,7 +21,7 @@
 //!   kind `StorageFull` ("injected write error (SPOOL_FAULT_SHARD_WRITE_ERROR)"), as a full
 //!   disk would; the writer is then unusable and dropping it removes the temporary file.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -134,11 +134,8 @@ impl ShardWriter {
         {
             return Err(ShardError::Exists { path: final_path });
         }
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&temp_path)
+        // A stale temporary file from a crash is replaced, never written through.
+        let file = crate::output::files::replace(&temp_path, crate::output::files::FILE_MODE)
             .map_err(|e| ShardError::io(&temp_path, e))?;
 
         let props = PLAIN_COLUMNS
@@ -428,7 +425,7 @@ fn id_lists(rows: &[ShardRow], f: impl Fn(&ShardRow) -> Option<&Vec<u32>>) -> Ar
     Arc::new(builder.finish())
 }
 
-fn rows_to_batch(rows: &[ShardRow]) -> Result<RecordBatch, ArrowError> {
+pub(crate) fn rows_to_batch(rows: &[ShardRow]) -> Result<RecordBatch, ArrowError> {
     let columns: Vec<ArrayRef> = vec![
         strings(rows, |r| &r.id),
         strings(rows, |r| &r.dataset),
@@ -462,6 +459,7 @@ fn rows_to_batch(rows: &[ShardRow]) -> Result<RecordBatch, ArrowError> {
         opt_strings(rows, |r| r.tools.as_deref()),
         opt_strings(rows, |r| r.sampling.as_deref()),
         opt_strings(rows, |r| r.partial.as_deref()),
+        opt_strings(rows, |r| r.prompt_ids_source.map(|s| s.as_str())),
     ];
     RecordBatch::try_new(schema(), columns)
 }
@@ -517,6 +515,11 @@ pub(crate) mod tests {
             tools: i.is_multiple_of(3).then(|| "[]".into()),
             sampling: Some(format!(r#"{{"seed":{i}}}"#)),
             partial: (i % 4 == 3).then(|| "budget".into()),
+            prompt_ids_source: match i % 3 {
+                0 => None,
+                1 => Some(crate::prompt::remote::IdsSource::Client),
+                _ => Some(crate::prompt::remote::IdsSource::Server),
+            },
         }
     }
 
@@ -677,7 +680,7 @@ pub(crate) mod tests {
         let md = builder.metadata();
         assert!(md.num_row_groups() >= 1);
         for rg in md.row_groups() {
-            assert_eq!(rg.columns().len(), 23);
+            assert_eq!(rg.columns().len(), 24);
             for c in rg.columns() {
                 assert!(
                     matches!(c.compression(), Compression::ZSTD(_)),

@@ -1,14 +1,18 @@
 //! Stage 2, prompt: a row becomes the text and token ids the server is sent, rendered by
 //! the model's own chat template and tokenizer as HuggingFace would.
 //!
-//! Invariant: the prompt ids are those `transformers` would produce for the same row; the
-//! goldens under `tests/fixtures` pin it.
+//! Invariant: the prompt ids are those `transformers` would produce for the same row (for
+//! Kimi, those of its vendor tokenizer as the server calls it); the goldens under
+//! `tests/fixtures` and the Python oracles of the tests pin it.
 //!
 //! The modules, in the order a row meets them: [`builder`] turns a row into a
 //! [`BuiltPrompt`]; [`chat_template`] renders `messages` rows, with [`python`] giving
-//! template values Python's printing and `json.dumps`; [`tokenizer`] encodes the text, with
-//! [`byte_bpe`] as its exact fast path for byte-level BPE files, whose pre-tokenizer split
-//! is [`pretokenize`]; [`error`] is the stage's one error type.
+//! template values Python's printing and `json.dumps`; [`tokenizer`] encodes the text
+//! ([`model_folder`] says which file of a model folder it is), with [`byte_bpe`] as its
+//! exact fast path for byte-level BPE files, whose pre-tokenizer split is [`pretokenize`],
+//! and [`tiktoken`] for Kimi's vocabulary, whose split is [`kimi_pattern`]; both merge
+//! with `merge`; [`remote`] names what a server that renders prompts itself does;
+//! [`error`] is the stage's one error type.
 
 pub mod builder;
 pub mod byte_bpe;
@@ -16,10 +20,16 @@ pub mod chat_template;
 pub mod conversation;
 pub mod draw;
 pub mod error;
+pub mod kimi_pattern;
 pub mod kimi_tools;
+mod merge;
+pub mod model_folder;
 pub mod pretokenize;
 mod python;
 pub mod reasoning;
+pub mod remote;
+pub mod syntax;
+pub mod tiktoken;
 pub mod tokenizer;
 pub mod tool_text;
 

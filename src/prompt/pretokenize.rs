@@ -28,12 +28,82 @@ pub(super) enum Class {
 
 /// Character classes, from the same `regex-syntax` tables HuggingFace's regex uses.
 pub(super) struct Classes {
-    /// The class of every BMP code point.
-    bmp: Vec<Class>,
-    /// Sorted, disjoint ranges above the BMP that are not `Other`.
-    astral: Vec<(u32, u32, Class)>,
-    /// Case-insensitive variants of the contraction letters `s t r e v m l d`, in that
-    /// order (`s` also matches `S` and `ſ`).
+    table: CodeTable<Class>,
+    contractions: Contractions,
+}
+
+/// A value per code point: a table for the BMP, sorted disjoint ranges above it, and the
+/// value of every code point in no range.
+pub(super) struct CodeTable<T> {
+    bmp: Vec<T>,
+    astral: Vec<(u32, u32, T)>,
+    none: T,
+}
+
+impl<T: Copy> CodeTable<T> {
+    /// `bmp` holds 65,536 values; `astral` sorted, disjoint ranges above U+FFFF.
+    pub(super) fn new(bmp: Vec<T>, astral: Vec<(u32, u32, T)>, none: T) -> Self {
+        debug_assert!(bmp.len() == 0x10000 && astral.windows(2).all(|w| w[0].1 < w[1].0));
+        Self { bmp, astral, none }
+    }
+
+    #[inline]
+    pub(super) fn get(&self, c: char) -> T {
+        let u = c as u32;
+        if let Some(&v) = self.bmp.get(u as usize) {
+            return v;
+        }
+        match self.astral.binary_search_by(|&(lo, hi, _)| {
+            if hi < u {
+                std::cmp::Ordering::Less
+            } else if lo > u {
+                std::cmp::Ordering::Greater
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        }) {
+            Ok(i) => self.astral[i].2,
+            Err(_) => self.none,
+        }
+    }
+}
+
+/// The end of the piece that whitespace at `i` starts under `\s*[\r\n]+|\s+(?!\S)|\s+`
+/// (the last alternatives of both patterns), `is_space` being `\s`: the greedy `\s*` backs
+/// off to the last line break of the run and `[\r\n]+` takes just that one (the run's
+/// next character, if any, is not a line break); else `\s+(?!\S)` takes the whole run at
+/// the end of the text, otherwise all of it but its last character (which then starts the
+/// next piece) when that leaves any; else `\s+` the single character before a non-space.
+pub(super) fn space_piece_end(s: &str, i: usize, is_space: impl Fn(char) -> bool) -> usize {
+    let mut j = i;
+    let mut last_start = i;
+    let mut chars = 0usize;
+    let mut after_break = None;
+    while let Some((c, len)) = char_at(s, j) {
+        if !is_space(c) {
+            break;
+        }
+        if c == '\r' || c == '\n' {
+            after_break = Some(j + len);
+        }
+        last_start = j;
+        j += len;
+        chars += 1;
+    }
+    if let Some(end) = after_break {
+        return end;
+    }
+    if j == s.len() || chars == 1 {
+        j
+    } else {
+        last_start
+    }
+}
+
+/// `(?i:'s|'t|'re|'ve|'m|'ll|'d)`: the case-insensitive variants of the contraction
+/// letters `s t r e v m l d`, in that order (`s` also matches `S` and `ſ`), from
+/// `regex-syntax`'s case folding.
+pub(super) struct Contractions {
     folds: [Vec<char>; 8],
 }
 
@@ -46,7 +116,7 @@ const FOLD_M: usize = 5;
 const FOLD_L: usize = 6;
 const FOLD_D: usize = 7;
 
-fn unicode_class(pattern: &str) -> Result<Vec<(u32, u32)>, String> {
+pub(super) fn unicode_class(pattern: &str) -> Result<Vec<(u32, u32)>, String> {
     use regex_syntax::hir::{Class as HirClass, HirKind};
     let hir = regex_syntax::ParserBuilder::new()
         .build()
@@ -94,6 +164,20 @@ impl Classes {
         if astral.windows(2).any(|w| w[0].1 >= w[1].0) {
             return Err("overlapping astral classes".to_string());
         }
+        Ok(Self {
+            table: CodeTable::new(bmp, astral, Class::Other),
+            contractions: Contractions::new()?,
+        })
+    }
+
+    #[inline]
+    fn of(&self, c: char) -> Class {
+        self.table.get(c)
+    }
+}
+
+impl Contractions {
+    pub(super) fn new() -> Result<Self, String> {
         let mut folds: [Vec<char>; 8] = Default::default();
         for (slot, letter) in folds
             .iter_mut()
@@ -103,38 +187,40 @@ impl Classes {
                 slot.extend((lo..=hi).filter_map(char::from_u32));
             }
         }
-        Ok(Self { bmp, astral, folds })
-    }
-
-    #[inline]
-    fn of(&self, c: char) -> Class {
-        let u = c as u32;
-        if let Some(&class) = self.bmp.get(u as usize) {
-            return class;
-        }
-        match self.astral.binary_search_by(|&(lo, hi, _)| {
-            if hi < u {
-                std::cmp::Ordering::Less
-            } else if lo > u {
-                std::cmp::Ordering::Greater
-            } else {
-                std::cmp::Ordering::Equal
-            }
-        }) {
-            Ok(i) => self.astral[i].2,
-            Err(_) => Class::Other,
-        }
+        Ok(Self { folds })
     }
 
     #[inline]
     fn folds(&self, c: Option<(char, usize)>, letter: usize) -> bool {
         c.is_some_and(|(c, _)| self.folds[letter].contains(&c))
     }
+
+    /// The end of a contraction (`'s`, `'T`, `'re`, …) whose letters start at `i`, just
+    /// after the apostrophe.
+    pub(super) fn end(&self, s: &str, i: usize) -> Option<usize> {
+        let c1 = char_at(s, i);
+        let (_, l1) = c1?;
+        if self.folds(c1, FOLD_S)
+            || self.folds(c1, FOLD_T)
+            || self.folds(c1, FOLD_M)
+            || self.folds(c1, FOLD_D)
+        {
+            return Some(i + l1);
+        }
+        let c2 = char_at(s, i + l1);
+        let two = (self.folds(c1, FOLD_R) && self.folds(c2, FOLD_E))
+            || (self.folds(c1, FOLD_V) && self.folds(c2, FOLD_E))
+            || (self.folds(c1, FOLD_L) && self.folds(c2, FOLD_L));
+        match (two, c2) {
+            (true, Some((_, l2))) => Some(i + l1 + l2),
+            _ => None,
+        }
+    }
 }
 
 /// The character starting at byte `i` of `s` and its length in bytes.
 #[inline]
-fn char_at(s: &str, i: usize) -> Option<(char, usize)> {
+pub(super) fn char_at(s: &str, i: usize) -> Option<(char, usize)> {
     let b = *s.as_bytes().get(i)?;
     if b < 0x80 {
         return Some((b as char, 1));
@@ -145,7 +231,7 @@ fn char_at(s: &str, i: usize) -> Option<(char, usize)> {
 
 /// The end of `[\r\n]*` from `i`.
 #[inline]
-fn skip_newlines(s: &str, mut i: usize) -> usize {
+pub(super) fn skip_newlines(s: &str, mut i: usize) -> usize {
     let bytes = s.as_bytes();
     while i < bytes.len() && (bytes[i] == b'\r' || bytes[i] == b'\n') {
         i += 1;
@@ -166,27 +252,6 @@ impl Classes {
         i
     }
 
-    /// The end of a contraction (`'s`, `'T`, `'re`, …) whose letters start at `i`.
-    fn contraction(&self, s: &str, i: usize) -> Option<usize> {
-        let c1 = char_at(s, i);
-        let (_, l1) = c1?;
-        if self.folds(c1, FOLD_S)
-            || self.folds(c1, FOLD_T)
-            || self.folds(c1, FOLD_M)
-            || self.folds(c1, FOLD_D)
-        {
-            return Some(i + l1);
-        }
-        let c2 = char_at(s, i + l1);
-        let two = (self.folds(c1, FOLD_R) && self.folds(c2, FOLD_E))
-            || (self.folds(c1, FOLD_V) && self.folds(c2, FOLD_E))
-            || (self.folds(c1, FOLD_L) && self.folds(c2, FOLD_L));
-        match (two, c2) {
-            (true, Some((_, l2))) => Some(i + l1 + l2),
-            _ => None,
-        }
-    }
-
     /// The end of the match of [`PATTERN`] that starts at byte `i` of `s` (`i < s.len()`,
     /// on a character boundary). Every character starts a match of one alternative and
     /// no alternative matches the empty string, so the result is always past `i`.
@@ -197,7 +262,7 @@ impl Classes {
         let i1 = i + l0;
         // (?i:'s|'t|'re|'ve|'m|'ll|'d)
         if c0 == '\'' {
-            if let Some(end) = self.contraction(s, i1) {
+            if let Some(end) = self.contractions.end(s, i1) {
                 return end;
             }
         }
@@ -229,35 +294,8 @@ impl Classes {
                 }
             }
         }
-        // `c0` is whitespace from here. `\s*[\r\n]+`: the greedy `\s*` backs off to the
-        // last line break of the run, and `[\r\n]+` takes just that one (the run's next
-        // character, if any, is not a line break).
-        let mut j = i;
-        let mut last_start = i;
-        let mut chars = 0usize;
-        let mut after_break = None;
-        while let Some((c, len)) = char_at(s, j) {
-            if self.of(c) != Class::Space {
-                break;
-            }
-            if c == '\r' || c == '\n' {
-                after_break = Some(j + len);
-            }
-            last_start = j;
-            j += len;
-            chars += 1;
-        }
-        if let Some(end) = after_break {
-            return end;
-        }
-        // `\s+(?!\S)`: the whole run at the end of the text; otherwise all of it but its
-        // last character (which then starts the next piece), when that leaves any.
-        // `\s+`: a single whitespace character before a non-space.
-        if j == s.len() || chars == 1 {
-            j
-        } else {
-            last_start
-        }
+        // `c0` is whitespace from here.
+        space_piece_end(s, i, |c| self.of(c) == Class::Space)
     }
 }
 
@@ -311,7 +349,7 @@ mod tests {
     #[test]
     fn classes_are_the_regex_classes() {
         let classes = Classes::new().unwrap();
-        assert_eq!(classes.folds[FOLD_S], vec!['S', 's', 'ſ']);
+        assert_eq!(classes.contractions.folds[FOLD_S], vec!['S', 's', 'ſ']);
         let letter = regex::Regex::new(r"^\p{L}$").unwrap();
         let number = regex::Regex::new(r"^\p{N}$").unwrap();
         let space = regex::Regex::new(r"^\s$").unwrap();

@@ -11,10 +11,30 @@ use crate::input::intake::{
     IntakeError, IntakeOptions, IntakeReport, IntakeSink, Progress, SinkError,
 };
 use crate::input::row::{Input, Rejection, Row};
+use crate::prompt::remote::IdsSource;
 use crate::prompt::{BuiltPrompt, PromptBuilder};
+
+/// The key of an item's `extra` saying the server rendered its prompt ids.
+pub(crate) const PROMPT_IDS_KEY: &str = "prompt_ids";
+
+/// Who made a queued item's prompt ids, from its `extra` (`None` when it has none).
+pub(crate) fn ids_source_of(item: &Item) -> Option<IdsSource> {
+    item.prompt_ids.as_ref()?;
+    let server = item
+        .extra
+        .as_deref()
+        .and_then(|e| serde_json::from_str::<serde_json::Value>(e).ok())
+        .is_some_and(|e| e.get(PROMPT_IDS_KEY).and_then(|v| v.as_str()) == Some("server"));
+    Some(if server {
+        IdsSource::Server
+    } else {
+        IdsSource::Client
+    })
+}
 use crate::store::blocks;
 use crate::store::queue::{EncodedItem, Item, Queue, QueueError, ScanMark};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Takes in new rows of `d` (the queue's dataset `ds`) and checks the old ones; rejected
@@ -57,8 +77,8 @@ struct QueueSink<'a> {
 impl IntakeSink for QueueSink<'_> {
     type Item = EncodedItem;
 
-    fn encode(row: &Row, prompt: BuiltPrompt) -> EncodedItem {
-        EncodedItem::new(row.row, &item_of(row, prompt))
+    fn encode(row: &Row, prompt: BuiltPrompt, ids: Option<IdsSource>) -> EncodedItem {
+        EncodedItem::new(row.row, &item_of(row, prompt, ids))
     }
 
     fn progress(&self) -> Option<Progress> {
@@ -125,9 +145,9 @@ impl IntakeSink for QueueSink<'_> {
 }
 
 /// The queue item of a row: its messages (the whole conversation when the parser kept
-/// it), its prompt as built, and its `tools` and own sampling in `extra` as
-/// `{"tools": [...], "sampling": {...}}`.
-fn item_of(row: &Row, prompt: BuiltPrompt) -> Item {
+/// it), its prompt as built, and its `tools`, own sampling and server-made ids in `extra`
+/// as `{"tools": [...], "sampling": {...}, "prompt_ids": "server"}`.
+fn item_of(row: &Row, prompt: BuiltPrompt, ids: Option<IdsSource>) -> Item {
     let messages = match &row.input {
         Input::Messages(m) => Some(m.to_string()),
         Input::Prompt(_) => None,
@@ -138,19 +158,24 @@ fn item_of(row: &Row, prompt: BuiltPrompt) -> Item {
         prompt: prompt.text,
         messages,
         prompt_ids: prompt.token_ids,
-        extra: extra_of(row),
+        extra: extra_of(row, ids),
     }
 }
 
-/// The item's `extra`: the row's `tools` and a batch row's own `sampling`, None for a
-/// row with neither (its record stays the format-4 layout).
-fn extra_of(row: &Row) -> Option<String> {
+/// The item's `extra`: the row's `tools`, a batch row's own `sampling`, and
+/// `"prompt_ids": "server"` when the server rendered the prompt (spool's own ids are the
+/// default, so items enqueued before the key read as spool's); None for a row with none
+/// of these (its record stays the format-4 layout).
+fn extra_of(row: &Row, ids: Option<IdsSource>) -> Option<String> {
     let mut extra = serde_json::Map::new();
     if let Some(t) = &row.tools {
         extra.insert("tools".into(), t.clone());
     }
     if let Some(s) = &row.sampling {
         extra.insert("sampling".into(), s.to_value());
+    }
+    if ids == Some(IdsSource::Server) {
+        extra.insert(PROMPT_IDS_KEY.into(), IdsSource::Server.as_str().into());
     }
     (!extra.is_empty()).then(|| serde_json::Value::Object(extra).to_string())
 }
@@ -207,6 +232,8 @@ impl RejectLog {
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
+                .mode(crate::output::files::FILE_MODE)
+                .custom_flags(libc::O_NOFOLLOW)
                 .open(&self.path)
                 .map_err(err)?;
             if !existed {
@@ -418,19 +445,24 @@ mod tests {
 
     /// A row's `tools` become the item's `extra` as `{"tools": [...]}`; a row without
     /// them has none; messages are kept as given.
-    #[test]
-    fn tools_go_into_the_item_extra() {
-        let row = crate::input::row::parse_row(
+    /// A chat row offering one tool.
+    fn row_with_tools() -> Row {
+        crate::input::row::parse_row(
             "d",
             0,
             r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]}"#,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn tools_go_into_the_item_extra() {
+        let row = row_with_tools();
         let built = BuiltPrompt {
             text: "p".into(),
             token_ids: None,
         };
-        let item = item_of(&row, built.clone());
+        let item = item_of(&row, built.clone(), None);
         assert_eq!(
             item.extra.as_deref(),
             Some(r#"{"tools":[{"type":"function","function":{"name":"f"}}]}"#)
@@ -440,6 +472,42 @@ mod tests {
             Some(r#"[{"role":"user","content":"x"}]"#)
         );
         let plain = crate::input::row::parse_row("d", 0, r#"{"prompt": "x"}"#).unwrap();
-        assert_eq!(item_of(&plain, built).extra, None);
+        assert_eq!(item_of(&plain, built.clone(), None).extra, None);
+    }
+
+    /// Ids the server rendered are marked in the item's `extra`, beside its tools, and read
+    /// back as the server's; spool's own ids, and items enqueued before the mark existed,
+    /// read as spool's; an item without ids has no source.
+    #[test]
+    fn server_made_ids_are_marked_in_the_item() {
+        let row = row_with_tools();
+        let built = BuiltPrompt {
+            text: "p".into(),
+            token_ids: Some(vec![1, 2]),
+        };
+        let server = item_of(&row, built.clone(), Some(IdsSource::Server));
+        assert_eq!(
+            server.extra.as_deref(),
+            Some(
+                r#"{"tools":[{"type":"function","function":{"name":"f"}}],"prompt_ids":"server"}"#
+            )
+        );
+        assert_eq!(ids_source_of(&server), Some(IdsSource::Server));
+        let plain = crate::input::row::parse_row("d", 0, r#"{"prompt": "x"}"#).unwrap();
+        let client = item_of(&plain, built.clone(), Some(IdsSource::Client));
+        assert_eq!(client.extra, None);
+        assert_eq!(ids_source_of(&client), Some(IdsSource::Client));
+        let none = item_of(
+            &plain,
+            BuiltPrompt {
+                text: "p".into(),
+                token_ids: None,
+            },
+            None,
+        );
+        assert_eq!(ids_source_of(&none), None);
+        // The record round-trips with its mark.
+        let back = Item::decode_record(server.id.clone(), &server.encode_record()).unwrap();
+        assert_eq!(ids_source_of(&back), Some(IdsSource::Server));
     }
 }

@@ -1,8 +1,10 @@
 //! `spool run`: the application layer that wires the stages together, as named steps read
 //! top to bottom in [`run`].
 //!
-//! Start-up: open the store (repairing it if a failed write left the marker) → load the
-//! prompt tools → connect to and probe the servers → intake every dataset → checkpoint the
+//! Start-up: open the store (repairing it if a failed write left the marker) → bind the
+//! metrics endpoint (a port in use stops the run here, before any server is asked) → load
+//! the prompt tools → connect to and probe the servers → check spool's rendering against
+//! the servers' (`template_check`) → intake every dataset → checkpoint the
 //! queue after a big intake (while this job holds its only handle) → recover the output
 //! folder → start the archive thread, the committer, the monitor and the endpoint →
 //! dispatch. Shutdown (`run::shutdown`) runs in a fixed order on the signal, a fatal error,
@@ -13,9 +15,10 @@
 //! then tells the scheduler and hands rows to the archive thread; a monitor task samples
 //! rates, updates gauges and logs progress.
 
-use crate::config::{BudgetPolicy, Config};
+use crate::config::{BudgetPolicy, Config, DatasetConfig, PromptSource, TemplateCheck};
 use crate::error::{Context, Error, Kind};
-use crate::input::intake::{IntakeOptions, ItemFilter};
+use crate::input::dataset::DatasetError;
+use crate::input::intake::{IntakeError, IntakeOptions, IntakeReport, ItemFilter};
 use crate::knobs::Knobs;
 use crate::observe::figures::grouped;
 use crate::observe::http::Observed;
@@ -28,18 +31,21 @@ use crate::output::schema::{
 };
 use crate::output::shard::ShardLimits;
 use crate::prompt::draw::Drawer;
-use crate::prompt::reasoning::ThinkMarkers;
-use crate::prompt::tool_text::ToolCallSyntax;
+use crate::prompt::model_folder::ModelFiles;
+use crate::prompt::remote::RemoteRenderer;
+use crate::prompt::syntax::Syntax;
 use crate::prompt::{ChatTemplate, PromptBuilder, Tokenizer};
 use crate::run::archiver::{output_failure, Archiver, Archiving, ToArchive};
 use crate::run::committer::{self, CommitReceiver, Committer};
 use crate::run::dispatcher::dispatch;
 use crate::run::enqueue::intake;
+use crate::run::probe::Probed;
 use crate::run::scheduler::{LaneSpec, Scheduler};
 use crate::run::servers::Servers;
 use crate::run::shutdown::{shut_down, Running, Stop};
 use crate::run::worker::Ctx;
 use crate::store::queue::Queue;
+use crate::upstream::render::{Detected, RenderKind, ServerRenderer};
 use crate::upstream::{Upstream, UpstreamOptions};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -56,11 +62,18 @@ const CHECKPOINT_AFTER_ITEMS: u64 = 100_000;
 /// File in `data_dir` holding the address the running process's endpoint is bound to.
 pub const ENDPOINT_FILE: &str = "metrics.addr";
 
+/// File in `data_dir` (mode 0600) holding the running process's endpoint token: its
+/// `/status` proves it holds it, so `spool status` trusts no other process on the port.
+pub const TOKEN_FILE: &str = "metrics.token";
+
 /// How a run ended (the caller maps it to an exit code).
 #[derive(Debug)]
 pub struct RunSummary {
     /// Stopped by the shutdown signal before finishing.
     pub interrupted: bool,
+    /// Datasets whose intake stopped at an input limit (`input::limits`): their rows
+    /// before it were generated, the rest of the file was not taken in.
+    pub limited: Vec<String>,
     /// The final status, from the queue.
     pub report: StatusReport,
 }
@@ -70,6 +83,9 @@ impl RunSummary {
     pub fn ending(&self) -> Option<Kind> {
         if self.interrupted {
             Some(Kind::Interrupted)
+        } else if !self.limited.is_empty() {
+            // An input file to fix, as a bad file found at start would be.
+            Some(Kind::Usage)
         } else if self.report.failed() > 0 {
             Some(Kind::ItemsFailed)
         } else {
@@ -115,21 +131,34 @@ async fn run_job(
     };
     job.stop.watch(shutdown, job.cfg.run.shutdown_grace_s);
     let queue = job.open_store()?;
+    let endpoint = job.bind_endpoint().await?;
     let api_key = job.cfg.api_key()?;
     let (builder, tokenizer_sha) = job.load_prompt_tools()?;
     let datasets = job.open_datasets(&queue)?;
     job.repair(&queue)?;
-    let (upstream, context_length) = job.probe_servers(api_key, &builder).await?;
+    let (upstream, probed) = job.probe_servers(api_key, &builder).await?;
+    let context_length = probed.context;
+    let renderer = job
+        .server_rendering(&upstream, &probed, &builder, context_length)
+        .await?;
     let metrics = Arc::new(Metrics::for_partition(job.cfg.partition));
     let intake = job
-        .intake_all(&queue, &datasets, &builder, context_length, &metrics)
+        .intake_all(
+            &queue,
+            &datasets,
+            &builder,
+            context_length,
+            renderer.clone(),
+            &metrics,
+        )
         .await?;
     if job.stop.stop.is_cancelled() {
         // A signal during intake: what was enqueued is durable (intake is idempotent and
         // resumable); nothing has been requested yet.
         queue.flush()?;
-        return job.summary(&queue);
+        return job.summary(&queue, intake.limited);
     }
+    let limited = intake.limited.clone();
     let queue = checkpoint(queue, intake.added).await?;
     let archive = job.recover(&queue, &datasets, tokenizer_sha)?;
     let servers = job.servers(&metrics);
@@ -138,6 +167,7 @@ async fn run_job(
     // A failed seeding has already stopped the run (the sender is dropped).
     let _ = archiving.seeded.await;
     let (commits, commit_rx) = committer::channel();
+    let dmetrics = intake.dmetrics.clone();
     let committer = job.spawn_committer(
         &queue,
         &sched,
@@ -162,8 +192,7 @@ async fn run_job(
                 })
             })
             .collect::<Result<_, _>>()?,
-        markers: builder.template().and_then(ThinkMarkers::of_template),
-        tool_syntax: builder.template().and_then(ToolCallSyntax::of_template),
+        syntax: job.syntax(&builder),
         cfg: job.cfg.clone(),
         queue: queue.clone(),
         sched: sched.clone(),
@@ -177,8 +206,9 @@ async fn run_job(
         commits,
         nonce: AtomicU64::new(0),
         faults: crate::run::worker::FaultPoints::new(&job.knobs.faults),
+        renderer,
     });
-    let (monitor, http) = job.observe(&ctx, &metrics, &queue, &sched).await?;
+    let (monitor, http) = job.observe(&ctx, &metrics, &queue, &sched, endpoint);
     let concurrency = job.cfg.run.concurrency.fixed();
     if concurrency.is_none() {
         tokio::spawn(crate::run::concurrency::steer(
@@ -212,7 +242,14 @@ async fn run_job(
             .unwrap_or_else(|| Error::msg("queue storage failed")));
     }
     stopped?;
-    let summary = job.summary(&queue)?;
+    for (name, dm) in datasets.in_order.iter().zip(&dmetrics) {
+        let n = dm.prompt_disagreements.get();
+        if n > 0 {
+            tracing::warn!(dataset = %name, disagreements = n,
+                "chat answers whose prompt differs from spool's rendering this run (spool_prompt_token_disagreements_total)");
+        }
+    }
+    let summary = job.summary(&queue, limited)?;
     for d in &summary.report.datasets {
         if let Some(b) = d.budget {
             tracing::info!(dataset = %d.name, completion_tokens = d.completion_tokens, budget = b,
@@ -244,11 +281,32 @@ struct Datasets {
 struct Intake {
     /// Items enqueued by this run.
     added: u64,
+    /// Datasets whose intake stopped at an input limit.
+    limited: Vec<String>,
     /// Per-dataset metrics, in config order.
     dmetrics: Vec<DatasetMetrics>,
 }
 
 impl Job {
+    /// The reasoning and tool-call syntax raw completions are split by: the template's,
+    /// unless `[tokenizer]` names parsers; logged once with why.
+    fn syntax(&self, builder: &PromptBuilder) -> crate::run::worker::RunSyntax {
+        let t = self.cfg.tokenizer.as_ref();
+        let syntax = builder
+            .template()
+            .map(|tpl| Syntax::of_template(tpl.source()))
+            .unwrap_or_else(|| Syntax {
+                why: "no chat template".into(),
+                ..Syntax::default()
+            })
+            .overridden(
+                t.and_then(|t| t.reasoning_parser.as_deref()),
+                t.and_then(|t| t.tool_parser.as_deref()),
+            );
+        tracing::info!(syntax = %syntax.describe(), "raw completions are split by this syntax");
+        crate::run::worker::RunSyntax::new(syntax, builder.tokenizer())
+    }
+
     /// Creates the output folder and opens the queue.
     fn open_store(&self) -> Result<Arc<Queue>, Error> {
         let out = &self.cfg.output_dir;
@@ -268,10 +326,24 @@ impl Job {
         };
         let tok = Tokenizer::from_file_with(&t.path, &self.knobs.bench)
             .with_context(|| format!("{}: key `tokenizer.path`", cfg.source.display()))?;
-        let tpl = match &t.chat_template {
-            Some(p) => Some(ChatTemplate::from_file(p).with_context(|| {
-                format!("{}: key `tokenizer.chat_template`", cfg.source.display())
-            })?),
+        // `path` naming a model folder brings the folder's template, unless one is named.
+        let folder_template = match t.path.is_dir() {
+            true => ModelFiles::locate(&t.path)
+                .with_context(|| format!("{}: key `tokenizer.path`", cfg.source.display()))?
+                .chat_template
+                .map(|p| (p, "path")),
+            false => None,
+        };
+        let template = t
+            .chat_template
+            .clone()
+            .map(|p| (p, "chat_template"))
+            .or(folder_template);
+        let tpl = match template {
+            Some((p, key)) => Some(
+                ChatTemplate::from_file(&p)
+                    .with_context(|| format!("{}: key `tokenizer.{key}`", cfg.source.display()))?,
+            ),
             None => None,
         };
         let sha = tok.sha256().to_string();
@@ -328,7 +400,7 @@ impl Job {
         &self,
         api_key: Option<String>,
         builder: &PromptBuilder,
-    ) -> Result<(Upstream, Option<u32>), Error> {
+    ) -> Result<(Upstream, Probed), Error> {
         let cfg = &self.cfg;
         let upstream = Upstream::with_roots(
             UpstreamOptions {
@@ -355,11 +427,92 @@ impl Job {
         let probe_ids = builder
             .tokenizer()
             .and_then(|t| t.encode("Hello", false).ok());
-        let context_length =
+        let probed =
             crate::run::probe::probe(cfg, &upstream, probe_ids, builder.has_tokenizer()).await;
         let upstream =
-            upstream.with_max_tokens_clamp(context_length.filter(|_| cfg.server.clamp_max_tokens));
-        Ok((upstream, context_length))
+            upstream.with_max_tokens_clamp(probed.context.filter(|_| cfg.server.clamp_max_tokens));
+        Ok((upstream, probed))
+    }
+
+    /// The servers' own rendering, from what the probe found: checked against spool's
+    /// (the start-up template check, before anything is enqueued), and returned when
+    /// prompts are rendered there (`[tokenizer] source = "server"`).
+    async fn server_rendering(
+        &self,
+        upstream: &Upstream,
+        probed: &Probed,
+        builder: &Arc<PromptBuilder>,
+        context_length: Option<u32>,
+    ) -> Result<Option<Arc<dyn RemoteRenderer>>, Error> {
+        let cfg = &self.cfg;
+        let Some(t) = &cfg.tokenizer else {
+            return Ok(None);
+        };
+        let servers: Vec<(String, RenderKind)> = probed
+            .rendering
+            .iter()
+            .filter_map(|(url, d)| match d {
+                Detected::Renders(kind) => Some((url.clone(), *kind)),
+                _ => None,
+            })
+            .collect();
+        let renderer = ServerRenderer::new(
+            upstream.clone(),
+            servers,
+            cfg.server.model.clone(),
+            cfg.server.max_attempts,
+            cfg.server.max_response_bytes,
+        );
+        let on_server = t.source == PromptSource::Server;
+        let Some(renderer) = renderer else {
+            if on_server {
+                if probed
+                    .rendering
+                    .iter()
+                    .all(|(_, d)| *d == Detected::Unreachable)
+                {
+                    return Err(Error::msg(
+                        "[tokenizer] source = \"server\": no server answered at start, so none can render prompts; start the server (the next run resumes)",
+                    ));
+                }
+                return Err(cfg
+                    .invalid(
+                        "tokenizer.source",
+                        "\"server\" needs a server that renders prompts, and none of server.urls has a rendering endpoint (vLLM: POST /tokenize with messages; llama.cpp: POST /apply-template; SGLang: POST /tokenize with a prompt); use source = \"client\"",
+                    )
+                    .into());
+            }
+            if t.template_check == Some(TemplateCheck::Stop) {
+                tracing::warn!("template_check is on, but no server renders prompts (/tokenize, /apply-template): spool's rendering is not checked");
+            }
+            return Ok(None);
+        };
+        let options = |d: &DatasetConfig| self.intake_options(d, context_length, None);
+        crate::run::template_check::run(cfg, builder, &renderer, t.template_check(), options)
+            .await?;
+        Ok(on_server.then(|| Arc::new(renderer) as Arc<dyn RemoteRenderer>))
+    }
+
+    /// How dataset `d` is taken in.
+    fn intake_options(
+        &self,
+        d: &DatasetConfig,
+        context_length: Option<u32>,
+        server: Option<Arc<dyn RemoteRenderer>>,
+    ) -> IntakeOptions {
+        let cfg = &self.cfg;
+        IntakeOptions {
+            server_templates: cfg.server.api == crate::config::Api::Chat,
+            context_length,
+            max_tokens: cfg.sampling_of(d).max_tokens,
+            threads: 0,
+            generation: cfg.generation_of(d),
+            filter: cfg.partition.map(|partition| ItemFilter {
+                partition,
+                committed: cfg.committed.get(&d.name).cloned().unwrap_or_default(),
+            }),
+            server,
+        }
     }
 
     /// Enqueues every dataset and logs its resume line; stops early on the shutdown signal.
@@ -369,11 +522,13 @@ impl Job {
         datasets: &Datasets,
         builder: &Arc<PromptBuilder>,
         context_length: Option<u32>,
+        renderer: Option<Arc<dyn RemoteRenderer>>,
         metrics: &Metrics,
     ) -> Result<Intake, Error> {
         let cfg = &self.cfg;
         let mut dmetrics = Vec::new();
         let mut added = 0u64;
+        let mut limited = Vec::new();
         for (d, &ds) in cfg.datasets.iter().zip(&datasets.ds) {
             let (q, d2, b, out) = (
                 queue.clone(),
@@ -381,22 +536,23 @@ impl Job {
                 builder.clone(),
                 cfg.output_dir.clone(),
             );
-            let opts = IntakeOptions {
-                server_templates: cfg.server.api == crate::config::Api::Chat,
-                context_length,
-                max_tokens: cfg.sampling_of(d).max_tokens,
-                threads: 0,
-                generation: cfg.generation_of(d),
-                filter: cfg.partition.map(|partition| ItemFilter {
-                    partition,
-                    committed: cfg.committed.get(&d.name).cloned().unwrap_or_default(),
-                }),
-            };
+            let opts = self.intake_options(d, context_length, renderer.clone());
             let o = opts.clone();
-            let rep = tokio::task::spawn_blocking(move || intake(&q, ds, &d2, &b, &out, &o))
+            let taken = tokio::task::spawn_blocking(move || intake(&q, ds, &d2, &b, &out, &o))
                 .await
                 .map_err(Error::runtime)
-                .context("intake task panicked")??;
+                .context("intake task panicked")?;
+            let rep = match taken {
+                Ok(rep) => rep,
+                // A file past an input limit: what was taken in before it is generated;
+                // the other datasets go on.
+                Err(IntakeError::Dataset(DatasetError::Limit(e))) => {
+                    tracing::error!(dataset = %d.name, error = %e, "dataset intake stopped at an input limit");
+                    limited.push(d.name.clone());
+                    IntakeReport::default()
+                }
+                Err(e) => return Err(e.into()),
+            };
             added += rep.added;
             if let Some(p) = cfg.partition {
                 tracing::info!(dataset = %d.name, partition = p.index, partitions = p.count,
@@ -453,7 +609,11 @@ impl Job {
                 break;
             }
         }
-        Ok(Intake { added, dmetrics })
+        Ok(Intake {
+            added,
+            limited,
+            dmetrics,
+        })
     }
 
     /// The archive over the output folder, after adopting what a crash left finished and
@@ -610,22 +770,83 @@ impl Job {
         sched
     }
 
+    /// Binds `run.metrics_addr` (when set) before anything is asked of a server, writes
+    /// the bound address and a fresh token to `data_dir`, and sizes the endpoint's share of
+    /// file descriptors (raising the soft limit first).
+    async fn bind_endpoint(&self) -> Result<Option<Endpoint>, Error> {
+        let cfg = &self.cfg;
+        let limit = crate::run::descriptors::raise_soft_limit();
+        // Under "auto" each server may reach `max_concurrency`.
+        let slots = cfg
+            .run
+            .concurrency
+            .fixed()
+            .unwrap_or(cfg.run.max_concurrency * cfg.server.urls.len());
+        let reserve = crate::run::descriptors::reserve(slots, cfg.datasets.len());
+        if limit < reserve {
+            tracing::warn!(
+                limit,
+                reserve,
+                concurrency = slots,
+                "the open-files limit (ulimit -n) is low for this concurrency; raise it"
+            );
+        }
+        if cfg.run.metrics_addr.is_empty() {
+            return Ok(None);
+        }
+        let listener = tokio::net::TcpListener::bind(&cfg.run.metrics_addr)
+            .await
+            .map_err(|e| {
+                let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+                    "another process holds that port: pick a free one, or port 0 for any free \
+                     port (`--metrics-addr 127.0.0.1:0`; `spool status` finds it), or \
+                     `--metrics-addr \"\"` to disable the endpoint"
+                } else {
+                    "use an address of this machine (`127.0.0.1:0` for any free port on \
+                     loopback), or `--metrics-addr \"\"` to disable the endpoint"
+                };
+                Error::new(
+                    Kind::Usage,
+                    anyhow::anyhow!(
+                        "cannot bind run.metrics_addr {}: {e}; {hint}",
+                        cfg.run.metrics_addr
+                    ),
+                )
+            })?;
+        let addr = listener.local_addr()?;
+        let token: String = (0..32)
+            .map(|_| format!("{:02x}", rand::random::<u8>()))
+            .collect();
+        write_private(&cfg.data_dir.join(TOKEN_FILE), token.as_bytes())
+            .with_context(|| format!("cannot write {}", cfg.data_dir.join(TOKEN_FILE).display()))?;
+        // Lets `spool status` find this process when the port was chosen by the OS.
+        let _ = std::fs::write(cfg.data_dir.join(ENDPOINT_FILE), addr.to_string());
+        let limits = crate::observe::http::ServeLimits {
+            max_connections: crate::run::descriptors::endpoint_share(limit, reserve),
+            ..Default::default()
+        };
+        tracing::info!(%addr, max_connections = limits.max_connections, "metrics endpoint bound");
+        Ok(Some(Endpoint {
+            listener,
+            token,
+            limits,
+        }))
+    }
+
     /// Starts the monitor (rates, gauges, progress lines, live status, server probes) and,
-    /// when configured, the metrics endpoint; returns each with its stop.
+    /// when configured, serves the endpoint bound at start; returns each with its stop.
     #[allow(clippy::type_complexity)]
-    async fn observe(
+    fn observe(
         &self,
         ctx: &Arc<Ctx>,
         metrics: &Arc<Metrics>,
         queue: &Arc<Queue>,
         sched: &Arc<Scheduler>,
-    ) -> Result<
-        (
-            (CancellationToken, JoinHandle<()>),
-            (CancellationToken, Option<JoinHandle<std::io::Result<()>>>),
-        ),
-        Error,
-    > {
+        endpoint: Option<Endpoint>,
+    ) -> (
+        (CancellationToken, JoinHandle<()>),
+        (CancellationToken, Option<JoinHandle<std::io::Result<()>>>),
+    ) {
         let cfg = &self.cfg;
         let live = Arc::new(LiveRates::default());
         let monitor_stop = CancellationToken::new();
@@ -635,44 +856,65 @@ impl Job {
             live.clone(),
             monitor_stop.clone(),
         ));
-        let observed = Arc::new(Observed {
-            metrics: metrics.clone(),
-            ready: AtomicBool::new(true),
-            status: {
-                let (queue, cfg, sched) = (queue.clone(), cfg.clone(), sched.clone());
-                Box::new(move || live_status(&queue, &cfg, &sched, &live))
-            },
-        });
         let http_stop = CancellationToken::new();
-        let http_task = if cfg.run.metrics_addr.is_empty() {
-            None
-        } else {
-            let listener = tokio::net::TcpListener::bind(&cfg.run.metrics_addr)
-                .await
-                .with_context(|| {
-                    format!("cannot bind run.metrics_addr {}", cfg.run.metrics_addr)
-                })?;
-            let addr = listener.local_addr()?;
-            tracing::info!(%addr, "metrics endpoint listening");
-            // Lets `spool status` find this process when the port was chosen by the OS.
-            let _ = std::fs::write(cfg.data_dir.join(ENDPOINT_FILE), addr.to_string());
+        let http_task = endpoint.map(|e| {
+            let observed = Arc::new(Observed {
+                metrics: metrics.clone(),
+                ready: AtomicBool::new(true),
+                status: {
+                    let (queue, cfg, sched) = (queue.clone(), cfg.clone(), sched.clone());
+                    Box::new(move || live_status(&queue, &cfg, &sched, &live))
+                },
+                token: Some(e.token),
+            });
+            if let Ok(addr) = e.listener.local_addr() {
+                tracing::info!(%addr, "metrics endpoint listening");
+            }
             let s = http_stop.clone();
-            Some(tokio::spawn(crate::observe::http::serve(
-                listener,
+            tokio::spawn(crate::observe::http::serve(
+                e.listener,
                 observed,
                 async move { s.cancelled().await },
-            )))
-        };
-        Ok(((monitor_stop, monitor), (http_stop, http_task)))
+                e.limits,
+            ))
+        });
+        ((monitor_stop, monitor), (http_stop, http_task))
     }
 
     /// The run's outcome, from the queue.
-    fn summary(&self, queue: &Queue) -> Result<RunSummary, Error> {
+    fn summary(&self, queue: &Queue, limited: Vec<String>) -> Result<RunSummary, Error> {
         Ok(RunSummary {
             interrupted: self.stop.interrupted(),
+            limited,
             report: StatusReport::from_queue(queue, &self.cfg)?,
         })
     }
+}
+
+/// The metrics endpoint, bound at start and served once the run dispatches.
+struct Endpoint {
+    listener: tokio::net::TcpListener,
+    token: String,
+    limits: crate::observe::http::ServeLimits,
+}
+
+/// Writes a file only its owner can read, replacing one left by an earlier run (never
+/// through a symlink).
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
 }
 
 /// Checkpoints the queue after a big intake, which leaves sled a long log to replay at the
@@ -703,6 +945,7 @@ mod tests {
     fn summary(interrupted: bool, failed: u64) -> RunSummary {
         RunSummary {
             interrupted,
+            limited: Vec::new(),
             report: StatusReport {
                 running: false,
                 servers: Vec::new(),
@@ -715,10 +958,16 @@ mod tests {
         }
     }
 
-    /// A run that finished exits 0, 3 when items failed for good, and 130 when a signal
-    /// stopped it (also with failed items: the run did not finish).
+    /// A run that finished exits 0, 3 when items failed for good, 2 when a dataset's
+    /// intake stopped at an input limit, and 130 when a signal stopped it (also with
+    /// failed items: the run did not finish).
     #[test]
     fn a_run_exits_by_how_it_ended() {
+        let limited = RunSummary {
+            limited: vec!["a".into()],
+            ..summary(false, 2)
+        };
+        assert_eq!(limited.exit_code(), 2);
         assert_eq!(summary(false, 0).exit_code(), 0);
         assert_eq!(summary(false, 2).exit_code(), 3);
         assert_eq!(summary(true, 0).exit_code(), 130);

@@ -5,7 +5,10 @@
 //! (each server's limit with `concurrency = "auto"`, from `signals` of its `/metrics`),
 //! `probe` (what the servers are), `committer`
 //! (the one writer of results and counters), `archiver` (the thread that writes shards)
-//! and `shutdown` (the stop signals, the fatal-error path, the shutdown order).
+//! and `shutdown` (the stop signals, the fatal-error path, the shutdown order);
+//! `descriptors` keeps the run's file descriptors out of the metrics endpoint's reach;
+//! `template_check` (spool's rendering against the server's, before any generation) and
+//! `prompt_ids` (the prompt ids a row keeps, and who made them).
 //!
 //! Invariant: an item (or one sample of it) is leased to at most one request at a time,
 //! and a result is committed at most once.
@@ -13,13 +16,16 @@
 mod archiver;
 mod committer;
 pub mod concurrency;
+pub mod descriptors;
 mod dispatcher;
 pub mod enqueue;
 pub mod job;
 pub mod probe;
+mod prompt_ids;
 pub mod scheduler;
 pub mod servers;
 mod shutdown;
 pub mod signals;
+pub mod template_check;
 mod turns;
 pub mod worker;

@@ -1,7 +1,7 @@
 //! What the inference server is, learned at start-up: its context length and the shape of
 //! its answers.
 //!
-//! Two things, both logged once per server:
+//! Three things, each logged once per server:
 //!
 //! - **Context length**: `[server] context_length` when set, else asked from the server:
 //!   `/get_model_info` (`context_length`, `max_context_length`; SGLang and the mock),
@@ -16,11 +16,16 @@
 //!   token ids and usage come back. Its `rid` is `_selfcheck-0-<n>`. The workers detect the
 //!   shape on every stream anyway; this makes the server's flags visible in the log before
 //!   hours of generation, and warns when counts will be approximate.
+//! - **Rendering endpoints** (`upstream::render::detect`): whether the server renders
+//!   prompts itself (vLLM's `/tokenize` with messages, llama.cpp's `/apply-template`,
+//!   SGLang's `/tokenize` with a prompt), for `[tokenizer] source = "server"` and the
+//!   start-up template check. Asked only with a `[tokenizer]` that needs it.
 //!
 //! Nothing here fails the run: a server that does not answer is logged and the run goes
 //! on (the workers wait for it as usual).
 
-use crate::config::{Api, Config};
+use crate::config::{Api, Config, PromptSource, TemplateCheck};
+use crate::upstream::render::{detect, Detected};
 use crate::upstream::{dialect, sse, Upstream, UpstreamError};
 use serde_json::Value;
 use std::time::Duration;
@@ -236,11 +241,23 @@ pub async fn self_check(
 ) -> Result<SelfCheck, String> {
     let rid = format!("_selfcheck-0-{nonce}");
     let dialect = dialect::of(api);
-    let body = dialect.check_body(model, stream, prompt_ids, CHECK_TOKENS, &rid);
-    let bytes = up
+    let mut body = dialect.check_body(model, stream, prompt_ids, CHECK_TOKENS, &rid);
+    let bytes = match up
         .post_raw(base, dialect.path(), &rid, &body, CHECK_TIMEOUT)
         .await
-        .map_err(|e: UpstreamError| e.to_string())?;
+    {
+        // A server that refuses token ids on a stream: learnt here, checked without them.
+        Err(e) if stream && crate::upstream::refuses_stream_ids(&e) => {
+            up.stream_without_ids(base);
+            if let Some(b) = body.as_object_mut() {
+                b.remove("return_token_ids");
+            }
+            up.post_raw(base, dialect.path(), &rid, &body, CHECK_TIMEOUT)
+                .await
+        }
+        other => other,
+    }
+    .map_err(|e: UpstreamError| e.to_string())?;
     let events = if stream {
         sse_events(&bytes)?
     } else {
@@ -271,15 +288,43 @@ pub fn describe(c: &SelfCheck) -> String {
     )
 }
 
-/// Start-up probe of every server: context lengths (awaited, intake needs them) and the
-/// self-check (spawned; it logs when it is done and never delays the run). Returns the
-/// context length to enforce, if any is known.
+/// What the start-up probe found.
+#[derive(Debug, Clone)]
+pub struct Probed {
+    /// The context length to enforce, if any is known.
+    pub context: Option<u32>,
+    /// Per server URL, its rendering endpoints (empty without a `[tokenizer]`).
+    pub rendering: Vec<(String, Detected)>,
+}
+
+/// Start-up probe of every server: context lengths and rendering endpoints (awaited,
+/// intake needs them) and the self-check (spawned; it logs when it is done and never
+/// delays the run).
 pub async fn probe(
     cfg: &Config,
     up: &Upstream,
     prompt_ids: Option<Vec<u32>>,
     has_tokenizer: bool,
-) -> Option<u32> {
+) -> Probed {
+    let mut rendering = Vec::new();
+    let wanted = cfg.tokenizer.as_ref().is_some_and(|t| {
+        t.source == PromptSource::Server || t.template_check() != TemplateCheck::Off
+    });
+    if wanted {
+        for url in &cfg.server.urls {
+            let d = detect(up, url, &cfg.server.model).await;
+            match d {
+                Detected::Renders(kind) => {
+                    tracing::info!(server = %url, endpoints = kind.describe(), "the server renders prompts")
+                }
+                Detected::NoEndpoint => {
+                    tracing::info!(server = %url, "the server has no rendering endpoint (/tokenize, /apply-template)")
+                }
+                Detected::Unreachable => {}
+            }
+            rendering.push((url.clone(), d));
+        }
+    }
     let mut found = Vec::new();
     for url in &cfg.server.urls {
         let c = match cfg.server.context_length {
@@ -336,7 +381,7 @@ pub async fn probe(
             });
         }
     }
-    context
+    Probed { context, rendering }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use crate::config::Turns;
 use crate::prompt::conversation::{replies_before, Conversation, Reply};
 use crate::run::scheduler::Lease;
 use crate::run::worker::{
-    generate, leased_item, panic_message, prepare, to_row, Ctx, Ended, Finished,
+    generate, leased_item, panic_message, prepare, render_on_server, to_row, Ctx, Ended, Finished,
 };
 use crate::store::queue::Outcome;
 use crate::store::row::ShardRow;
@@ -121,6 +121,11 @@ async fn sample_turns(ctx: &Ctx, lease: &Lease, handed: &mut bool) -> Flow {
             Ok(r) => r,
             Err(reason) => return Flow::Ended(Some(format!("failed: {reason}"))),
         };
+        match render_on_server(ctx, &mut req).await {
+            Ok(()) => {}
+            Err(Ended::GiveBack) => return Flow::GiveBack,
+            Err(Ended::Failed(reason)) => return Flow::Ended(Some(format!("failed: {reason}"))),
+        }
         req.server = server;
         req.turn = Some(turn);
         let mut attempts = 0;

@@ -17,8 +17,9 @@
 //! is started: a worker between attempts gives its lease back at once.
 //!
 //! A generation's request is built by [`prepare`] (the sample's draw, the template with
-//! the row's tools, unless the intake's rendering holds) and its row by [`to_row`]
-//! (thinking split at the template's markers, tool calls taken out of raw text); items of
+//! the row's tools, unless the intake's rendering holds; with `source = "server"` the
+//! server renders it, [`render_on_server`]) and its row by [`to_row`]
+//! (thinking and tool calls split out of raw text by the run's [`RunSyntax`]); items of
 //! several generations run their turns in [`crate::run::turns`].
 
 use crate::config::{Api, Config, GenerationSpec, Reasoning};
@@ -26,9 +27,10 @@ use crate::input::batch::RowSampling;
 use crate::observe::metrics::DatasetMetrics;
 use crate::prompt::conversation::replies_before;
 use crate::prompt::draw::{Draw, Drawer};
-use crate::prompt::reasoning::ThinkMarkers;
-use crate::prompt::tool_text::ToolCallSyntax;
+use crate::prompt::remote::{IdsSource, RemoteError, RemoteRenderer, RenderInput};
+use crate::prompt::syntax::Syntax;
 use crate::prompt::PromptBuilder;
+use crate::run::enqueue::ids_source_of;
 use crate::run::scheduler::{Lease, Scheduler};
 use crate::run::servers::{RouteKey, Servers};
 use crate::store::queue::{Failure, Item, Outcome, Queue};
@@ -69,10 +71,8 @@ pub(crate) struct Ctx {
     pub(crate) gens: Vec<GenerationSpec>,
     /// Per lane: the per-generation draws.
     pub(crate) drawers: Vec<Drawer>,
-    /// The template's thinking markers, to split raw completions.
-    pub(crate) markers: Option<ThinkMarkers>,
-    /// The template's tool-call syntax, to take calls out of raw completions.
-    pub(crate) tool_syntax: Option<ToolCallSyntax>,
+    /// How raw completions are split into reasoning, answer and tool calls.
+    pub(crate) syntax: RunSyntax,
     /// Cancelled on shutdown (signal or fatal error): no new attempt starts; a worker
     /// waiting between attempts gives its lease back.
     pub(crate) stop: CancellationToken,
@@ -82,6 +82,58 @@ pub(crate) struct Ctx {
     pub(crate) nonce: AtomicU64,
     /// Panics a test injects (none in a plain run).
     pub(crate) faults: FaultPoints,
+    /// `[tokenizer] source = "server"`: prompts rendered per generation are rendered there.
+    pub(crate) renderer: Option<Arc<dyn RemoteRenderer>>,
+}
+
+/// A run's [`Syntax`] with the stop-token ids its split drops from the end of the ids.
+pub(crate) struct RunSyntax {
+    pub(crate) syntax: Syntax,
+    /// End-of-turn ids a server's output ids end with (the matched stop token), dropped
+    /// before the ids are decoded for the split, as SGLang's detokenizer drops them.
+    stop_ids: Vec<u32>,
+}
+
+impl RunSyntax {
+    /// The stop ids of `syntax`'s family in `tokenizer`'s vocabulary. gpt-oss keeps its
+    /// `<|call|>`: SGLang leaves it in the text for its tool parser.
+    pub(crate) fn new(syntax: Syntax, tokenizer: Option<&crate::prompt::Tokenizer>) -> RunSyntax {
+        let mut stop_ids = Vec::new();
+        if let (Some(f), Some(t)) = (syntax.family(), tokenizer) {
+            let (end, after_call) = f.end_of_turn();
+            let keep_call = f == crate::prompt::syntax::Family::GptOss;
+            // The families' other end-of-sequence tokens (GLM's and Qwen's `<|endoftext|>`,
+            // Kimi's `[EOS]`) end a reply too.
+            let others = [Some("<|endoftext|>"), Some("[EOS]")];
+            for tok in [Some(end), after_call.filter(|_| !keep_call)]
+                .into_iter()
+                .chain(others)
+                .flatten()
+            {
+                stop_ids.extend(t.token_to_id(tok));
+            }
+        }
+        RunSyntax { syntax, stop_ids }
+    }
+
+    /// The text the split reads: the server's, or for families whose markers are special
+    /// tokens, the completion's ids decoded with special tokens kept (less a final stop
+    /// token), as SGLang's chat server decodes them for its parsers.
+    fn text_of<'a>(
+        &self,
+        text: &'a str,
+        ids: Option<&[u32]>,
+        tok: Option<&crate::prompt::Tokenizer>,
+    ) -> std::borrow::Cow<'a, str> {
+        let (Some(ids), Some(tok), true) = (ids, tok, self.syntax.reads_token_text()) else {
+            return text.into();
+        };
+        let ids = match ids.split_last() {
+            Some((last, rest)) if self.stop_ids.contains(last) => rest,
+            _ => ids,
+        };
+        tok.decode(ids).map_or(text.into(), Into::into)
+    }
 }
 
 /// The injected panics of [`crate::knobs::Faults`]: `panic_in_request` and `panic_in_row`.
@@ -304,10 +356,15 @@ async fn generate_item(ctx: &Ctx, lease: &Lease, attempts: &mut u32) -> End {
         .as_deref()
         .and_then(|m| serde_json::from_str(m).ok());
     let turn = replies_before(messages.as_ref());
-    let req = match prepare(ctx, lease, &mut item, false, messages, true) {
+    let mut req = match prepare(ctx, lease, &mut item, false, messages, true) {
         Ok(r) => r,
         Err(reason) => return failed(lease, reason, (*attempts).max(1)),
     };
+    match render_on_server(ctx, &mut req).await {
+        Ok(()) => {}
+        Err(Ended::GiveBack) => return End::GiveBack,
+        Err(Ended::Failed(reason)) => return failed(lease, reason, (*attempts).max(1)),
+    }
     match generate(ctx, lease, &req, attempts).await {
         Ok(a) => {
             let ttft_s = a.generation.ttft_ms.map(|t| f64::from(t) / 1000.0);
@@ -346,6 +403,10 @@ fn failed(lease: &Lease, reason: String, attempts: u32) -> End {
 pub(crate) struct Prepared {
     prompt: String,
     prompt_ids: Option<Vec<u32>>,
+    /// Who made `prompt_ids`.
+    ids_from: Option<IdsSource>,
+    /// A prompt left to the server to render ([`render_on_server`]).
+    remote: Option<RenderInput>,
     messages: Option<serde_json::Value>,
     /// The messages as the row records them (JSON text).
     messages_text: Option<String>,
@@ -384,22 +445,44 @@ pub(crate) fn prepare(
     let tools_text = tools.as_ref().map(|t| t.to_string());
     let chat = ctx.cfg.server.api == Api::Chat;
     let stored = first && drawer.is_fixed();
-    let (prompt, prompt_ids) = match &messages {
+    let kwargs = || {
+        let mut extra = draw.chat_template_kwargs.clone();
+        if let Some(t) = &tools {
+            extra.insert("tools".into(), t.clone());
+        }
+        extra
+    };
+    let (prompt, prompt_ids, ids_from, remote) = match &messages {
+        Some(m) if !stored && ctx.renderer.is_some() => {
+            let input = RenderInput::Chat {
+                messages: m.clone(),
+                kwargs: kwargs(),
+            };
+            (String::new(), None, None, Some(input))
+        }
         Some(m) if !stored && ctx.builder.has_template() => {
-            let mut extra = draw.chat_template_kwargs.clone();
-            if let Some(t) = &tools {
-                extra.insert("tools".into(), t.clone());
-            }
+            // Tool-call arguments reach the template as objects, as the servers pass them.
+            let objects = crate::prompt::syntax::arguments_as_objects(m);
             let built = ctx
                 .builder
-                .build_chat_with(m, &extra)
+                .build_chat_with(objects.as_ref().unwrap_or(m), &kwargs())
                 .map_err(|e| e.to_string())?;
-            (built.text, built.token_ids)
+            let from = built.token_ids.as_ref().map(|_| IdsSource::Client);
+            (built.text, built.token_ids, from, None)
         }
-        Some(m) if !stored && chat => (m.to_string(), None),
+        Some(m) if !stored && chat => (m.to_string(), None, None, None),
         // The stored prompt moves into the request unless the item serves more turns.
-        _ if reuse => (item.prompt.clone(), item.prompt_ids.clone()),
-        _ => (std::mem::take(&mut item.prompt), item.prompt_ids.take()),
+        _ if reuse => (
+            item.prompt.clone(),
+            item.prompt_ids.clone(),
+            ids_source_of(item),
+            None,
+        ),
+        _ => {
+            let from = ids_source_of(item);
+            let ids = item.prompt_ids.take();
+            (std::mem::take(&mut item.prompt), ids, from, None)
+        }
     };
     let messages_text = match (&messages, first) {
         (_, true) if lease.multi => messages.as_ref().map(|m| m.to_string()),
@@ -410,6 +493,8 @@ pub(crate) fn prepare(
     Ok(Prepared {
         prompt,
         prompt_ids,
+        ids_from,
+        remote,
         messages,
         messages_text,
         draw,
@@ -418,6 +503,29 @@ pub(crate) fn prepare(
         server: lease.server,
         turn: None,
     })
+}
+
+/// Renders on the server a prompt [`prepare`] left to it (`source = "server"`): a
+/// refusal fails the generation, a server that does not answer gives the lease back.
+pub(crate) async fn render_on_server(ctx: &Ctx, prep: &mut Prepared) -> Result<(), Ended> {
+    let (Some(input), Some(renderer)) = (prep.remote.take(), &ctx.renderer) else {
+        return Ok(());
+    };
+    match renderer.render(&input).await {
+        Ok(b) => {
+            prep.prompt = b.text;
+            prep.prompt_ids = b.token_ids;
+            prep.ids_from = Some(IdsSource::Server);
+            Ok(())
+        }
+        Err(RemoteError::Refused(why)) => Err(Ended::Failed(format!(
+            "the server refused to render the prompt: {why}"
+        ))),
+        Err(RemoteError::Unavailable(why)) => {
+            tracing::warn!(error = %why, "the server could not render a prompt; the item goes back to the queue");
+            Err(Ended::GiveBack)
+        }
+    }
 }
 
 /// Why a generation did not come back.
@@ -647,31 +755,58 @@ pub(crate) fn to_row(
         ),
         (None, false, None) => (g.chunks, CountSource::Chunks),
     };
+    let (prompt_token_ids, prompt_ids_source) = crate::run::prompt_ids::settle(
+        ctx.cfg.server.api == Api::Chat,
+        &ctx.dmetrics[lease.lane],
+        &ctx.names[lease.lane],
+        lease.row,
+        crate::run::prompt_ids::Sides {
+            chat_rendered: req.messages.is_some(),
+            ours: req.prompt_ids,
+            ours_from: req.ids_from,
+            theirs: g.prompt_token_ids,
+            usage: g.prompt_tokens,
+        },
+    );
     let prompt_tokens = g
         .prompt_tokens
-        .or_else(|| req.prompt_ids.as_ref().map(|i| i.len() as u32))
+        .or_else(|| prompt_token_ids.as_ref().map(|i| i.len() as u32))
         .unwrap_or(0);
     let completed_at_ms = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0);
-    // Thinking the server split off is kept as sent; raw text is split at the template's
-    // markers unless the dataset keeps it raw.
-    let (reasoning, completion) = match (g.reasoning, &ctx.markers) {
-        (Some(r), _) => (Some(r), g.text),
-        (None, Some(m)) if ctx.gens[lease.lane].reasoning == Reasoning::Save => m.split(&g.text),
-        (None, _) => (None, g.text),
+    // Thinking the server split off is kept as sent; raw text is split by the run's
+    // syntax unless the dataset keeps it raw.
+    let syntax = &ctx.syntax.syntax;
+    let mode = ctx.gens[lease.lane].reasoning;
+    let splits = g.reasoning.is_none()
+        && g.tool_calls.is_none()
+        && (syntax.reasoning.is_some() || (syntax.tools.is_some() && req.tools.is_some()))
+        && mode != Reasoning::Raw;
+    let raw = if splits {
+        ctx.syntax
+            .text_of(&g.text, completion_ids.as_deref(), tok)
+            .into_owned()
+    } else {
+        g.text
+    };
+    let (reasoning, completion) = match (g.reasoning, &syntax.reasoning) {
+        (Some(r), _) => (Some(r), raw),
+        (None, Some(r)) if mode == Reasoning::Save => {
+            r.split(&raw, &req.prompt, &req.draw.chat_template_kwargs)
+        }
+        (None, _) => (None, raw),
     };
     // Calls a server's parser did not take out are taken out of raw text when tools were
-    // offered and the template teaches a syntax for them.
-    let (completion, tool_calls) = match (g.tool_calls, &ctx.tool_syntax) {
-        (Some(t), _) => (completion, Some(t)),
-        (None, Some(syntax))
-            if req.tools.is_some() && ctx.gens[lease.lane].reasoning != Reasoning::Raw =>
-        {
-            syntax.split(&completion)
+    // offered and the syntax has a parser for them.
+    let offered = req.tools.as_ref().and_then(|t| t.as_array());
+    let (completion, tool_calls) = match (g.tool_calls, syntax.tools, offered) {
+        (Some(t), _, _) => (completion, Some(t)),
+        (None, Some(parser), Some(tools)) if mode != Reasoning::Raw => {
+            parser.split(&completion, tools)
         }
-        (None, _) => (completion, None),
+        (None, _, _) => (completion, None),
     };
     let sampling = Some(req.draw.record).filter(|r| r != "{}");
     (
@@ -681,7 +816,7 @@ pub(crate) fn to_row(
             row: lease.row,
             prompt: req.prompt,
             messages: req.messages_text,
-            prompt_token_ids: req.prompt_ids,
+            prompt_token_ids,
             completion,
             completion_token_ids: completion_ids,
             prompt_tokens,
@@ -699,6 +834,7 @@ pub(crate) fn to_row(
             tools: req.tools_text,
             sampling,
             partial: None,
+            prompt_ids_source,
         },
         source,
     )
@@ -706,8 +842,35 @@ pub(crate) fn to_row(
 
 #[cfg(test)]
 mod tests {
-    use super::backoff;
+    use super::{backoff, RunSyntax};
+    use crate::prompt::syntax::Syntax;
+    use crate::prompt::Tokenizer;
     use std::time::Duration;
+
+    /// For a family whose markers are special tokens the split reads the ids' text, less a
+    /// final stop token; spool's own Qwen3 split keeps reading the server's text.
+    #[test]
+    fn the_split_reads_the_ids_text_for_marker_families() {
+        let tok = Tokenizer::from_file(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/tokenizers/qwen3/tokenizer.json"),
+        )
+        .unwrap();
+        let raw = "<think>a</think>b<|tool_calls_section_begin|>";
+        let mut ids = tok.encode(raw, false).unwrap();
+        ids.push(tok.token_to_id("<|im_end|>").unwrap());
+        let kimi = RunSyntax::new(
+            Syntax::of_template("<|tool_calls_section_begin|><think>"),
+            Some(&tok),
+        );
+        assert_eq!(kimi.text_of("ab", Some(&ids), Some(&tok)), raw);
+        assert_eq!(kimi.text_of("ab", None, Some(&tok)), "ab");
+        let qwen = RunSyntax::new(
+            Syntax::of_template("<think></think><tool_call></tool_call>"),
+            Some(&tok),
+        );
+        assert_eq!(qwen.text_of("ab", Some(&ids), Some(&tok)), "ab");
+    }
 
     /// Each attempt's backoff lies in half to all of 0.5 s doubled per attempt, capped at
     /// 60 s, and is jittered.

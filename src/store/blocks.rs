@@ -21,7 +21,7 @@
 //! record and lose the file's name.
 
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -349,7 +349,11 @@ pub fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    std::fs::create_dir_all(dir)?;
+    // 0750 (less where the umask says so): output folders are read by the group.
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(crate::output::files::DIR_MODE)
+        .create(dir)?;
     for made in missing.iter().rev() {
         sync_parent(made)?;
     }

@@ -20,12 +20,14 @@
 //!
 //! Invariant: one record holds the rows of one item, all with that item's `row`; row
 //! layouts only gain versions ([`ROW_V1`] records, written before the generation fields
-//! existed, still read, their new fields 0 or None).
+//! existed, and [`ROW_V2`] ones, before `prompt_ids_source`, still read, their new fields
+//! 0 or None).
 //!
 //! Invariant: the log is only appended to; the part before `results_start` holds only rows
 //! already in shards and is given back to the file system (a hole punched) as shards are
 //! sealed, so the log's disk use stays about one shard's worth of rows.
 
+use crate::prompt::remote::IdsSource;
 use crate::store::blocks::{BlockError, BlockFile, RecordReader};
 use crate::store::row::ShardRow;
 use std::collections::{BTreeMap, HashMap};
@@ -60,9 +62,11 @@ const ROW_V1: u8 = 1;
 /// [`ROW_V1`]'s fields, then `sample`, `turn` (u32 LE) and the optional texts
 /// `reasoning`, `tool_calls`, `tools`, `sampling`, `partial`.
 const ROW_V2: u8 = 2;
-/// A group record: a count (u32 LE), then that many [`ROW_V2`] rows, each with its version
-/// byte.
+/// A group record: a count (u32 LE), then that many rows, each with its version byte.
 const GROUP: u8 = 3;
+/// [`ROW_V2`]'s fields, then `prompt_ids_source` as an optional text (`client`,
+/// `server`). The byte after 2 is 4: 3 starts a group record.
+const ROW_V4: u8 = 4;
 
 /// Frames a result as a log record.
 pub fn encode_record(row: &ShardRow) -> Vec<u8> {
@@ -100,12 +104,18 @@ fn frame(mut v: Vec<u8>) -> Vec<u8> {
     v
 }
 
-/// A [`ShardRow`] in binary: [`ROW_V2`], then every field in declaration order — text as
+/// A [`ShardRow`] in binary: [`ROW_V4`], then every field in declaration order — text as
 /// u32 LE length and UTF-8, integers little-endian, token ids as a count and u32 LE each;
 /// an absent optional text or list is a length of `u32::MAX`, an optional integer a 0/1
 /// byte before it.
 pub fn encode_row(r: &ShardRow, v: &mut Vec<u8>) {
-    v.push(ROW_V2);
+    v.push(ROW_V4);
+    encode_v2_fields(r, v);
+    put_text(v, r.prompt_ids_source.map(IdsSource::as_str));
+}
+
+/// The fields [`ROW_V2`] has, after the version byte.
+fn encode_v2_fields(r: &ShardRow, v: &mut Vec<u8>) {
     encode_v1_fields(r, v);
     v.extend_from_slice(&r.sample.to_le_bytes());
     v.extend_from_slice(&r.turn.to_le_bytes());
@@ -199,7 +209,7 @@ pub fn decode_record(b: &[u8]) -> Result<Vec<ShardRow>, String> {
 /// One row, either layout, from where `r` stands.
 fn read_row(r: &mut RecordReader<'_>) -> Result<ShardRow, String> {
     let version = r.take(1)?[0];
-    if version != ROW_V1 && version != ROW_V2 {
+    if ![ROW_V1, ROW_V2, ROW_V4].contains(&version) {
         return Err(format!("unknown result record version {version}"));
     }
     let mut row = ShardRow {
@@ -230,8 +240,9 @@ fn read_row(r: &mut RecordReader<'_>) -> Result<ShardRow, String> {
         tools: None,
         sampling: None,
         partial: None,
+        prompt_ids_source: None,
     };
-    if version == ROW_V2 {
+    if version != ROW_V1 {
         row.sample = r.u32()?;
         row.turn = r.u32()?;
         row.reasoning = r.opt_text("reasoning")?;
@@ -239,6 +250,14 @@ fn read_row(r: &mut RecordReader<'_>) -> Result<ShardRow, String> {
         row.tools = r.opt_text("tools")?;
         row.sampling = r.opt_text("sampling")?;
         row.partial = r.opt_text("partial")?;
+    }
+    if version == ROW_V4 {
+        row.prompt_ids_source = match r.opt_text("prompt ids source")? {
+            None => None,
+            Some(s) => Some(
+                IdsSource::parse(&s).ok_or_else(|| format!("unknown prompt ids source {s:?}"))?,
+            ),
+        };
     }
     Ok(row)
 }
@@ -254,7 +273,7 @@ fn peek_row(b: &[u8]) -> Result<u64, String> {
         }
     }
     let version = r.take(1)?[0];
-    if version != ROW_V1 && version != ROW_V2 {
+    if ![ROW_V1, ROW_V2, ROW_V4].contains(&version) {
         return Err(format!("unknown result record version {version}"));
     }
     r.skip_text()?;
@@ -601,6 +620,11 @@ mod tests {
             tools: Some("[]".into()),
             sampling: Some(r#"{"seed":7}"#.into()),
             partial: (sample == 1).then(|| "budget".to_string()),
+            prompt_ids_source: Some(if sample == 0 {
+                IdsSource::Server
+            } else {
+                IdsSource::Client
+            }),
             ..row(r, "gen")
         }
     }
@@ -620,16 +644,41 @@ mod tests {
             tools: None,
             sampling: None,
             partial: None,
+            prompt_ids_source: None,
             ..full.clone()
         };
         assert_eq!(decode_row(&b).unwrap(), want);
         assert_eq!(decode_record(&b).unwrap(), vec![want]);
         assert_eq!(peek_row(&b).unwrap(), 4);
         // The current layout keeps every field.
-        let mut v2 = Vec::new();
-        encode_row(&full, &mut v2);
-        assert_eq!(v2[0], ROW_V2);
-        assert_eq!(decode_row(&v2).unwrap(), full);
+        let mut v4 = Vec::new();
+        encode_row(&full, &mut v4);
+        assert_eq!(v4[0], ROW_V4);
+        assert_eq!(decode_row(&v4).unwrap(), full);
+    }
+
+    /// A record written in the second row layout (before `prompt_ids_source`) still
+    /// reads, that field None, alone and inside a group; an unknown source is refused.
+    #[test]
+    fn a_version_2_row_record_still_decodes() {
+        let full = generation(6, 0, 1);
+        let mut b = vec![ROW_V2];
+        encode_v2_fields(&full, &mut b);
+        let want = ShardRow {
+            prompt_ids_source: None,
+            ..full.clone()
+        };
+        assert_eq!(decode_row(&b).unwrap(), want);
+        assert_eq!(peek_row(&b).unwrap(), 6);
+        let mut group = vec![GROUP];
+        group.extend_from_slice(&2u32.to_le_bytes());
+        group.extend_from_slice(&b);
+        encode_row(&full, &mut group);
+        assert_eq!(decode_record(&group).unwrap(), vec![want, full.clone()]);
+        let mut bad = vec![ROW_V4];
+        encode_v2_fields(&full, &mut bad);
+        put_text(&mut bad, Some("model"));
+        assert!(decode_row(&bad).unwrap_err().contains("\"model\""));
     }
 
     /// A group record (one item's generations) round-trips every row in order, is indexed

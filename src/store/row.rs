@@ -70,6 +70,10 @@ pub struct ShardRow {
     /// `tool_mismatch: …`, `failed: …`); None when every turn was generated.
     #[serde(default)]
     pub partial: Option<String>,
+    /// Who rendered `prompt_token_ids`: spool, or the server (its rendering endpoint, or
+    /// the prompt ids of its chat answer); None when there are none.
+    #[serde(default)]
+    pub prompt_ids_source: Option<crate::prompt::remote::IdsSource>,
 }
 
 #[cfg(test)]
@@ -101,6 +105,7 @@ impl ShardRow {
             tools: None,
             sampling: None,
             partial: None,
+            prompt_ids_source: None,
         }
     }
 }

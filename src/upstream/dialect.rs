@@ -28,6 +28,18 @@ pub(crate) trait Dialect: Send + Sync {
         stream: bool,
     ) -> Result<Vec<u8>, UpstreamError>;
 
+    /// [`Dialect::body`] without asking for completion token ids: for a server that
+    /// refuses the request for ids on a stream (SGLang's chat API). Dialects that never
+    /// ask for them send the same body.
+    fn body_without_token_ids(
+        &self,
+        req: &GenerateRequest<'_>,
+        model: &str,
+        stream: bool,
+    ) -> Result<Vec<u8>, UpstreamError> {
+        self.body(req, model, stream)
+    }
+
     /// A whole (non-streamed) answer's body.
     fn parse_whole(&self, body: &[u8]) -> Result<Generation, UpstreamError>;
 
@@ -202,7 +214,7 @@ mod tests {
         let body = |api| String::from_utf8(of(api).body(&req, "m", false).unwrap()).unwrap();
         assert_eq!(
             body(Api::Chat),
-            r#"{"model":"m","max_tokens":8,"temperature":0.0,"top_p":1.0,"stream":false,"return_token_ids":true,"messages":[{"role":"user","content":"Hello"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"chat_template_kwargs":{"enable_thinking":false}}"#
+            r#"{"model":"m","max_tokens":8,"temperature":0.0,"top_p":1.0,"stream":false,"return_token_ids":true,"return_prompt_token_ids":true,"messages":[{"role":"user","content":"Hello"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"chat_template_kwargs":{"enable_thinking":false}}"#
         );
         assert_eq!(
             body(Api::Completions),

@@ -7,6 +7,9 @@
 
 use std::time::Duration;
 
+/// Characters of a server's error text kept (after redaction): its message, a `Location`.
+pub const MESSAGE_CHARS: usize = 500;
+
 /// Why an attempt failed; `is_retriable` decides between backoff and a permanent failure.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -86,20 +89,13 @@ impl UpstreamError {
         matches!(self, UpstreamError::Connect { .. })
     }
 
-    /// The same error with every occurrence of `secret` replaced by `***` (a server may
-    /// echo the request's headers in its error body; the key must not reach a log line,
-    /// the queue or `status`).
-    pub fn redacted(self, secret: &str) -> UpstreamError {
-        if secret.is_empty() {
-            return self;
-        }
-        let r = |s: String| {
-            if s.contains(secret) {
-                s.replace(secret, "***")
-            } else {
-                s
-            }
-        };
+    /// The same error with every secret and credential-shaped field in its text replaced
+    /// by `***` (a server may echo the request's headers in its error body: the key must
+    /// not reach a log line, the queue or `status`), then the server's text cut to
+    /// [`MESSAGE_CHARS`] — in that order, so a cut never leaves part of a key.
+    pub fn redacted(self, secrets: &crate::secrets::Secrets) -> UpstreamError {
+        let r = |s: String| secrets.redact(&s);
+        let shown = |s: String| crate::secrets::cut(&secrets.redact(&s), MESSAGE_CHARS);
         match self {
             UpstreamError::Connect { url, detail } => UpstreamError::Connect {
                 url: r(url),
@@ -111,7 +107,7 @@ impl UpstreamError {
                 retry_after,
             } => UpstreamError::Status {
                 code,
-                message: r(message),
+                message: shown(message),
                 retry_after,
             },
             UpstreamError::StreamCut(s) => UpstreamError::StreamCut(r(s)),
@@ -123,7 +119,7 @@ impl UpstreamError {
             } => UpstreamError::Redirect {
                 code,
                 url: r(url),
-                location: r(location),
+                location: shown(location),
             },
             UpstreamError::BadUrl { url, detail } => UpstreamError::BadUrl {
                 url: r(url),
@@ -213,14 +209,10 @@ pub(super) fn redirect_error(
     url: &str,
     location: Option<&reqwest::header::HeaderValue>,
 ) -> UpstreamError {
+    // Whole: it is cut only after redaction (`UpstreamError::redacted`).
     let location = location.map_or_else(
         || "(no Location)".to_string(),
-        |l| {
-            String::from_utf8_lossy(l.as_bytes())
-                .chars()
-                .take(500)
-                .collect()
-        },
+        |l| String::from_utf8_lossy(l.as_bytes()).into_owned(),
     );
     UpstreamError::Redirect {
         code,
@@ -244,7 +236,8 @@ pub(super) fn status_error(
     }
 }
 
-/// The human part of an error body: vLLM/OpenAI `{"message"}` or `{"error": {"message"}}`.
+/// The human part of an error body: vLLM/OpenAI `{"message"}` or `{"error": {"message"}}`,
+/// else the body. Whole: it is cut only after redaction (`UpstreamError::redacted`).
 pub(super) fn error_message(body: &[u8]) -> String {
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
         let m = v
@@ -259,8 +252,7 @@ pub(super) fn error_message(body: &[u8]) -> String {
             };
         }
     }
-    let s = String::from_utf8_lossy(body);
-    s.chars().take(500).collect()
+    String::from_utf8_lossy(body).into_owned()
 }
 
 #[cfg(test)]
@@ -349,5 +341,28 @@ mod tests {
         let oai = br#"{"error":{"message":"bad thing","type":"invalid_request_error"}}"#;
         assert_eq!(error_message(oai), "bad thing");
         assert_eq!(error_message(b"plain"), "plain");
+    }
+
+    /// A key the 500-character cut would split is redacted whole first, in a plain body
+    /// and in a JSON message; so is an `Authorization` header of a key not configured.
+    #[test]
+    fn a_key_at_the_cut_is_redacted_whole() {
+        let key = "sk-live-0123456789abcdef";
+        let secrets = crate::secrets::Secrets::new([key]);
+        for start in 480..500 {
+            let text = format!("{}Bearer {key} more", "x".repeat(start - 7));
+            let json = serde_json::json!({"error": {"message": text.clone()}}).to_string();
+            for body in [text.as_bytes(), json.as_bytes()] {
+                let e = status_error(401, None, body).redacted(&secrets);
+                let shown = e.to_string();
+                assert!(!shown.contains("sk-live-"), "{shown}");
+                assert!(shown.chars().count() <= MESSAGE_CHARS + 10, "{shown}");
+            }
+        }
+        let other = status_error(401, None, b"authorization: Bearer sk-other-9999\n");
+        assert!(!other
+            .redacted(&crate::secrets::Secrets::default())
+            .to_string()
+            .contains("sk-other"));
     }
 }

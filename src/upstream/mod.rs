@@ -19,6 +19,7 @@ pub(crate) mod dialect;
 mod error;
 mod h1;
 mod openai;
+pub mod render;
 mod sglang;
 pub(crate) mod sse;
 pub mod tls;
@@ -78,6 +79,9 @@ pub struct Generation {
     pub reasoning: Option<String>,
     /// Generated tool calls (OpenAI's `tool_calls` array), when the server parsed some.
     pub tool_calls: Option<serde_json::Value>,
+    /// The prompt's ids as the server rendered them (chat answers of vLLM with
+    /// `return_token_ids`, of SGLang with `return_prompt_token_ids`); None elsewhere.
+    pub prompt_token_ids: Option<Vec<u32>>,
 }
 
 /// Called with the number of new completion tokens as they stream in.
@@ -95,10 +99,15 @@ pub struct Upstream {
     dialect: &'static dyn Dialect,
     model: String,
     api_key: Option<String>,
+    /// The API key, for redacting what servers say back.
+    secrets: crate::secrets::Secrets,
     stream: bool,
     max_response_bytes: u64,
     /// `Some(context)`: clamp `max_tokens` to what fits (see [`Upstream::with_max_tokens_clamp`]).
     clamp_context: Option<u32>,
+    /// Servers that refused a stream asking for token ids (SGLang's chat API answers 400):
+    /// their streams are sent without the request from then on.
+    no_stream_ids: std::sync::Arc<std::sync::RwLock<std::collections::HashSet<String>>>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -159,10 +168,12 @@ impl Upstream {
             api: o.api,
             dialect: dialect::of(o.api),
             model: o.model,
+            secrets: crate::secrets::Secrets::new(o.api_key.iter()),
             api_key: o.api_key,
             stream: o.stream,
             max_response_bytes: o.max_response_bytes,
             clamp_context: None,
+            no_stream_ids: Default::default(),
         })
     }
 
@@ -260,14 +271,16 @@ impl Upstream {
         sink: TokenSink<'_>,
     ) -> Result<Generation, UpstreamError> {
         let url = format!("{}{}", base.trim_end_matches('/'), path);
-        let body = self.dialect.body(req, &self.model, self.stream)?;
-        let resp = self
-            .post_bytes(&url, body)
-            .header("x-request-id", req.rid)
-            .send()
-            .await
-            .map_err(|e| map_reqwest(&url, e))?;
-        let resp = check_status(resp).await?;
+        let with_ids = !(self.stream && self.streams_without_ids(base));
+        let resp = match self.send(&url, req, with_ids).await {
+            Err(e) if self.stream && with_ids && refuses_stream_ids(&e) => {
+                // SGLang's chat API refuses `return_token_ids` on a stream (400), where vLLM
+                // needs it for the ids: learnt per server, the attempt sent again without.
+                self.stream_without_ids(base);
+                self.send(&url, req, false).await?
+            }
+            other => other?,
+        };
         let g = if self.stream {
             let mut reader =
                 sse::Reader::new(resp, self.max_response_bytes, started, base.to_string());
@@ -283,6 +296,47 @@ impl Upstream {
             self.parse_whole(&bytes, sink)?
         };
         Ok(g)
+    }
+
+    /// Posts one attempt and checks its status; without `with_ids` for a server found to
+    /// refuse token ids on a stream.
+    async fn send(
+        &self,
+        url: &str,
+        req: &GenerateRequest<'_>,
+        with_ids: bool,
+    ) -> Result<reqwest::Response, UpstreamError> {
+        let body = if with_ids {
+            self.dialect.body(req, &self.model, self.stream)?
+        } else {
+            self.dialect
+                .body_without_token_ids(req, &self.model, self.stream)?
+        };
+        let resp = self
+            .post_bytes(url, body)
+            .header("x-request-id", req.rid)
+            .send()
+            .await
+            .map_err(|e| map_reqwest(url, e))?;
+        check_status(resp).await
+    }
+
+    /// Streams to `base` go without asking for token ids from now on (it refused them).
+    pub(crate) fn stream_without_ids(&self, base: &str) {
+        if let Ok(mut set) = self.no_stream_ids.write() {
+            if set.insert(base.to_owned()) {
+                tracing::warn!(server = %base, "the server refuses token ids on a stream \
+                    (SGLang's chat API); its streams go without them, so completion ids are \
+                    spool's own encoding of the text");
+            }
+        }
+    }
+
+    /// Whether `base` was found to refuse token ids on a stream.
+    fn streams_without_ids(&self, base: &str) -> bool {
+        self.no_stream_ids
+            .read()
+            .is_ok_and(|set| set.contains(base))
     }
 
     /// Asks the server to stop generating `rid` (budget cancel), where the dialect has a
@@ -408,12 +462,10 @@ impl Upstream {
         read_capped(resp, 1 << 20).await
     }
 
-    /// The error without the API key (a server may echo it back in an error body).
+    /// The error without the API key or any credential-shaped field (a server may echo
+    /// the request's headers back in an error body), its server text then cut.
     fn redact(&self, e: UpstreamError) -> UpstreamError {
-        match &self.api_key {
-            Some(k) => e.redacted(k),
-            None => e,
-        }
+        e.redacted(&self.secrets)
     }
 
     fn clamped_sampling(&self, req: &GenerateRequest<'_>) -> Option<Sampling> {
@@ -428,6 +480,13 @@ impl Upstream {
 }
 
 /// Turns a non-2xx response into an error carrying the server's message and Retry-After.
+/// Whether `e` is a server's refusal of `return_token_ids` on a stream (SGLang: "400:
+/// return_token_ids is not supported with streaming on /v1/chat/completions").
+pub(crate) fn refuses_stream_ids(e: &UpstreamError) -> bool {
+    matches!(e, UpstreamError::Status { code: 400, message, .. }
+        if message.contains("return_token_ids") && message.contains("stream"))
+}
+
 async fn check_status(resp: reqwest::Response) -> Result<reqwest::Response, UpstreamError> {
     if let Some(e) = ambiguous_framing(resp.headers()) {
         return Err(e); // dropped unread, the answer's connection is closed, not pooled
@@ -510,7 +569,7 @@ mod tests {
             message: format!("bad header: Authorization: Bearer {key}"),
             retry_after: None,
         };
-        let shown = echoed.redacted(key).to_string();
+        let shown = echoed.redacted(&up.secrets).to_string();
         assert!(
             !shown.contains(key) && shown.contains("Bearer ***"),
             "{shown}"

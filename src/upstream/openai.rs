@@ -1,8 +1,11 @@
 //! OpenAI-style `/v1/completions` and `/v1/chat/completions` (vLLM, llama.cpp, SGLang, …).
 //!
-//! Asks for `stream_options.include_usage` and vLLM's `return_token_ids`; servers that
-//! ignore either still work (counts then come from the tokenizer or the chunks).
-//! Streaming chunks are always deltas.
+//! Asks for `stream_options.include_usage` and vLLM's `return_token_ids` (and, for a whole
+//! chat answer, SGLang's `return_prompt_token_ids`, which SGLang refuses on a stream);
+//! servers that ignore them still work (counts then come from the tokenizer or the
+//! chunks). A chat answer's prompt ids are read where each server puts them: vLLM at the
+//! top level (in the first chunk of a stream), SGLang in the choice. Streaming chunks are
+//! always deltas.
 //!
 //! Chat requests carry the row's `tools` and the dataset's `chat_template_kwargs` (vLLM and
 //! SGLang both read them at the top level), since the server renders the template;
@@ -56,6 +59,17 @@ impl Dialect for OpenAi {
         stream: bool,
     ) -> Result<Vec<u8>, UpstreamError> {
         to_json(&request_body(req, model, stream, self.chat))
+    }
+
+    fn body_without_token_ids(
+        &self,
+        req: &GenerateRequest<'_>,
+        model: &str,
+        stream: bool,
+    ) -> Result<Vec<u8>, UpstreamError> {
+        let mut body = request_body(req, model, stream, self.chat);
+        body.return_token_ids = false;
+        to_json(&body)
     }
 
     fn parse_whole(&self, body: &[u8]) -> Result<Generation, UpstreamError> {
@@ -163,6 +177,10 @@ pub(super) struct RequestBody<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     stream_options: Option<StreamOptions>,
     return_token_ids: bool,
+    /// SGLang's spelling for a chat answer's prompt ids; only on a whole chat answer
+    /// (SGLang refuses it on a stream).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    return_prompt_token_ids: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     prompt: Option<Prompt<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -246,6 +264,7 @@ pub(super) fn request_body<'a>(
             include_usage: true,
         }),
         return_token_ids: true,
+        return_prompt_token_ids: chat && !stream,
         prompt,
         messages,
         tools,
@@ -344,6 +363,9 @@ struct Choice<'a> {
     /// it to a `RawValue` and parsing that by hand).
     #[serde(default)]
     token_ids: Option<Vec<u32>>,
+    /// SGLang's chat answer's prompt ids.
+    #[serde(default)]
+    prompt_token_ids: Option<Vec<u32>>,
     #[serde(default, borrow)]
     finish_reason: Option<Cow<'a, str>>,
 }
@@ -403,6 +425,9 @@ struct Body<'a> {
     /// An error object sent inside a 200 stream.
     #[serde(default)]
     error: Option<Value>,
+    /// vLLM's chat answer's prompt ids (the first chunk of a stream).
+    #[serde(default)]
+    prompt_token_ids: Option<Vec<u32>>,
 }
 
 pub(super) fn parse_full(bytes: &[u8], chat: bool) -> Result<Generation, UpstreamError> {
@@ -429,7 +454,13 @@ pub(super) fn parse_full(bytes: &[u8], chat: bool) -> Result<Generation, Upstrea
         }
     };
     let usage = v.usage.as_ref();
+    let prompt_token_ids = if chat {
+        v.prompt_token_ids.take().or(c.prompt_token_ids.take())
+    } else {
+        None
+    };
     Ok(Generation {
+        prompt_token_ids,
         text,
         token_ids: c.token_ids,
         prompt_tokens: usage.and_then(|u| u.prompt_tokens),
@@ -467,6 +498,7 @@ struct StreamState {
     prompt_tokens: Option<u32>,
     completion_tokens: Option<u32>,
     chunks: u32,
+    prompt_token_ids: Option<Vec<u32>>,
 }
 
 impl StreamState {
@@ -484,6 +516,9 @@ impl StreamState {
         if let Some(u) = &v.usage {
             self.prompt_tokens = u.prompt_tokens.or(self.prompt_tokens);
             self.completion_tokens = u.completion_tokens.or(self.completion_tokens);
+        }
+        if chat && self.prompt_token_ids.is_none() {
+            self.prompt_token_ids = v.prompt_token_ids.take();
         }
         if v.choices.is_empty() {
             return Ok(Some(0));
@@ -534,6 +569,7 @@ impl StreamState {
             ));
         };
         Ok(Generation {
+            prompt_token_ids: self.prompt_token_ids,
             text: self.text,
             token_ids: self.has_ids.then_some(self.ids),
             prompt_tokens: self.prompt_tokens,
@@ -681,7 +717,7 @@ mod tests {
                 false,
                 true
             )),
-            r#"{"model":"m","max_tokens":64,"temperature":0.7,"top_p":1.0,"top_k":20,"min_p":0.05,"seed":7,"stop":["</s>","\n\n"],"stream":false,"return_token_ids":true,"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi \"you\""}]}"#
+            r#"{"model":"m","max_tokens":64,"temperature":0.7,"top_p":1.0,"top_k":20,"min_p":0.05,"seed":7,"stop":["</s>","\n\n"],"stream":false,"return_token_ids":true,"return_prompt_token_ids":true,"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi \"you\""}]}"#
         );
     }
 
@@ -705,6 +741,42 @@ mod tests {
         assert_eq!(
             (g.text.as_str(), g.completion_tokens, g.token_ids),
             ("yo", None, None)
+        );
+        assert_eq!(g.prompt_token_ids, None);
+    }
+
+    /// A chat answer's prompt ids are read where vLLM puts them (the top level, the first
+    /// chunk of a stream) and where SGLang does (the choice); completions answers' are
+    /// not taken (spool sent those ids itself).
+    #[test]
+    fn chat_prompt_ids_are_read_in_both_servers_shapes() {
+        let vllm = br#"{"choices":[{"index":0,"message":{"content":"yo"},"finish_reason":"stop","token_ids":[9]}],"prompt_token_ids":[1,2,3]}"#;
+        assert_eq!(
+            parse_full(vllm, true).unwrap().prompt_token_ids,
+            Some(vec![1, 2, 3])
+        );
+        let sglang = br#"{"choices":[{"index":0,"message":{"content":"yo"},"finish_reason":"stop","prompt_token_ids":[4,5]}]}"#;
+        assert_eq!(
+            parse_full(sglang, true).unwrap().prompt_token_ids,
+            Some(vec![4, 5])
+        );
+        let completion = br#"{"choices":[{"index":0,"text":"yo","finish_reason":"stop","prompt_token_ids":[4,5]}]}"#;
+        assert_eq!(
+            parse_full(completion, false).unwrap().prompt_token_ids,
+            None
+        );
+        let mut st = StreamState::default();
+        for e in [
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"prompt_token_ids":[7,8]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"a"},"token_ids":[1]}],"prompt_token_ids":null}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"b"},"token_ids":[2],"finish_reason":"stop"}]}"#,
+        ] {
+            st.push(e, true).unwrap();
+        }
+        let g = st.finish(true, None).unwrap();
+        assert_eq!(
+            (g.prompt_token_ids, g.text.as_str()),
+            (Some(vec![7, 8]), "ab")
         );
     }
 }
@@ -956,13 +1028,13 @@ mod reasoning_and_tools_tests {
         };
         assert_eq!(
             body(&req(Some(&tools), Some(&kwargs)), false, true),
-            r#"{"model":"m","max_tokens":64,"temperature":0.7,"top_p":1.0,"stream":false,"return_token_ids":true,"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],"chat_template_kwargs":{"enable_thinking":false,"reasoning_effort":"high"}}"#
+            r#"{"model":"m","max_tokens":64,"temperature":0.7,"top_p":1.0,"stream":false,"return_token_ids":true,"return_prompt_token_ids":true,"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],"chat_template_kwargs":{"enable_thinking":false,"reasoning_effort":"high"}}"#
         );
         assert_eq!(
             body(&req(None, Some(&kwargs)), true, true),
             r#"{"model":"m","max_tokens":64,"temperature":0.7,"top_p":1.0,"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true,"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"enable_thinking":false,"reasoning_effort":"high"}}"#
         );
-        let plain = r#"{"model":"m","max_tokens":64,"temperature":0.7,"top_p":1.0,"stream":false,"return_token_ids":true,"messages":[{"role":"user","content":"hi"}]}"#;
+        let plain = r#"{"model":"m","max_tokens":64,"temperature":0.7,"top_p":1.0,"stream":false,"return_token_ids":true,"return_prompt_token_ids":true,"messages":[{"role":"user","content":"hi"}]}"#;
         assert_eq!(
             body(&req(Some(&empty_tools), Some(&empty_kwargs)), false, true),
             plain

@@ -156,6 +156,7 @@ pub(super) fn parse_full(bytes: &[u8]) -> Result<Generation, UpstreamError> {
         chunks: 1,
         reasoning: None,
         tool_calls: None,
+        prompt_token_ids: None,
     })
 }
 
@@ -261,6 +262,7 @@ impl StreamState {
             chunks: self.chunks,
             reasoning: None,
             tool_calls: None,
+            prompt_token_ids: None,
         })
     }
 }

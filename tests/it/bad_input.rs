@@ -75,7 +75,7 @@ async fn every_bad_row_is_rejected_with_line_and_reason_and_the_run_goes_on() {
         ),
         (br#"{"prompt": ""}"#.to_vec(), "empty `prompt`"),
         (b"{\"prompt\": \"bad \xff utf8\"}".to_vec(), "invalid UTF-8"),
-        (Vec::new(), "line longer than 32 MiB"), // the 100 MB line, written below
+        (Vec::new(), "line longer than 16 MiB"), // the 100 MB line, written below
         (
             br#"{"id": "good0", "prompt": "again"}"#.to_vec(),
             "duplicate id `good0`",

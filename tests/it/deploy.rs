@@ -240,18 +240,27 @@ fn kubernetes_job_matches_its_configmap() {
     let output_dir = cfg["output_dir"].as_str().unwrap();
     assert!(output_dir.starts_with("s3://"), "{output_dir}");
     assert_eq!(cfg["data_dir"].as_str(), Some("/data"));
-    let metrics_addr = run["metrics_addr"].as_str().unwrap();
-    assert!(
-        metrics_addr.starts_with("0.0.0.0:"),
-        "Prometheus scrapes the pod's IP: {metrics_addr}"
-    );
+    // The config binds loopback; the Job overrides it with the pod's IP (from the
+    // downward API), which Prometheus scrapes; never every interface.
+    let config_addr: std::net::SocketAddr = run["metrics_addr"].as_str().unwrap().parse().unwrap();
+    assert!(config_addr.ip().is_loopback(), "{config_addr}");
+    let job = manifest("job.yaml");
+    let spool_c = container(&job, "spool");
+    let metrics_addr = flag_value(spool_c["args"].as_array().unwrap(), "--metrics-addr");
+    assert_eq!(metrics_addr, format!("$(POD_IP):{}", config_addr.port()));
+    let pod_ip = spool_c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "POD_IP")
+        .expect("POD_IP in the spool container's env");
+    assert_eq!(pod_ip["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
     let grace = run["shutdown_grace_s"]
         .as_integer()
         .map(|g| g as f64)
         .or_else(|| run["shutdown_grace_s"].as_float())
         .unwrap();
 
-    let job = manifest("job.yaml");
     let spec = &job["spec"];
     assert_eq!(job["kind"], "Job");
     assert_eq!(spec["completionMode"], "Indexed");
@@ -348,7 +357,7 @@ fn kubernetes_configmap_loads_with_spools_config_loader() {
     let cfg =
         spool::config::Config::load(&path, &Default::default()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(cfg.run.partitions, Some(4));
-    assert_eq!(cfg.run.metrics_addr, "0.0.0.0:9100");
+    assert_eq!(cfg.run.metrics_addr, "127.0.0.1:9100");
     let v = serde_json::to_value(&cfg).unwrap();
     assert_eq!(v["output_dir"], "s3://spool-shards/qwen3-drafter", "{v}");
     let paths: Vec<String> = cfg
@@ -363,6 +372,8 @@ fn kubernetes_configmap_loads_with_spools_config_loader() {
     let slurm = spool::config::Config::load(&slurm_dir().join("spool.toml"), &Default::default())
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(slurm.run.partitions, Some(4));
+    let slurm_addr: std::net::SocketAddr = slurm.run.metrics_addr.parse().unwrap();
+    assert!(slurm_addr.ip().is_loopback(), "{slurm_addr}");
 }
 
 /// The Indexed Job run locally: four real `spool` processes with the Job's own arguments and
@@ -385,21 +396,27 @@ async fn indexed_job_pods_each_run_their_own_partition() {
             .map(|a| a.as_str().unwrap().to_string())
             .collect();
         let i = args.iter().position(|a| a == "-c").unwrap();
-        args[..i].iter().chain(&args[i + 2..]).cloned().collect()
+        // Each pod has its own IP; here the four share loopback, each on a free port.
+        args[..i]
+            .iter()
+            .chain(&args[i + 2..])
+            .map(|a| a.replace("$(POD_IP):9100", "127.0.0.1:0"))
+            .collect()
     };
     let run_args = local_args(&job);
     let finalize_args = local_args(&finalize);
-    assert_eq!(run_args, ["run"]);
+    assert_eq!(run_args, ["run", "--metrics-addr", "127.0.0.1:0"]);
     assert_eq!(finalize_args, ["finalize"]);
+    // Plain values only: POD_IP (from the downward API) is replaced above.
     let env: Vec<(String, String)> = container(&job, "spool")["env"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| {
-            (
+        .filter_map(|e| {
+            Some((
                 e["name"].as_str().unwrap().to_string(),
-                e["value"].as_str().unwrap().to_string(),
-            )
+                e["value"].as_str()?.to_string(),
+            ))
         })
         .collect();
     let partitions = int(&job["spec"]["completions"], "completions") as usize;

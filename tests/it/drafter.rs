@@ -1024,3 +1024,52 @@ async fn split_thinking_without_server_ids_is_counted_not_invented() {
     }
     mock.stop().await;
 }
+
+/// SGLang's chat API refuses `return_token_ids` on a stream (400), which vLLM needs for the
+/// ids: spool learns it from the first refusal, sends that server's streams without it and
+/// loses no item (before, every streamed chat request failed for good); the ids are then
+/// spool's own encoding of the text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_refusing_stream_token_ids_is_streamed_without_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = Mock::start(spool::mock::MockConfig {
+        refuse_stream_ids: true,
+        ..fast_mock()
+    })
+    .await;
+    write_chats(&dir.path().join("c.jsonl"), "c", 12);
+    let cfg = write_config(
+        dir.path(),
+        &mock.url,
+        "chat",
+        true,
+        &[Ds {
+            name: "c",
+            file: "c.jsonl",
+            budget: None,
+        }],
+        &qwen3_table(),
+    );
+    let summary = run_to_end(&cfg).await;
+    assert_eq!(summary.report.failed(), 0);
+    let stats = mock.stats();
+    let refused = stats.count(spool::mock::Outcome::BadRequest);
+    assert!(
+        refused >= 1,
+        "the mock refused the first stream asking for ids"
+    );
+    assert!(
+        refused <= 1 + 150,
+        "refused at most once per request in flight at the first refusal: {refused}"
+    );
+    let tok =
+        spool::prompt::Tokenizer::from_file(&fixtures().join("tokenizers/qwen3/tokenizer.json"))
+            .unwrap();
+    let rows = shard_rows(&dir.path().join("out"), "c");
+    assert_eq!(rows.len(), 12);
+    for r in &rows {
+        let ids = r.completion_token_ids.as_ref().expect("spool's encoding");
+        assert_eq!(*ids, tok.encode(&r.completion, false).unwrap(), "{}", r.id);
+    }
+    mock.stop().await;
+}

@@ -1,6 +1,7 @@
 //! End to end in-process: config → intake → mock server → queue → Parquet shards.
 
 use crate::support::*;
+use spool::prompt::remote::IdsSource;
 use spool::store::row::ShardRow;
 
 fn qwen_tokenizer_table() -> String {
@@ -44,20 +45,23 @@ fn check_row(r: &ShardRow, api: &str, stream: bool, tok: &spool::prompt::Tokeniz
         .prompt_token_ids
         .as_ref()
         .expect("prompt ids with a tokenizer");
-    assert_eq!(
-        pids,
-        &tok.encode(&r.prompt, false).unwrap(),
-        "{ctx}: prompt ids"
-    );
     if api != "chat" {
         assert_eq!(
-            r.prompt_tokens as usize,
-            pids.len(),
-            "{ctx}: server counted the ids sent"
+            pids,
+            &tok.encode(&r.prompt, false).unwrap(),
+            "{ctx}: prompt ids"
         );
+        assert_eq!(r.prompt_ids_source, Some(IdsSource::Client), "{ctx}");
     } else {
-        assert!(r.prompt_tokens > 0, "{ctx}");
+        // The chat answer's prompt ids (the server rendered the messages itself) are the
+        // ones kept.
+        assert_eq!(r.prompt_ids_source, Some(IdsSource::Server), "{ctx}");
     }
+    assert_eq!(
+        r.prompt_tokens as usize,
+        pids.len(),
+        "{ctx}: server counted the ids kept"
+    );
     if r.id.starts_with('c') {
         let m: serde_json::Value =
             serde_json::from_str(r.messages.as_ref().expect("messages")).unwrap();

@@ -210,7 +210,7 @@ async fn export_tokens_and_sharegpt_from_a_real_run() {
         );
         assert_eq!(
             last,
-            &json!({"role": "assistant", "content": by_id[id].completion}),
+            &json!({"role": "assistant", "content": by_id[id].completion, "tool_calls": "[]"}),
             "{id}"
         );
         seen += 1;

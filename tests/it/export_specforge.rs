@@ -56,10 +56,15 @@ fn write_multi(path: &Path, n: usize) {
     std::fs::write(path, s).unwrap();
 }
 
-/// A run of three datasets (multi-turn with `turns = "all"` and `samples = 2`, short
-/// single-turn chats cut by `max_tokens = 24`, plain prompts) against a mock thinking in
-/// Qwen3's real tokens, `eos_in_ids` deciding whether it sends `<|im_end|>`.
-async fn run(dir: &Path, eos_in_ids: bool) -> (spool::config::Config, Vec<ShardRow>) {
+/// A run against a mock thinking in Qwen3's real tokens (`eos_in_ids` deciding whether it
+/// sends `<|im_end|>`), prompts rendered client-side with `template`; each dataset is
+/// (name, file, keys added to its table).
+async fn run_with(
+    dir: &Path,
+    eos_in_ids: bool,
+    template: &Path,
+    datasets: &[(&str, &str, &str)],
+) -> (spool::config::Config, Vec<ShardRow>) {
     let mock = Mock::start(MockConfig {
         think: true,
         tokenizer: Some(qwen_dir().join("tokenizer.json")),
@@ -67,50 +72,57 @@ async fn run(dir: &Path, eos_in_ids: bool) -> (spool::config::Config, Vec<ShardR
         ..fast_mock()
     })
     .await;
-    write_multi(&dir.join("multi.jsonl"), 12);
-    write_chats(&dir.join("short.jsonl"), "s", 10);
-    write_prompts(&dir.join("plain.jsonl"), "p", 6);
     let table = format!(
         "[tokenizer]\npath = \"{}\"\nchat_template = \"{}\"\n",
         qwen_dir().join("tokenizer.json").display(),
-        qwen_dir().join("tokenizer_config.json").display()
+        template.display()
     );
-    let ds = |name, file| Ds {
-        name,
-        file,
-        budget: None,
-    };
-    let cfg_path = write_config(
-        dir,
-        &mock.url,
-        "sglang",
-        true,
-        &[
-            ds("multi", "multi.jsonl"),
-            ds("short", "short.jsonl"),
-            ds("plain", "plain.jsonl"),
-        ],
-        &table,
-    );
-    let text = std::fs::read_to_string(&cfg_path).unwrap();
-    let text = text
-        .replace(
-            "path = \"multi.jsonl\"\n",
-            "path = \"multi.jsonl\"\nturns = \"all\"\nsamples = 2\n",
-        )
-        .replace(
-            "path = \"short.jsonl\"\n",
-            "path = \"short.jsonl\"\n[dataset.sampling]\nmax_tokens = 24\n",
-        );
+    let ds: Vec<Ds> = datasets
+        .iter()
+        .map(|(name, file, _)| Ds {
+            name,
+            file,
+            budget: None,
+        })
+        .collect();
+    let cfg_path = write_config(dir, &mock.url, "sglang", true, &ds, &table);
+    let mut text = std::fs::read_to_string(&cfg_path).unwrap();
+    for (name, file, keys) in datasets {
+        let head = format!("name = \"{name}\"\npath = \"{file}\"\n");
+        text = text.replace(&head, &format!("{head}{keys}"));
+    }
     std::fs::write(&cfg_path, text).unwrap();
     run_to_end(&cfg_path).await;
     mock.stop().await;
     let out = dir.join("out");
-    let rows: Vec<ShardRow> = ["multi", "short", "plain"]
+    let rows: Vec<ShardRow> = datasets
         .iter()
-        .flat_map(|d| shard_rows(&out, d))
+        .flat_map(|(d, _, _)| shard_rows(&out, d))
         .collect();
     (load(&cfg_path), rows)
+}
+
+/// A run of three datasets (multi-turn with `turns = "all"` and `samples = 2`, short
+/// single-turn chats cut by `max_tokens = 24`, plain prompts) with Qwen3's own template.
+async fn run(dir: &Path, eos_in_ids: bool) -> (spool::config::Config, Vec<ShardRow>) {
+    write_multi(&dir.join("multi.jsonl"), 12);
+    write_chats(&dir.join("short.jsonl"), "s", 10);
+    write_prompts(&dir.join("plain.jsonl"), "p", 6);
+    run_with(
+        dir,
+        eos_in_ids,
+        &qwen_dir().join("tokenizer_config.json"),
+        &[
+            ("multi", "multi.jsonl", "turns = \"all\"\nsamples = 2\n"),
+            (
+                "short",
+                "short.jsonl",
+                "[dataset.sampling]\nmax_tokens = 24\n",
+            ),
+            ("plain", "plain.jsonl", ""),
+        ],
+    )
+    .await
 }
 
 /// Runs tests/python/specforge_load.py; fails with its stderr when it fails.
@@ -481,4 +493,277 @@ async fn specforge_chat_renders_in_specforge_as_spool_generated_it() {
     let later = rows.iter().filter(|r| r.turn > 0).count();
     assert_eq!(d.earlier_turns_in_loss, later, "{d:?}");
     println!("specforge-chat --per-turn, qwen3-thinking: {d:?}");
+    // The README's recipe, `train_only_last_turn = true`: each line trains its own turn
+    // and nothing else, so every generated turn is trained once.
+    let sf = specforge_load(
+        &["chat", per.to_str().unwrap(), tdir, "qwen3-thinking", "1"],
+        dir.path(),
+    );
+    let d = classify(&sf, &by_turn);
+    assert_eq!(d.rows, rows.len());
+    assert_eq!(d.earlier_turns_in_loss, 0, "{d:?}");
+    assert_eq!(
+        d.newline_after_end + d.identical + d.raw_prompt,
+        rows.len(),
+        "{d:?}"
+    );
+    println!("specforge-chat --per-turn, qwen3-thinking, train_only_last_turn: {d:?}");
+}
+
+/// Qwen3's `<think>`.
+const THINK_OPEN: u32 = 151667;
+
+/// The template that renders an assistant turn's thinking wherever the message has it
+/// (tests/fixtures/SOURCES.md), so `history_reasoning` changes what is sent.
+fn history_template() -> PathBuf {
+    fixtures().join("templates/qwen3-history-thinking.jinja")
+}
+
+/// The same conversations twice, `history_reasoning = "drop"` and `"keep"`, regenerated
+/// with `turns = "all"` and rendered client-side by [`history_template`]; and plain prompts.
+async fn run_history(dir: &Path) -> (spool::config::Config, Vec<ShardRow>) {
+    write_multi(&dir.join("multi.jsonl"), 6);
+    write_prompts(&dir.join("plain.jsonl"), "p", 3);
+    run_with(
+        dir,
+        false,
+        &history_template(),
+        &[
+            (
+                "drop",
+                "multi.jsonl",
+                "turns = \"all\"\nhistory_reasoning = \"drop\"\n",
+            ),
+            (
+                "keep",
+                "multi.jsonl",
+                "turns = \"all\"\nhistory_reasoning = \"keep\"\n",
+            ),
+            ("plain", "plain.jsonl", ""),
+        ],
+    )
+    .await
+}
+
+/// `--per-turn` rows show the earlier turns exactly as they were sent back: through
+/// SpecForge's own preprocessing (Qwen3 thinking template, `train_only_last_turn = true`,
+/// the template the run rendered with), every line is the ids spool sent for that turn
+/// and the ids generated, under `history_reasoning = "drop"` (no earlier thinking) and
+/// `"keep"` (earlier thinking rendered, as sent) alike, and each line trains on its own
+/// turn only: with this recipe every generated turn is trained once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_turn_history_is_what_was_sent_under_drop_and_keep() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, rows) = run_history(dir.path()).await;
+    // 6 conversations of 2–3 turns, twice; 3 prompts.
+    assert_eq!(rows.len(), 2 * (6 * 2 + 3) + 3);
+    // What was sent differs: kept thinking is in the later turns' prompts, dropped is not.
+    for r in rows.iter().filter(|r| r.turn > 0) {
+        let thinks = r.prompt_token_ids.as_ref().unwrap().contains(&THINK_OPEN);
+        assert_eq!(thinks, r.dataset == "keep", "{} {}", r.dataset, r.id);
+    }
+    let per = dir.path().join("per.jsonl");
+    export(&cfg, Format::SpecforgeChat, &per, true);
+    let template = history_template();
+    let sf = specforge_load(
+        &[
+            "chat",
+            per.to_str().unwrap(),
+            qwen_dir().to_str().unwrap(),
+            "qwen3-thinking",
+            "1",
+            template.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert_eq!(sf.len(), rows.len(), "one line per generated turn");
+    // Ids are per dataset: the same conversation is in both.
+    let mut by_turn: HashMap<String, &ShardRow> = HashMap::new();
+    let lines: Vec<Value> = std::fs::read_to_string(&per)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut sf_named = Vec::new();
+    for (r, (l, s)) in rows.iter().zip(lines.iter().zip(&sf)) {
+        let key = format!("{}/{}", r.dataset, l["id"].as_str().unwrap());
+        assert_eq!(
+            l["id"].as_str().unwrap(),
+            format!("{}#turn{}", r.id, r.turn),
+            "lines in row order"
+        );
+        by_turn.insert(key.clone(), r);
+        let mut s = s.clone();
+        s["id"] = json!(key);
+        sf_named.push(s);
+    }
+    let d = classify(&sf_named, &by_turn);
+    assert_eq!(d.earlier_turns_in_loss, 0, "{d:?}");
+    assert_eq!(
+        d.identical + d.newline_after_end + d.raw_prompt,
+        rows.len(),
+        "{d:?}"
+    );
+    println!("--per-turn under drop and keep, qwen3-thinking, train_only_last_turn: {d:?}");
+}
+
+/// Runs one of SpecForge's data scripts (tests/fixtures/specforge) with `args`: its exit
+/// status, stdout and stderr.
+fn specforge_script(name: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new("python3")
+        .arg(fixtures().join("specforge").join(name))
+        .args(args)
+        .output()
+        .expect("python3");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The content rules of SpecForge's expansion (`conversation_validation.py` and
+/// `expand_reasoning_conversations.py`): the only reasons a spool row may be skipped.
+const CONTENT_RULES: [&str; 6] = [
+    "Invalid message content at position",
+    "Invalid assistant reasoning_content at position",
+    "Invalid message role",
+    "Invalid conversation role order",
+    "Conversation ends with a user message",
+    "Data does not contain",
+];
+
+/// Expands `chat` with SpecForge's script and checks it against spool's `--per-turn`
+/// export of the same rows (`per`): rows are skipped only for SpecForge's content rules,
+/// every accepted conversation gives one event per assistant turn, and each event is
+/// spool's line of the same id (history dropped, as the expansion assumes). Returns
+/// (events, skipped rows).
+fn expand_and_compare(dir: &Path, chat: &Path, per: &Path, tag: &str) -> (usize, usize) {
+    let events_path = dir.join(format!("events-{tag}.jsonl"));
+    let skipped_path = dir.join(format!("skipped-{tag}.jsonl"));
+    let (ok, stdout, stderr) = specforge_script(
+        "expand_reasoning_conversations.py",
+        &[
+            "--input-file-path",
+            chat.to_str().unwrap(),
+            "--output-file-path",
+            events_path.to_str().unwrap(),
+            "--skipped-file-path",
+            skipped_path.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{tag}: expansion failed: {stdout}{stderr}");
+    let events = read_jsonl(&events_path);
+    let skipped = read_jsonl(&skipped_path);
+    for s in &skipped {
+        let why = s["error"].as_str().unwrap();
+        assert!(
+            CONTENT_RULES.iter().any(|r| why.starts_with(r)),
+            "{tag}: {} skipped for {why:?}, not a content rule",
+            s["id"]
+        );
+    }
+    let conversations = read_jsonl(chat);
+    let accepted: std::collections::HashSet<&str> = conversations
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .filter(|id| !skipped.iter().any(|s| s["id"] == *id))
+        .collect();
+    let assistant_turns: usize = conversations
+        .iter()
+        .filter(|c| accepted.contains(c["id"].as_str().unwrap()))
+        .map(|c| {
+            c["conversations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["role"] == "assistant")
+                .count()
+        })
+        .sum();
+    assert_eq!(
+        events.len(),
+        assistant_turns,
+        "{tag}: one event per assistant turn"
+    );
+    let spool: HashMap<String, Value> = read_jsonl(per)
+        .into_iter()
+        .map(|l| (l["id"].as_str().unwrap().to_string(), l))
+        .collect();
+    let mine = spool
+        .values()
+        .filter(|l| accepted.contains(l["source_id"].as_str().unwrap()))
+        .count();
+    assert_eq!(mine, events.len(), "{tag}: --per-turn has the same events");
+    for e in &events {
+        let id = e["id"].as_str().unwrap();
+        let l = &spool[id];
+        for k in [
+            "id",
+            "source_id",
+            "source_row_index",
+            "assistant_turn_index",
+            "conversations",
+            "status",
+        ] {
+            assert_eq!(e[k], l[k], "{tag}: {id}: `{k}`");
+        }
+    }
+    (events.len(), skipped.len())
+}
+
+/// SpecForge's own `validate_regenerated_data.py` passes on spool's `specforge-chat`
+/// export, and its `expand_reasoning_conversations.py` turns it into one event per
+/// assistant turn of every conversation, the same events as spool's `--per-turn`; rows it
+/// skips (a turn cut inside its thinking has no answer) are skipped for its own content
+/// rules only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn specforge_scripts_validate_and_expand_spools_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, rows) = run(dir.path(), false).await;
+    let gated = |format, out: &Path, per_turn, exclude: &[&str]| {
+        spool::output::export::export(
+            &cfg,
+            &ExportOptions {
+                per_turn,
+                gates: spool::output::export::Gates {
+                    exclude_finish: exclude.iter().map(|s| s.to_string()).collect(),
+                    ..Default::default()
+                },
+                ..ExportOptions::new(format, out)
+            },
+        )
+        .unwrap()
+    };
+    // Without the cut turns: validation passes, and nothing is skipped.
+    let chat = dir.path().join("chat.jsonl");
+    let per = dir.path().join("per.jsonl");
+    gated(Format::SpecforgeChat, &chat, false, &["length"]);
+    gated(Format::SpecforgeChat, &per, true, &["length"]);
+    let (ok, stdout, stderr) = specforge_script(
+        "validate_regenerated_data.py",
+        &["--data-path", chat.to_str().unwrap()],
+    );
+    assert!(ok, "validation failed: {stdout}{stderr}");
+    assert!(stdout.contains("validation passed"), "{stdout}");
+    let lines = read_jsonl(&chat).len();
+    assert!(stdout.contains(&format!("rows: {lines}\n")), "{stdout}");
+    let stopped = rows.iter().filter(|r| r.finish_reason != "length").count();
+    let (events, skipped) = expand_and_compare(dir.path(), &chat, &per, "stopped");
+    assert_eq!((events, skipped), (stopped, 0));
+
+    // Every row: the turns cut inside their thinking have no answer, which SpecForge's
+    // rules reject; the rest expand as spool's --per-turn.
+    let chat = dir.path().join("chat-all.jsonl");
+    let per = dir.path().join("per-all.jsonl");
+    gated(Format::SpecforgeChat, &chat, false, &[]);
+    gated(Format::SpecforgeChat, &per, true, &[]);
+    let (events, skipped) = expand_and_compare(dir.path(), &chat, &per, "all");
+    assert!(
+        skipped > 0 && events >= stopped,
+        "{events} events, {skipped} skipped"
+    );
+    println!(
+        "SpecForge expansion of spool's export: {events} events, {skipped} conversations skipped"
+    );
 }

@@ -123,8 +123,9 @@ fn i64s(b: &[u8]) -> Vec<i64> {
 /// speculators' own `prepare-data` and training loader read the file and give the same
 /// (input_ids, loss_mask) pairs token for token, its `token_freq.pt` equals spool's
 /// `token-freq` counts, its vocab mapping equals spool's `draft-vocab` d2t/t2d (a clean
-/// cut, a tie at the cut, and fewer seen ids than N), and SpecForge's mapping equals them
-/// too except, where ids tie at the cut, in which of the tied ids it keeps.
+/// cut, a tie at the cut, and fewer seen ids than N) — read from spool's `d2t-N.npy` /
+/// `t2d-N.npy` by speculators' own loaders, as they are — and SpecForge's mapping equals
+/// them too except, where ids tie at the cut, in which of the tied ids it keeps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn speculators_token_freq_and_draft_vocab_read_by_the_frameworks() {
     let mock = Mock::start(fast_mock()).await;
@@ -349,7 +350,8 @@ async fn speculators_token_freq_and_draft_vocab_read_by_the_frameworks() {
         .parse()
         .unwrap();
     let fill_n = tiny_distinct + 40;
-    let fill = ex.join("tiny_draft.safetensors");
+    // Its own folder: the .npy files beside it are named by N only.
+    let fill = ex.join("tiny").join("tiny_draft.safetensors");
     export(
         &cfg,
         Format::DraftVocab,
@@ -404,6 +406,8 @@ async fn speculators_token_freq_and_draft_vocab_read_by_the_frameworks() {
             );
             assert_eq!(d["dtypes"], json!(["torch.int64", "torch.bool"]));
             assert_eq!(d["npy_loads"], true, "{d}");
+            assert_eq!(d["npy_found"], true, "{d}");
+            assert_eq!(d["npy_dtypes"], json!(["int64", "bool"]), "{d}");
         }
     }
 

@@ -60,14 +60,16 @@ pub(crate) struct Proc {
 impl Proc {
     pub(crate) fn spawn(cfg: &Path, args: &[&str], env: &[(&str, &str)]) -> Proc {
         let mut c = Command::new(spool_bin());
-        c.args(args)
-            .arg("-c")
-            .arg(cfg)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        c.args(args).arg("-c").arg(cfg);
         for (k, v) in env {
             c.env(k, v);
         }
+        Proc::from_command(c)
+    }
+
+    /// Starts a command set up by the caller (limits, wrappers), collecting its stderr.
+    pub(crate) fn from_command(mut c: Command) -> Proc {
+        c.stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = c.spawn().unwrap();
         let lines = Arc::new(Mutex::new(Vec::new()));
         let stderr = child.stderr.take().unwrap();

@@ -41,6 +41,7 @@ fn rows() -> Vec<ShardRow> {
             tools: Some(r#"[{"type":"function","function":{"name":"f"}}]"#.into()),
             sampling: Some(r#"{"temperature":0.7,"seed":3}"#.into()),
             partial: Some("tool_mismatch: turn 1".into()),
+            prompt_ids_source: Some(spool::prompt::remote::IdsSource::Server),
         },
         ShardRow {
             id: "chat:1".into(),
@@ -66,6 +67,7 @@ fn rows() -> Vec<ShardRow> {
             tools: None,
             sampling: None,
             partial: None,
+            prompt_ids_source: None,
         },
         ShardRow {
             id: "chat:2".into(),
@@ -91,6 +93,7 @@ fn rows() -> Vec<ShardRow> {
             tools: None,
             sampling: None,
             partial: None,
+            prompt_ids_source: Some(spool::prompt::remote::IdsSource::Client),
         },
     ]
 }

@@ -258,3 +258,30 @@ pub fn mock_text(ids: &[u32]) -> String {
         })
         .collect()
 }
+
+/// POSTs `body` as JSON to `url` + `path` (a server on loopback): the status and the JSON
+/// answer.
+pub async fn post_json(url: &str, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    spool::upstream::tls::install_provider();
+    let r = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .post(format!("{url}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
+}
+
+/// The JSON values of a JSONL file, blank lines skipped.
+pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}

@@ -86,8 +86,16 @@ def load_template(path):
 
 def load_tokenizer(path):
     path = Path(path)
+    if path.is_dir() and (path / "tiktoken.model").is_file():
+        # Kimi's tiktoken folder: the ids of the server's path (transformers' trie around a
+        # class shaped as Moonshot's TikTokenTokenizer), as kimi_oracle.py builds them.
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from kimi_oracle import KimiLike
+
+        kimi = KimiLike.from_pretrained(str(path))
+        return lambda text: kimi(text, add_special_tokens=False)["input_ids"]
     if path.name != "tokenizer.json":
-        raise SystemExit(f"{path}: only tokenizer.json files are supported as tokenizers")
+        raise SystemExit(f"{path}: only tokenizer.json files and tiktoken folders are tokenizers")
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(path))

@@ -3,10 +3,12 @@
     specforge_load.py ids PATH
         `specforge` export -> specforge.data.prompt_builder.prepare_prompt_tasks (its
         pre-tokenized path, as training loads `data.prompts_path`/`train_data_path`).
-    specforge_load.py chat PATH TOKENIZER_DIR TEMPLATE TRAIN_ONLY_LAST_TURN
+    specforge_load.py chat PATH TOKENIZER_DIR TEMPLATE TRAIN_ONLY_LAST_TURN [JINJA]
         `specforge-chat` export -> datasets.load_dataset("json") -> SpecForge's
         preprocess_conversations (what build_eagle3_dataset maps over the rows, without its
         shuffle, so rows stay in file order) with the registered chat template TEMPLATE.
+        JINJA, when given, is the tokenizer's chat template instead of its own (what a model
+        folder with that template would give).
 
 stdout: {"rows": [{"id", "input_ids", "loss_mask"}, ...]} in file order.
 """
@@ -51,7 +53,7 @@ def load_ids(path):
     ]
 
 
-def load_chat(path, tokenizer_dir, template_name, last_turn):
+def load_chat(path, tokenizer_dir, template_name, last_turn, jinja=None):
     try:
         from datasets import load_dataset
         from transformers import AutoTokenizer
@@ -60,6 +62,9 @@ def load_chat(path, tokenizer_dir, template_name, last_turn):
     except ImportError as e:
         fail(f"specforge, datasets or transformers is not installed: {e}")
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if jinja:
+        with open(jinja, encoding="utf-8") as f:
+            tok.chat_template = f.read()
     template = TEMPLATE_REGISTRY.get(template_name)
     ds = load_dataset("json", data_files=path, split="train")
     rows = []
@@ -91,8 +96,8 @@ def main():
     args = sys.argv[1:]
     if args[:1] == ["ids"] and len(args) == 2:
         rows = load_ids(args[1])
-    elif args[:1] == ["chat"] and len(args) == 5:
-        rows = load_chat(args[1], args[2], args[3], args[4] == "1")
+    elif args[:1] == ["chat"] and len(args) in (5, 6):
+        rows = load_chat(args[1], args[2], args[3], args[4] == "1", *args[5:])
     else:
         fail(__doc__)
     json.dump({"rows": rows}, sys.stdout)

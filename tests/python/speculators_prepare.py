@@ -12,10 +12,12 @@ shuffles and drops the ids), whether `text` is transformers' decode of the ids w
 special tokens, whether prepare-data's `token_freq.pt` equals the `counts` tensor, and
 whether speculators' `build_vocab_mappings_from_distribution` on that `token_freq.pt` (target
 size from the model's config, as `speculators train` reads it) gives each file's d2t/t2d.
-The comparisons go through the README's conversions (a `{id: count}` dict saved with
-`torch.save`; `.npy` files read by `speculators train`'s own `_load_mappings`).
+The comparisons go through the README's conversion of the counts (a `{id: count}` dict saved
+with `torch.save`); each draft file's `d2t-N.npy` / `t2d-N.npy` beside it are read as they are
+by `speculators train`'s own `_load_mappings` and `parse_vocab_mappings`.
 """
 
+import argparse
 import json
 import os
 import sys
@@ -29,7 +31,7 @@ def main():
         from transformers import AutoTokenizer
         import numpy as np
         from speculators.cli.prepare_data import prepare_data
-        from speculators.train.cli import _load_mappings
+        from speculators.train.cli import _load_mappings, parse_vocab_mappings
         from speculators.train.data import ArrowDataset
         from speculators.train.vocab_mapping import (
             build_vocab_mappings_from_distribution,
@@ -90,12 +92,21 @@ def main():
             t = load_file(path)
             n = t["d2t"].shape[0]
             d2t, t2d = build_vocab_mappings_from_distribution(freq, n, target_vocab)
-            # The README's conversion to the .npy files `speculators train` loads.
-            d2t_npy = os.path.join(data_dir, f"d2t-{n}.npy")
-            t2d_npy = os.path.join(data_dir, f"t2d-{n}.npy")
-            np.save(d2t_npy, t["d2t"].numpy())
-            np.save(t2d_npy, t["t2d"].numpy())
+            # The .npy files spool writes beside the safetensors file, as `speculators
+            # train` loads them: given as --d2t-path/--t2d-path (`_load_mappings`), and
+            # found by name in --data-path with --draft-vocab-size N (`parse_vocab_mappings`).
+            folder = os.path.dirname(path)
+            d2t_npy = os.path.join(folder, f"d2t-{n}.npy")
+            t2d_npy = os.path.join(folder, f"t2d-{n}.npy")
+            if not (os.path.exists(d2t_npy) and os.path.exists(t2d_npy)):
+                sys.exit(f"no d2t-{n}.npy / t2d-{n}.npy beside {path}")
             loaded_d2t, loaded_t2d, loaded_n = _load_mappings(d2t_npy, t2d_npy, n)
+            args = argparse.Namespace(
+                d2t_path=None, t2d_path=None, data_path=folder, draft_vocab_size=n,
+                token_freq_path=None, verifier_name_or_path=model, trust_remote_code=False,
+            )
+            found_d2t, found_t2d, found_n = parse_vocab_mappings(args)
+            npy_dtypes = [str(np.load(d2t_npy).dtype), str(np.load(t2d_npy).dtype)]
             res["draft"].append({
                 "file": path,
                 "n": n,
@@ -105,6 +116,10 @@ def main():
                 "npy_loads": loaded_n == n
                 and torch.equal(loaded_d2t, d2t)
                 and torch.equal(loaded_t2d, t2d),
+                "npy_found": found_n == n
+                and torch.equal(found_d2t, d2t)
+                and torch.equal(found_t2d, t2d),
+                "npy_dtypes": npy_dtypes,
             })
         out["cases"].append(res)
     print(json.dumps(out))

@@ -248,7 +248,7 @@ pub fn response_line(rows: &[&ExportRow], custom_id: &str) -> Result<Value> {
         completion_tokens += u64::from(row.completion_tokens);
         created = created.max(row.completed_at_ms / 1000);
         let mut choice = if chat {
-            json!({"index": row.sample, "message": super::sharegpt::assistant_turn(r)?,
+            json!({"index": row.sample, "message": super::sharegpt::openai_assistant(r)?,
                 "logprobs": null, "finish_reason": row.finish_reason})
         } else {
             let mut c = json!({"index": row.sample, "text": row.completion, "logprobs": null,

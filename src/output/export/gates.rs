@@ -140,8 +140,13 @@ pub struct DatasetAccount {
     pub items_kept: u64,
     /// The queue's counts, when the queue or the running process answered.
     pub queue: Option<QueueCounts>,
+    /// Kept rows held out for evaluation (`--holdout`), and their items.
+    pub eval_rows: u64,
+    pub eval_items: u64,
     #[serde(skip)]
     last_id: Option<String>,
+    #[serde(skip)]
+    last_eval_id: Option<String>,
     #[serde(skip)]
     item_kept: bool,
 }
@@ -158,6 +163,8 @@ pub struct Accounting {
     pub format: String,
     pub gates: Option<Gates>,
     pub datasets: Vec<DatasetAccount>,
+    /// The fraction of items held out for evaluation (`--holdout`), if any.
+    pub holdout: Option<f64>,
     /// True once [`Accounting::finish`] checked the identities.
     pub checked: bool,
 }
@@ -168,6 +175,7 @@ impl Accounting {
             format: format.name().into(),
             gates: Some(gates.clone()),
             datasets: Vec::new(),
+            holdout: None,
             checked: false,
         }
     }
@@ -219,6 +227,18 @@ impl Accounting {
                 }
                 Some(row)
             }
+        }
+    }
+
+    /// Counts a kept row that goes to the eval split (rows of an item come together).
+    pub fn hold_out(&mut self, row: &ExportRow) {
+        let Some(d) = self.datasets.last_mut() else {
+            return;
+        };
+        d.eval_rows += 1;
+        if d.last_eval_id.as_deref() != Some(row.row.id.as_str()) {
+            d.eval_items += 1;
+            d.last_eval_id = Some(row.row.id.clone());
         }
     }
 
@@ -308,6 +328,12 @@ impl Accounting {
                 }
                 if d.end_of_turn_appended > 0 {
                     s += &format!("; end-of-turn id appended to {}", d.end_of_turn_appended);
+                }
+                if d.eval_rows > 0 {
+                    s += &format!(
+                        "; held out for eval: {} row(s) of {} item(s)",
+                        d.eval_rows, d.eval_items
+                    );
                 }
                 match &d.queue {
                     Some(q) => s += &format!(

@@ -16,6 +16,11 @@
 //! word characters), and a name already taken gets `_2`, `_3`, …. The card maps each split
 //! back to its dataset.
 //!
+//! With `--holdout`, each dataset also has a split `<split>_eval` of its held-out items
+//! ([`super::holdout`]). The card shows per split the counts, the finish and stop reasons
+//! and two histograms (completion length, turns per conversation) as SVG pictures in
+//! `DIR/images/`, each with its numbers beneath ([`super::report::markdown_section`]).
+//!
 //! Invariants:
 //! - Memory is bounded: rows go out a row group at a time (at most [`ROW_GROUP_ROWS`] rows
 //!   or about [`ROW_GROUP_BYTES`] of text and ids); a split's file is closed past
@@ -26,7 +31,10 @@
 //! - The card is written last (the accounting is complete only then), and the folder is
 //!   renamed into place by [`super::export`].
 
-use super::sharegpt::input_turns;
+use super::holdout::Holdout;
+use super::report::{markdown_section, pictures};
+use super::sharegpt::{input_turns, tools_string};
+use super::stats::DatasetStats;
 use super::{Accounting, ExportContext, ExportRow, Sink};
 use crate::config::{Config, DatasetConfig};
 use anyhow::{Context, Result};
@@ -51,6 +59,9 @@ pub const ROW_GROUP_ROWS: usize = 1024;
 pub const ROW_GROUP_BYTES: usize = 64 << 20;
 /// A split's file is closed once it holds this many bytes (what `push_to_hub` uses).
 pub const FILE_BYTES: u64 = 500 << 20;
+
+/// The line of the card that marks a folder as an `hf` export (an export may replace it).
+pub const CARD_MARK: &str = "Written by `spool export --format hf`";
 
 /// The keys of a message kept in the `messages` column.
 const MESSAGE_KEYS: [&str; 6] = [
@@ -82,6 +93,7 @@ pub fn hf_schema() -> SchemaRef {
         Field::new("completion", DataType::Utf8, false),
         Field::new("reasoning", DataType::Utf8, true),
         Field::new("tool_calls", DataType::Utf8, true),
+        Field::new("tools", DataType::Utf8, false),
         Field::new("finish_reason", DataType::Utf8, false),
         Field::new("partial", DataType::Utf8, true),
         Field::new("prompt_tokens", DataType::UInt32, false),
@@ -189,6 +201,7 @@ struct Columns {
     completion: StringBuilder,
     reasoning: StringBuilder,
     tool_calls: StringBuilder,
+    tools: StringBuilder,
     finish: StringBuilder,
     partial: StringBuilder,
     prompt_tokens: UInt32Builder,
@@ -218,6 +231,7 @@ impl Columns {
             completion: StringBuilder::new(),
             reasoning: StringBuilder::new(),
             tool_calls: StringBuilder::new(),
+            tools: StringBuilder::new(),
             finish: StringBuilder::new(),
             partial: StringBuilder::new(),
             prompt_tokens: UInt32Builder::new(),
@@ -264,6 +278,9 @@ impl Columns {
         self.completion.append_value(&r.completion);
         self.reasoning.append_option(r.reasoning.as_deref());
         self.tool_calls.append_option(r.tool_calls.as_deref());
+        let tools = tools_string(row)?;
+        text += tools.len();
+        self.tools.append_value(tools);
         self.finish.append_value(&r.finish_reason);
         self.partial.append_option(r.partial.as_deref());
         self.prompt_tokens.append_value(r.prompt_tokens);
@@ -315,6 +332,7 @@ impl Columns {
             Arc::new(self.completion.finish()),
             Arc::new(self.reasoning.finish()),
             Arc::new(self.tool_calls.finish()),
+            Arc::new(self.tools.finish()),
             Arc::new(self.finish.finish()),
             Arc::new(self.partial.finish()),
             Arc::new(self.prompt_tokens.finish()),
@@ -344,6 +362,10 @@ struct SplitStats {
     file_bytes: u64,
     files: u64,
     models: BTreeSet<String>,
+    /// What the card shows of it.
+    shown: DatasetStats,
+    /// A held-out split.
+    eval: bool,
 }
 
 /// The split being written.
@@ -360,33 +382,50 @@ struct Current {
 pub struct HfSink {
     dir: PathBuf,
     splits: Vec<String>,
+    /// Each dataset's held-out split name (with `--holdout`).
+    eval_splits: Vec<String>,
+    holdout: Option<Holdout>,
     datasets: Vec<String>,
     model: String,
     generation: Vec<Value>,
     file_bytes: u64,
-    current: Option<Current>,
+    /// The current dataset's splits: train, then eval with `--holdout`.
+    current: Vec<Current>,
     done: Vec<SplitStats>,
 }
 
 /// A folder `datasets.load_dataset` reads as a `DatasetDict`.
-pub fn sink(tmp: &Path, ctx: &ExportContext) -> Result<Box<dyn Sink>> {
-    Ok(Box::new(HfSink::create(tmp, ctx, FILE_BYTES)?))
+pub fn sink(tmp: &Path, ctx: &ExportContext, holdout: Option<Holdout>) -> Result<Box<dyn Sink>> {
+    Ok(Box::new(HfSink::create(tmp, ctx, FILE_BYTES, holdout)?))
 }
 
 impl HfSink {
     /// Creates the folder `dir` (and `dir/data`); a split's file closes past `file_bytes`.
-    pub fn create(dir: &Path, ctx: &ExportContext, file_bytes: u64) -> Result<Self> {
+    pub fn create(
+        dir: &Path,
+        ctx: &ExportContext,
+        file_bytes: u64,
+        holdout: Option<Holdout>,
+    ) -> Result<Self> {
         let data = dir.join("data");
-        std::fs::create_dir_all(&data)
+        crate::output::files::create_dir_all(&data, crate::output::files::DIR_MODE)
             .with_context(|| format!("cannot create {}", data.display()))?;
+        // Train and eval names together, so that no two clash.
+        let n = ctx.datasets.len();
+        let mut names = ctx.datasets.clone();
+        names.extend(ctx.datasets.iter().map(|d| format!("{d}_eval")));
+        let mut splits = split_names(&names);
+        let eval_splits = splits.split_off(n);
         Ok(Self {
             dir: dir.to_path_buf(),
-            splits: split_names(&ctx.datasets),
+            splits,
+            eval_splits,
+            holdout,
             datasets: ctx.datasets.clone(),
             model: ctx.model.clone(),
             generation: ctx.generation.clone(),
             file_bytes,
-            current: None,
+            current: Vec::new(),
             done: Vec::new(),
         })
     }
@@ -396,8 +435,8 @@ impl HfSink {
             self.dir
                 .join("data")
                 .join(format!(".{}-{:05}.tmp", cur.stats.split, cur.files.len()));
-        let file =
-            File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+        let file = crate::output::files::replace(&path, crate::output::files::FILE_MODE)
+            .with_context(|| format!("cannot create {}", path.display()))?;
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
@@ -428,12 +467,17 @@ impl HfSink {
         Ok(())
     }
 
-    /// Writes what is left of the current split and gives its files their final names.
+    /// Writes what is left of the current splits and gives their files their final names.
     fn close_split(&mut self) -> Result<()> {
-        let Some(mut cur) = self.current.take() else {
-            return Ok(());
-        };
+        for cur in std::mem::take(&mut self.current) {
+            self.close_one(cur)?;
+        }
+        Ok(())
+    }
+
+    fn close_one(&mut self, mut cur: Current) -> Result<()> {
         self.flush(&mut cur)?;
+        cur.stats.shown.end_item();
         if cur.files.is_empty() {
             // A split without rows still has a file, so `datasets` lists it.
             self.open_file(&mut cur)?;
@@ -455,8 +499,9 @@ impl HfSink {
         Ok(())
     }
 
-    /// The dataset card: YAML header for `datasets`, then counts for people.
-    fn card(&self, acc: &Accounting) -> String {
+    /// The dataset card: YAML header for `datasets`, then counts for people; `pics` are the
+    /// pictures of `done`, in order.
+    fn card(&self, acc: &Accounting, pics: &[super::report::Pictures]) -> String {
         let q = |s: &str| serde_json::to_string(s).unwrap_or_default();
         let mut s = String::from("---\nconfigs:\n- config_name: default\n  data_files:\n");
         for d in &self.done {
@@ -498,7 +543,7 @@ impl HfSink {
         let models: Vec<&str> = models.into_iter().collect();
         let _ = writeln!(
             s,
-            "Written by `spool export --format hf` (spool {}). Model: `{}`.\n",
+            "{CARD_MARK} (spool {}). Model: `{}`.\n",
             env!("CARGO_PKG_VERSION"),
             models.join("`, `")
         );
@@ -507,13 +552,25 @@ impl HfSink {
         );
         s.push_str("## Splits\n\n| split | dataset | rows | items | prompt tokens | completion tokens | files |\n| --- | --- | --- | --- | --- | --- | --- |\n");
         for d in &self.done {
+            let held = if d.eval { " (held out)" } else { "" };
             let _ = writeln!(
                 s,
-                "| `{}` | `{}` | {} | {} | {} | {} | {} |",
+                "| `{}` | `{}`{held} | {} | {} | {} | {} | {} |",
                 d.split, d.dataset, d.rows, d.items, d.prompt_tokens, d.completion_tokens, d.files
             );
         }
         s.push_str("\nRows are generations (one per sample and turn); items are prompts.\n\n");
+        if let Some(h) = &self.holdout {
+            let _ = writeln!(
+                s,
+                "`--holdout {}`: each dataset's `_eval` split holds the items whose id hash falls in that fraction, every row of an item on one side.\n",
+                h.fraction()
+            );
+        }
+        s.push_str("## What was generated\n\nPer split: counts, why generations ended (`finish_reason` as the server said; `stop_reason` where the shards record it, else `unknown`), and how long completions and conversations are.\n\n");
+        for (d, p) in self.done.iter().zip(pics) {
+            s.push_str(&markdown_section(&d.shown, &d.split, p));
+        }
         s.push_str("## Rows left out or flagged\n\n| dataset | rows read | kept | dropped | flagged |\n| --- | --- | --- | --- | --- |\n");
         let reasons = |m: &std::collections::BTreeMap<String, u64>| {
             if m.is_empty() {
@@ -571,6 +628,7 @@ const COLUMNS_DOC: &str = "
 | `completion` | string | the generated answer |
 | `reasoning` | string, null | the thinking split off the answer |
 | `tool_calls` | string, null | generated tool calls, OpenAI JSON |
+| `tools` | string | the tools offered (OpenAI function schemas, JSON; `[]` when none) |
 | `finish_reason` | string | `stop`, `length`, … |
 | `partial` | string, null | why the conversation ended before its last turn |
 | `prompt_tokens`, `completion_tokens` | uint32 | token counts |
@@ -587,24 +645,81 @@ impl Sink for HfSink {
             .iter()
             .position(|d| d == name)
             .with_context(|| format!("dataset `{name}` is not among those exported"))?;
-        let mut cur = Current {
-            stats: SplitStats {
-                split: self.splits[i].clone(),
-                dataset: name.into(),
-                ..Default::default()
-            },
-            columns: Columns::new(),
-            writer: None,
-            files: Vec::new(),
-            last_id: None,
-        };
-        self.open_file(&mut cur)?;
-        self.current = Some(cur);
+        let mut splits = vec![(self.splits[i].clone(), false)];
+        if self.holdout.is_some() {
+            splits.push((self.eval_splits[i].clone(), true));
+        }
+        for (split, eval) in splits {
+            let mut cur = Current {
+                stats: SplitStats {
+                    split,
+                    dataset: name.into(),
+                    shown: DatasetStats::new(name),
+                    eval,
+                    ..Default::default()
+                },
+                columns: Columns::new(),
+                writer: None,
+                files: Vec::new(),
+                last_id: None,
+            };
+            self.open_file(&mut cur)?;
+            self.current.push(cur);
+        }
         Ok(())
     }
 
     fn push(&mut self, row: &ExportRow) -> Result<()> {
-        let mut cur = self.current.take().context("a row before its dataset")?;
+        let at = usize::from(self.holdout.is_some_and(|h| h.holds(row)));
+        let mut splits = std::mem::take(&mut self.current);
+        let res = match splits.get_mut(at) {
+            Some(cur) => self.push_to(cur, row),
+            None => Err(anyhow::anyhow!("a row before its dataset")),
+        };
+        self.current = splits;
+        res
+    }
+
+    fn finish(mut self: Box<Self>, acc: &Accounting) -> Result<()> {
+        self.close_split()?;
+        let pics = self
+            .done
+            .iter()
+            .map(|d| pictures(&d.shown))
+            .collect::<Result<Vec<_>>>()?;
+        let images = self.dir.join("images");
+        if self.done.iter().any(|d| d.rows > 0) {
+            crate::output::files::create_dir_all(&images, crate::output::files::DIR_MODE)
+                .with_context(|| format!("cannot create {}", images.display()))?;
+        }
+        for (d, p) in self.done.iter().zip(&pics) {
+            if d.rows == 0 {
+                continue;
+            }
+            for (name, svg) in [
+                (format!("{}-completion-tokens.svg", d.split), &p.lengths_svg),
+                (format!("{}-turns.svg", d.split), &p.turns_svg),
+            ] {
+                super::write_file(&images.join(name), svg.as_bytes())?;
+            }
+        }
+        let card = self.dir.join("README.md");
+        super::write_file(&card, self.card(acc, &pics).as_bytes())?;
+        let mut dirs = vec![self.dir.join("data"), self.dir.clone()];
+        if images.is_dir() {
+            dirs.push(images);
+        }
+        for d in dirs {
+            File::open(&d)
+                .and_then(|f| f.sync_all())
+                .with_context(|| format!("cannot sync {}", d.display()))?;
+        }
+        Ok(())
+    }
+}
+
+impl HfSink {
+    fn push_to(&self, cur: &mut Current, row: &ExportRow) -> Result<()> {
         let r = &row.row;
         cur.stats.rows += 1;
         if cur.last_id.as_deref() != Some(r.id.as_str()) {
@@ -613,31 +728,14 @@ impl Sink for HfSink {
         }
         cur.stats.prompt_tokens += u64::from(r.prompt_tokens);
         cur.stats.completion_tokens += u64::from(r.completion_tokens);
+        cur.stats.shown.add(row);
         if cur.stats.models.len() < 16 && !cur.stats.models.contains(&r.model) {
             cur.stats.models.insert(r.model.clone());
         }
-        let res = cur.columns.push(row).and_then(|()| {
-            if cur.columns.full() {
-                self.flush(&mut cur)
-            } else {
-                Ok(())
-            }
-        });
-        self.current = Some(cur);
-        res
-    }
-
-    fn finish(mut self: Box<Self>, acc: &Accounting) -> Result<()> {
-        self.close_split()?;
-        let card = self.dir.join("README.md");
-        std::fs::write(&card, self.card(acc))
-            .with_context(|| format!("cannot write {}", card.display()))?;
-        for d in [self.dir.join("data"), self.dir.clone()] {
-            File::open(&d)
-                .and_then(|f| f.sync_all())
-                .with_context(|| format!("cannot sync {}", d.display()))?;
+        cur.columns.push(row)?;
+        if cur.columns.full() {
+            self.flush(cur)?;
         }
-        File::open(&card)?.sync_all()?;
         Ok(())
     }
 }
@@ -705,7 +803,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("hf");
         let ctx = ctx(&["big-one", "empty"]);
-        let mut sink: Box<dyn Sink> = Box::new(HfSink::create(&out, &ctx, 1).unwrap());
+        let mut sink: Box<dyn Sink> = Box::new(HfSink::create(&out, &ctx, 1, None).unwrap());
         sink.begin_dataset("big-one").unwrap();
         let n = 2 * ROW_GROUP_ROWS + 1;
         for i in 0..n {

@@ -12,18 +12,26 @@
 //! - Memory does not grow with the number of rows: a sink holds at most one item's rows
 //!   (an item's rows are contiguous in its shard) or a fixed-size table.
 //! - The output appears under `--out` only complete: it is written under a hidden
-//!   temporary name beside it (a file, or a folder for `hf`), synced, then renamed.
+//!   temporary name beside it (a file, or a folder for `hf`), synced, then renamed, and the
+//!   folder holding it synced; its summary likewise.
+//! - An export replaces only what an export wrote: a folder at `--out` that is not an
+//!   earlier `hf` export (nor empty) is refused ([`claim_out`]), or moved aside when asked.
 //! - Only sealed `part-*.parquet` files are read, so an export may run while `run` works.
 //! - `kept + dropped = rows read`, and at the item level the queue's own counts are
 //!   checked against what the shards hold (see [`gates::Accounting::check`]).
 
 pub mod batch;
+pub mod charts;
 pub mod gates;
 pub mod hf;
+pub mod holdout;
+pub mod npy;
+pub mod report;
 pub mod rows;
 pub mod sharegpt;
 pub mod specforge;
 pub mod speculators;
+pub mod stats;
 pub mod tokens;
 pub mod vocab;
 
@@ -61,6 +69,8 @@ pub enum Format {
     OpenaiBatch,
     /// A folder HuggingFace `datasets` loads as a `DatasetDict`, with a dataset card.
     Hf,
+    /// One HTML page of counts and histograms: what was generated, at a glance.
+    Report,
 }
 
 impl Format {
@@ -77,6 +87,7 @@ impl Format {
             Format::DraftVocab => "draft-vocab",
             Format::OpenaiBatch => "openai-batch",
             Format::Hf => "hf",
+            Format::Report => "report",
         }
     }
 
@@ -108,6 +119,8 @@ pub struct ExportOptions {
     /// `token-freq`/`draft-vocab`: the target model's vocabulary size (default: `vocab_size`
     /// of the `config.json` beside the tokenizer).
     pub target_vocab: Option<usize>,
+    /// Hold out this fraction of each dataset's items for evaluation ([`holdout`]).
+    pub holdout: Option<f64>,
     pub gates: Gates,
     /// The queue's counts (from the running process or the queue), for the item-level
     /// accounting; None when neither answers.
@@ -125,6 +138,7 @@ impl ExportOptions {
             per_turn: false,
             draft_vocab: None,
             target_vocab: None,
+            holdout: None,
             gates: Gates::default(),
             status: None,
         }
@@ -180,8 +194,8 @@ pub struct Jsonl {
 
 impl Jsonl {
     pub fn create(path: &Path) -> Result<Self> {
-        let file =
-            File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        let file = crate::output::files::replace(path, crate::output::files::FILE_MODE)
+            .with_context(|| format!("cannot create {}", path.display()))?;
         Ok(Self {
             w: BufWriter::with_capacity(1 << 20, file),
         })
@@ -198,6 +212,113 @@ impl Jsonl {
         file.sync_all()?;
         Ok(())
     }
+}
+
+/// Writes `bytes` as the file at `path` (a new file, or one replaced) and syncs it; errors
+/// name the file.
+pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = crate::output::files::replace(path, crate::output::files::FILE_MODE)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Why `--out` cannot be written as asked: the user's to settle.
+#[derive(Debug, thiserror::Error)]
+pub enum OutError {
+    #[error("--out {}: a folder holding files that are not a spool `hf` export; export to a new or empty folder, or pass --force to move it aside", path.display())]
+    NotAnExport { path: PathBuf },
+    #[error("--out {}: a folder, and --format {format} writes a file; name a file, or pass --force to move the folder aside", path.display())]
+    Folder { path: PathBuf, format: &'static str },
+    #[error("--out {}: not a folder, and --format hf writes one; name a folder, or pass --force to move it aside", path.display())]
+    NotAFolder { path: PathBuf },
+    #[error("cannot move {} aside: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Whether `dir` holds nothing but an earlier `hf` export (its card, Parquet files and
+/// pictures), or nothing at all: what an export may replace.
+pub fn is_spool_export(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    for e in entries {
+        let Ok(e) = e else { return false };
+        let Ok(kind) = e.file_type() else {
+            return false;
+        };
+        let name = e.file_name();
+        let ok = match name.to_str() {
+            Some("README.md") if kind.is_file() => {
+                std::fs::metadata(e.path()).is_ok_and(|m| m.len() < 64 << 20)
+                    && std::fs::read_to_string(e.path())
+                        .is_ok_and(|card| card.contains(hf::CARD_MARK))
+            }
+            Some(dir @ ("data" | "images")) if kind.is_dir() => {
+                let ext = if dir == "data" { ".parquet" } else { ".svg" };
+                std::fs::read_dir(e.path()).is_ok_and(|files| {
+                    files.into_iter().all(|f| {
+                        f.is_ok_and(|f| {
+                            f.file_type().is_ok_and(|t| t.is_file())
+                                && f.file_name().to_string_lossy().ends_with(ext)
+                        })
+                    })
+                })
+            }
+            _ => false,
+        };
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+/// Makes `out` ready for an export in `format`: nothing to do when it is absent, a file
+/// (for a file format), or an earlier `hf` export or empty folder (for `hf`; replaced once
+/// the new export is complete). Anything else is refused, or with `force` moved aside to
+/// `<out>.old-<unix seconds>`, which is returned.
+pub fn claim_out(out: &Path, format: Format, force: bool) -> Result<Option<PathBuf>, OutError> {
+    let Ok(meta) = std::fs::symlink_metadata(out) else {
+        return Ok(None);
+    };
+    let refused = match (format, meta.is_dir()) {
+        (Format::Hf, true) if is_spool_export(out) => return Ok(None),
+        (Format::Hf, true) => OutError::NotAnExport { path: out.into() },
+        (Format::Hf, false) => OutError::NotAFolder { path: out.into() },
+        (_, true) => OutError::Folder {
+            path: out.into(),
+            format: format.name(),
+        },
+        (_, false) => return Ok(None),
+    };
+    if !force {
+        return Err(refused);
+    }
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "export".into());
+    let mut aside = out.with_file_name(format!("{name}.old-{secs}"));
+    let mut n = 2;
+    while std::fs::symlink_metadata(&aside).is_ok() {
+        aside = out.with_file_name(format!("{name}.old-{secs}-{n}"));
+        n += 1;
+    }
+    std::fs::rename(out, &aside)
+        .and_then(|()| crate::store::blocks::sync_parent(out))
+        .map_err(|source| OutError::Io {
+            path: out.into(),
+            source,
+        })?;
+    Ok(Some(aside))
 }
 
 /// Where the output goes while it is written.
@@ -218,24 +339,68 @@ pub fn summary_path(out: &Path) -> PathBuf {
     out.with_file_name(format!("{name}.summary.json"))
 }
 
-fn open_sink(opts: &ExportOptions, ctx: &ExportContext, tmp: &Path) -> Result<Box<dyn Sink>> {
-    Ok(match opts.format {
-        Format::Sharegpt => Box::new(sharegpt::ShareGptSink::create(tmp)?),
-        Format::Tokens => Box::new(tokens::TokensSink::parquet(tmp)?),
-        Format::TokensJsonl => Box::new(tokens::TokensSink::jsonl(tmp)?),
-        Format::Specforge => specforge::ids_sink(tmp)?,
-        Format::SpecforgeChat => specforge::chat_sink(tmp, opts.per_turn)?,
-        Format::Speculators => speculators::sink(tmp, ctx)?,
-        Format::TokenFreq => vocab::token_freq_sink(tmp, ctx, opts.target_vocab)?,
-        Format::DraftVocab => {
-            let Some(n) = opts.draft_vocab else {
-                bail!("--format draft-vocab needs --draft-vocab N (the draft vocabulary's size)");
-            };
-            vocab::draft_vocab_sink(tmp, ctx, n, opts.target_vocab)?
-        }
-        Format::OpenaiBatch => batch::output_sink(tmp, ctx)?,
-        Format::Hf => hf::sink(tmp, ctx)?,
-    })
+fn open_sink(
+    opts: &ExportOptions,
+    ctx: &ExportContext,
+    tmp: &Path,
+    holdout: Option<holdout::Holdout>,
+) -> Result<Box<dyn Sink>> {
+    let one = |tmp: &Path| -> Result<Box<dyn Sink>> {
+        Ok(match opts.format {
+            Format::Sharegpt => Box::new(sharegpt::ShareGptSink::create(tmp)?),
+            Format::Tokens => Box::new(tokens::TokensSink::parquet(tmp)?),
+            Format::TokensJsonl => Box::new(tokens::TokensSink::jsonl(tmp)?),
+            Format::Specforge => specforge::ids_sink(tmp)?,
+            Format::SpecforgeChat => specforge::chat_sink(tmp, opts.per_turn)?,
+            Format::Speculators => speculators::sink(tmp, ctx)?,
+            Format::TokenFreq => vocab::token_freq_sink(tmp, ctx, opts.target_vocab)?,
+            Format::DraftVocab => {
+                let Some(n) = opts.draft_vocab else {
+                    bail!(
+                        "--format draft-vocab needs --draft-vocab N (the draft vocabulary's size)"
+                    );
+                };
+                vocab::draft_vocab_sink(tmp, &opts.out, ctx, n, opts.target_vocab)?
+            }
+            Format::OpenaiBatch => batch::output_sink(tmp, ctx)?,
+            Format::Hf => hf::sink(tmp, ctx, holdout)?,
+            Format::Report => report::sink(tmp, ctx, holdout)?,
+        })
+    };
+    let train = one(tmp)?;
+    let Some(h) = holdout else {
+        return Ok(train);
+    };
+    let eval: Box<dyn Sink> = match opts.format {
+        // Both split inside their own output.
+        Format::Hf | Format::Report => return Ok(train),
+        // A draft vocabulary comes from the training rows alone.
+        Format::DraftVocab => Box::new(holdout::Discard),
+        _ => one(&temp_path(&holdout::eval_path(&opts.out)))?,
+    };
+    Ok(Box::new(holdout::SplitSink {
+        holdout: h,
+        train,
+        eval,
+    }))
+}
+
+/// Every (temporary, final) path an export in `opts` writes besides its summary: the
+/// output, the eval file with `--holdout`, and the `.npy` files of `draft-vocab`. The
+/// temporary ones are removed if the export stops before its end.
+pub fn outputs(opts: &ExportOptions) -> Vec<(PathBuf, PathBuf)> {
+    let mut v = vec![opts.out.clone()];
+    let splits_inside = matches!(
+        opts.format,
+        Format::Hf | Format::Report | Format::DraftVocab
+    );
+    if opts.holdout.is_some() && !splits_inside {
+        v.push(holdout::eval_path(&opts.out));
+    }
+    if let (Format::DraftVocab, Some(n)) = (opts.format, opts.draft_vocab) {
+        v.extend(vocab::npy_paths(&opts.out, n));
+    }
+    v.into_iter().map(|p| (temp_path(&p), p)).collect()
 }
 
 /// Writes the sealed shards of `cfg`'s datasets to `opts.out` in `opts.format`.
@@ -258,12 +423,30 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
     let ctx = rows::context(cfg, names.clone())?;
     let out = &opts.out;
     if let Some(dir) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        crate::output::files::create_dir_all(dir, crate::output::files::DIR_MODE)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let holdout = opts.holdout.map(holdout::Holdout::new).transpose()?;
+    let files = outputs(opts);
+    for (tmp, path) in &files {
+        // Beside a folder export only files go; a file export's eval file and .npy files
+        // are files too.
+        let format = if path == out {
+            opts.format
+        } else {
+            Format::Sharegpt
+        };
+        claim_out(path, format, false)?;
+        remove_path(tmp)?;
     }
     let tmp = temp_path(out);
-    remove_path(&tmp)?;
+    let remove_temps = || {
+        for (t, _) in &files {
+            let _ = remove_path(t);
+        }
+    };
     let res = (|| {
-        let mut sink = open_sink(opts, &ctx, &tmp)?;
+        let mut sink = open_sink(opts, &ctx, &tmp, holdout)?;
         let mut acc = Accounting::new(opts.format, &opts.gates);
         let mut shards = 0;
         for name in &names {
@@ -273,7 +456,12 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
                 shards += 1;
                 rows::for_each_row(&shard, ctx.end_of_turn.as_ref(), |row| {
                     match acc.judge(&opts.gates, opts.format, row) {
-                        Some(row) => sink.push(&row),
+                        Some(row) => {
+                            if holdout.is_some_and(|h| h.holds(&row)) {
+                                acc.hold_out(&row);
+                            }
+                            sink.push(&row)
+                        }
                         None => Ok(()),
                     }
                 })?;
@@ -298,22 +486,31 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
             accounting: acc,
         })
     })();
-    let report = match res {
+    let mut report = match res {
         Ok(r) => r,
         Err(e) => {
-            let _ = remove_path(&tmp);
+            remove_temps();
             return Err(e);
         }
     };
+    report.accounting.holdout = holdout.map(|h| h.fraction());
     if opts.format == Format::Hf && out.is_dir() {
-        // A folder cannot be renamed over a non-empty one: the old export goes first.
+        // A folder cannot be renamed over a non-empty one: the old export goes first, and
+        // only an export (checked again: it may have changed while this one ran).
+        if let Err(e) = claim_out(out, opts.format, false) {
+            remove_temps();
+            return Err(e.into());
+        }
         std::fs::remove_dir_all(out)
             .with_context(|| format!("cannot replace {}", out.display()))?;
     }
-    std::fs::rename(&tmp, out)
-        .with_context(|| format!("cannot rename {} to {}", tmp.display(), out.display()))?;
+    for (tmp, path) in &files {
+        std::fs::rename(tmp, path)
+            .and_then(|()| crate::store::blocks::sync_parent(path))
+            .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
+    }
     let summary = summary_path(out);
-    std::fs::write(&summary, report.accounting.summary_json(out)?)
+    crate::output::files::write_durably(&summary, report.accounting.summary_json(out)?.as_bytes())
         .with_context(|| format!("cannot write {}", summary.display()))?;
     Ok(report)
 }

@@ -132,6 +132,7 @@ mod tests {
             id: 9,
             token: "<|im_end|>".into(),
             source: "test".into(),
+            after_tool_call: None,
         };
         prepare(
             ShardRow {

@@ -131,8 +131,8 @@ enum Out {
 
 impl TokensSink {
     pub fn parquet(path: &Path) -> Result<Self> {
-        let file =
-            File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+        let file = crate::output::files::replace(path, crate::output::files::FILE_MODE)
+            .with_context(|| format!("cannot create {}", path.display()))?;
         Ok(Self {
             out: Out::Parquet(Box::new(ParquetTokens::new(file)?)),
         })

@@ -9,7 +9,11 @@
 //!   the N most frequent ids, ties broken by the smaller id, and when fewer than N ids were
 //!   seen the smallest unseen ids below N fill the rest; the chosen ids in ascending order
 //!   are draft ids 0..N, `d2t[i] = target_id - i`, `t2d[target_id]` is true for exactly
-//!   the chosen ids. This is speculators' `build_vocab_mappings_from_distribution`.
+//!   the chosen ids. This is speculators' `build_vocab_mappings_from_distribution`. Beside
+//!   the file go `d2t-N.npy` and `t2d-N.npy` (int64, bool), the files `speculators train`
+//!   loads as they are (`--d2t-path`/`--t2d-path`, or found by those names in its
+//!   `--data-path` with `--draft-vocab-size N`). SpecForge's `vocab_mapping_path` takes a
+//!   `torch.save`d dict of the same two tensors: `torch.save(load_file(FILE), "x.pt")`.
 //!
 //! Invariants: memory is one counter per target id, whatever the number of rows; every
 //! counted id is below V (an id at or past V fails the export naming its row), so
@@ -26,7 +30,6 @@ use anyhow::{bail, Context, Result};
 use safetensors::{Dtype, View};
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// The `token-freq` tensor's name.
@@ -244,12 +247,7 @@ fn write_safetensors(
 ) -> Result<()> {
     let bytes = safetensors::serialize(tensors.iter().map(|(n, t)| (*n, t)), Some(metadata))
         .with_context(|| format!("cannot serialise {}", path.display()))?;
-    let mut f =
-        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    f.write_all(&bytes)
-        .and_then(|()| f.sync_all())
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+    super::write_file(path, &bytes)
 }
 
 /// The metadata both files carry.
@@ -330,9 +328,17 @@ impl Sink for TokenFreqSink {
     }
 }
 
+/// The `.npy` files written beside a `draft-vocab` export to `out` with N draft ids:
+/// `d2t-N.npy`, `t2d-N.npy` (speculators' names).
+pub fn npy_paths(out: &Path, n: usize) -> [PathBuf; 2] {
+    [D2T, T2D].map(|t| out.with_file_name(format!("{t}-{n}.npy")))
+}
+
 /// `draft-vocab`: counts like `token-freq`, then picks the draft ids at the end.
 struct DraftVocabSink {
     path: PathBuf,
+    /// Where the `.npy` files go while the export is written (renamed with it).
+    npy: [PathBuf; 2],
     counts: TokenCounts,
     vocab: TargetVocab,
     n: usize,
@@ -342,6 +348,7 @@ struct DraftVocabSink {
 /// The `d2t`/`t2d` mapping of an `n`-token draft vocabulary (see the module doc).
 pub fn draft_vocab_sink(
     tmp: &Path,
+    out: &Path,
     ctx: &ExportContext,
     n: usize,
     target_vocab: Option<usize>,
@@ -364,6 +371,7 @@ pub fn draft_vocab_sink(
     }
     Ok(Box::new(DraftVocabSink {
         path: tmp.to_path_buf(),
+        npy: npy_paths(out, n).map(|p| super::temp_path(&p)),
         counts: TokenCounts::new(Some(vocab.clone()), 0),
         vocab,
         n,
@@ -390,6 +398,14 @@ impl Sink for DraftVocabSink {
             "selection".into(),
             "most frequent completion ids, ties to the smaller id, unseen ids below N fill; ascending (speculators' build_vocab_mappings_from_distribution)".into(),
         );
+        super::write_file(
+            &self.npy[0],
+            &super::npy::encode(&super::npy::Array::I64(&d2t)),
+        )?;
+        super::write_file(
+            &self.npy[1],
+            &super::npy::encode(&super::npy::Array::Bool(&t2d)),
+        )?;
         write_safetensors(
             &self.path,
             &[(D2T, Tensor::i64(&d2t)), (T2D, Tensor::bool(&t2d))],
