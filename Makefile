@@ -1,5 +1,5 @@
 # spool: the two commands that do everything are `make demo` and `make test`.
-.PHONY: demo test lint build soak test-llama-server bench bench-eta bench-tokenize bench-tokenize-kimi clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions bench-bombs bench-cluster-scale
+.PHONY: demo test lint build soak test-llama-server bench bench-eta bench-autoconc bench-tokenize bench-tokenize-kimi clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions bench-bombs bench-cluster-scale
 
 build:
 	cargo build
@@ -56,10 +56,19 @@ bench:
 
 ## Budget overshoot (finish / cancel / naive), ETA error over the run against the naive
 ## "remaining requests / req/s", and server utilisation across the dataset boundary, in a
-## scaled-time simulation of the real job (150 in flight, lognormal 3500/σ1, 850 tok/s).
-## About 20 minutes at the default time scale 50; BENCH_ETA_ARGS="--variants finish" for one.
+## scaled-time simulation of the real job (150 in flight, lognormal 3500/σ1, 850 tok/s); and
+## the capacity change: two servers, one killed mid-run (`loss`) against none (`steady2`),
+## the ETA's median error in windows after the loss. About 30 minutes at the default time
+## scale 50; BENCH_ETA_ARGS="--variants loss" for one.
 bench-eta:
 	BIN=$$(bash scripts/spool_bin.sh --release) && python3 bench/eta.py --bin "$$BIN" $(BENCH_ETA_ARGS)
+
+## concurrency = "auto" against a sweep of fixed concurrencies on the mock's KV-cache model,
+## three profiles (KV-bound with preemption, compute-bound, two unequal servers): tok/s after
+## warm-up, preemptions, tokens thrown away under "cancel". About 20 minutes;
+## BENCH_AUTOCONC_ARGS="--profiles kv-bound" for one.
+bench-autoconc:
+	BIN=$${SPOOL_BENCH_BIN:-$$(bash scripts/spool_bin.sh --release)} && python3 bench/autoconc.py --bin "$$BIN" $(BENCH_AUTOCONC_ARGS)
 
 ## spool's enqueue path (render + tokenize + queue) vs transformers + tokenizers, on
 ## generated chat prompts (needs `pip install transformers`; no model download). By hand, not

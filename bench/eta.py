@@ -147,6 +147,84 @@ def run_variant(bin_, variant, scale, seed, n1, n2, budget1, budget2):
             "first_done_at": first_done_at, "generated": gen, "dir": str(d)}
 
 
+def run_capacity(bin_, variant, scale, seed, prompts, kill_at, concurrency):
+    """Two mock servers, one dataset without a budget; `loss`: the second server is
+    SIGKILLed at `kill_at` s (out of rotation at once: its connections are refused).
+    Returns the /status samples, the kill time and the run's end (last completed_at)."""
+    d = pathlib.Path(tempfile.mkdtemp(prefix=f"spool-bench-eta-{variant}-"))
+    write_inputs(d, prompts, 0)
+    a, url_a = start_mock(bin_, scale, seed, d / "mock-a.log")
+    b, url_b = start_mock(bin_, scale, seed + 1, d / "mock-b.log")
+    conc = '"auto"' if concurrency == "auto" else str(concurrency)
+    (d / "spool.toml").write_text(f"""
+data_dir = "data"
+output_dir = "out"
+[server]
+api = "completions"
+urls = ["{url_a}", "{url_b}"]
+stream = true
+request_timeout_s = 36000
+self_check = false
+max_attempts = 50
+[run]
+concurrency = {conc}
+progress_every = 1000000
+metrics_addr = "127.0.0.1:0"
+shutdown_grace_s = 5
+[sampling]
+max_tokens = 10240
+[shards]
+max_rows = 5000
+[[dataset]]
+name = "first"
+path = "a.jsonl"
+""")
+    t0, t0_wall = time.monotonic(), time.time()
+    run = subprocess.Popen([bin_, "run", "-q", "-c", str(d / "spool.toml")],
+                           stdout=subprocess.DEVNULL, stderr=open(d / "run.log", "w"))
+    addr, samples, killed = None, [], None
+    while run.poll() is None:
+        time.sleep(0.5)
+        t = time.monotonic() - t0
+        if variant == "loss" and killed is None and t >= kill_at:
+            b.kill()
+            killed = t
+        if addr is None:
+            try:
+                addr = (d / "data" / "metrics.addr").read_text().strip()
+            except FileNotFoundError:
+                continue
+        st = get_status(addr)
+        if st:
+            f = st["datasets"][0]
+            samples.append((t, f.get("eta_s"), f["done"]))
+    last = shard_last_completed(d / "out" / "first")
+    end = last - t0_wall if last is not None else time.monotonic() - t0
+    for p in (a, b):
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+            p.wait(timeout=30)
+    return {"variant": variant, "samples": samples, "killed": killed, "end": end, "dir": str(d)}
+
+
+def median(xs):
+    xs = sorted(xs)
+    return None if not xs else (xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2)
+
+
+def capacity_errors(res):
+    """Median |eta - actual| / actual: after a loss over [0,10), [10,60), [60,end) s;
+    without one over 5-90 % of the run."""
+    end, k = res["end"], res["killed"]
+    errs = [(t, abs(eta - (end - t)) / (end - t)) for t, eta, _ in res["samples"]
+            if eta is not None and end - t > 0]
+    if k is None:
+        return {"5-90 %": median([e for t, e in errs if 0.05 * end <= t <= 0.90 * end])}
+    win = lambda lo, hi: median([e for t, e in errs if k + lo <= t < k + hi and t <= 0.98 * end])
+    return {"before the loss (5 % of the run on)": median([e for t, e in errs if 0.05 * end <= t < k]),
+            "0-10 s after": win(0, 10), "10-60 s after": win(10, 60), "60 s after to the end": win(60, 1e9)}
+
+
 FRACTIONS = (0.01, 0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95)
 
 
@@ -194,7 +272,13 @@ def main():
     ap.add_argument("--budget", type=int, default=10_000_000)
     ap.add_argument("--second-prompts", type=int, default=1000)
     ap.add_argument("--second-budget", type=int, default=1_000_000)
-    ap.add_argument("--variants", default="finish,cancel,naive,serial")
+    ap.add_argument("--variants", default="finish,cancel,naive,serial,steady2,loss")
+    ap.add_argument("--capacity-prompts", type=int, default=4000,
+                    help="prompts of the two-server runs (steady2, loss)")
+    ap.add_argument("--kill-at", type=float, default=90.0,
+                    help="seconds into the `loss` run when the second server is killed")
+    ap.add_argument("--capacity-concurrency", default="150",
+                    help="concurrency of the two-server runs (a number or auto)")
     ap.add_argument("--bin", help="spool binary (default: the release build, wherever cargo put it)")
     ap.add_argument("--trace", action="store_true",
                     help="print predicted vs actual remaining over the second half of the run")
@@ -203,6 +287,11 @@ def main():
     results = {}
     for v in a.variants.split(","):
         print(f"== {v} (time scale {a.scale})", file=sys.stderr, flush=True)
+        if v in ("steady2", "loss"):
+            results[v] = run_capacity(a.bin, v, a.scale, a.seed, a.capacity_prompts, a.kill_at,
+                                      a.capacity_concurrency)
+            print(f"   ends at {results[v]['end']:.0f}s, killed at {results[v]['killed']}", file=sys.stderr)
+            continue
         results[v] = run_variant(a.bin, v, a.scale, a.seed, a.prompts, a.second_prompts, a.budget, a.second_budget)
         r = results[v]
         print(f"   wall {r['wall']:.0f}s, first dataset done at {r['first_done_at']}", file=sys.stderr)
@@ -237,6 +326,15 @@ def main():
         if v in results:
             r = results[v]
             print(f"| {'spool (next dataset fills free slots)' if v == 'finish' else 'wait for each tail'} | {r['wall']:.0f} | {r['generated']:,} | {100 * r['generated'] / (cap * r['wall']):.1f} % |")
+    for v in ("steady2", "loss"):
+        if v in results:
+            print(f"\nETA median error, two servers (850 tok/s each x {a.scale:g}), concurrency "
+                  f"{a.capacity_concurrency}, {a.capacity_prompts} prompts, "
+                  f"{'second server killed at ' + str(a.kill_at) + ' s' if v == 'loss' else 'no loss'}:\n")
+            print("| window | median error |")
+            print("|---|---|")
+            for k, e in capacity_errors(results[v]).items():
+                print(f"| {k} | {'n/a' if e is None else f'{100 * e:.1f} %'} |")
     json.dump(results,
               open(pathlib.Path(tempfile.gettempdir()) / "spool-bench-eta.json", "w"), indent=1, default=str)
 

@@ -160,6 +160,81 @@ pub struct ServerConfig {
     /// whether it returns token ids and usage.
     #[serde(default = "default_true")]
     pub self_check: bool,
+    /// How requests are spread over `urls`.
+    #[serde(default)]
+    pub routing: Routing,
+}
+
+/// Requests in flight: a fixed number across all servers, or `"auto"` (each server's own
+/// limit, found by [`crate::run::concurrency`], at most `max_concurrency`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Concurrency {
+    Fixed(usize),
+    Auto,
+}
+
+impl Concurrency {
+    /// The fixed number, if it is one.
+    pub fn fixed(self) -> Option<usize> {
+        match self {
+            Concurrency::Fixed(n) => Some(n),
+            Concurrency::Auto => None,
+        }
+    }
+}
+
+impl std::str::FromStr for Concurrency {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "auto" => Ok(Concurrency::Auto),
+            n => n
+                .parse()
+                .map(Concurrency::Fixed)
+                .map_err(|_| format!("`{n}`: a number of requests, or \"auto\"")),
+        }
+    }
+}
+
+impl Serialize for Concurrency {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Concurrency::Fixed(n) => s.serialize_u64(*n as u64),
+            Concurrency::Auto => s.serialize_str("auto"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Concurrency {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)
+            .map_err(|_| serde::de::Error::custom("expected a number of requests or \"auto\""))?
+        {
+            Raw::N(n) => Ok(Concurrency::Fixed(n as usize)),
+            Raw::S(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// How a request picks its server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Routing {
+    /// A prompt goes where its prefix went before (samples, shared system prompts and
+    /// few-shot blocks share that server's prefix cache), else where its prefix hashes on a
+    /// ring; either only while that server's load stays within bounds.
+    #[default]
+    Prefix,
+    /// The server with the fewest requests in flight.
+    LeastRequests,
+    /// Servers in turn.
+    RoundRobin,
 }
 
 /// The worker pool and the process.
@@ -167,7 +242,10 @@ pub struct ServerConfig {
 #[serde(deny_unknown_fields)]
 pub struct RunConfig {
     #[serde(default = "default_concurrency")]
-    pub concurrency: usize,
+    pub concurrency: Concurrency,
+    /// With `concurrency = "auto"`: the most requests in flight on one server.
+    #[serde(default = "default_max_concurrency")]
+    pub max_concurrency: usize,
     #[serde(default = "default_progress_every")]
     pub progress_every: u64,
     #[serde(default = "default_shutdown_grace")]
@@ -562,8 +640,11 @@ fn default_true() -> bool {
 fn default_max_response_bytes() -> u64 {
     64 << 20
 }
-fn default_concurrency() -> usize {
-    150
+fn default_concurrency() -> Concurrency {
+    Concurrency::Fixed(150)
+}
+fn default_max_concurrency() -> usize {
+    512
 }
 fn default_progress_every() -> u64 {
     50
@@ -608,6 +689,7 @@ impl Default for ServerConfig {
             context_length: None,
             clamp_max_tokens: false,
             self_check: true,
+            routing: Routing::Prefix,
         }
     }
 }
@@ -616,6 +698,7 @@ impl Default for RunConfig {
     fn default() -> Self {
         Self {
             concurrency: default_concurrency(),
+            max_concurrency: default_max_concurrency(),
             progress_every: default_progress_every(),
             shutdown_grace_s: default_shutdown_grace(),
             metrics_addr: default_metrics_addr(),
@@ -672,7 +755,7 @@ impl Sampling {
 pub struct Overrides {
     pub data_dir: Option<PathBuf>,
     pub output_dir: Option<PathBuf>,
-    pub concurrency: Option<usize>,
+    pub concurrency: Option<Concurrency>,
     pub metrics_addr: Option<String>,
     /// Replaces `[server] urls` (a Slurm task's own server port).
     pub server_urls: Vec<String>,
@@ -774,8 +857,11 @@ impl Config {
         if self.server.context_length == Some(0) {
             return Err(self.invalid("server.context_length", "must be > 0"));
         }
-        if self.run.concurrency == 0 {
+        if self.run.concurrency == Concurrency::Fixed(0) {
             return Err(self.invalid("run.concurrency", "must be at least 1"));
+        }
+        if self.run.max_concurrency == 0 {
+            return Err(self.invalid("run.max_concurrency", "must be at least 1"));
         }
         if self.shards.max_rows == 0 {
             return Err(self.invalid("shards.max_rows", "must be at least 1"));

@@ -79,9 +79,9 @@ enum Command {
     Run {
         #[command(flatten)]
         cfg: ConfigArgs,
-        /// Override `run.concurrency`.
+        /// Override `run.concurrency` (a number, or "auto").
         #[arg(long)]
-        concurrency: Option<usize>,
+        concurrency: Option<spool::config::Concurrency>,
         #[command(flatten)]
         metrics: MetricsArg,
         /// Override `server.urls` (repeat for several): a Slurm task's own server port.

@@ -98,7 +98,7 @@ pub(crate) struct Flags {
     pub(crate) config: PathBuf,
     pub(crate) data_dir: Option<PathBuf>,
     pub(crate) output_dir: Option<PathBuf>,
-    pub(crate) concurrency: Option<usize>,
+    pub(crate) concurrency: Option<spool::config::Concurrency>,
     pub(crate) metrics_addr: Option<String>,
     pub(crate) server_urls: Vec<String>,
     pub(crate) partitions: Option<u32>,

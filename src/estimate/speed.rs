@@ -9,6 +9,12 @@
 //! per-request ceiling, measured only once the batch has been small enough for throughput
 //! to fall below capacity.
 //!
+//! A step in the rate (a server slowed down or sped up, a batch that now thrashes) is
+//! followed within seconds: when the capacity of the last [`RECENT`] seconds stays more
+//! than [`STEP`] away from the window's for three samples running, the older samples are
+//! dropped. Between full batches (a batch refilling after a change) the last capacity
+//! measured stands.
+//!
 //! Invariants: until a ceiling has been seen none is assumed (the capacity is shared
 //! evenly, as work-conserving servers do); a lone request never gets more than the whole
 //! capacity; memory is bounded by the sampling window.
@@ -24,6 +30,10 @@ const FULL_SHARE: f64 = 0.75;
 /// An interval counts as capped by the per-request ceiling when its throughput was below this
 /// share of capacity (and requests were in flight).
 const CAPPED_SHARE: f64 = 0.8;
+/// The span that reveals a step in the rate.
+const RECENT: Duration = Duration::from_secs(10);
+/// A relative change of capacity that counts as a step.
+const STEP: f64 = 0.15;
 
 /// How fast the server generates as a function of how many requests it is running.
 ///
@@ -58,6 +68,10 @@ pub struct SpeedLearner {
     samples: VecDeque<(Instant, u64, usize)>,
     /// Last per-request ceiling measured; kept beyond the window (it is seen only in tails).
     cap: Option<f64>,
+    /// Last capacity measured (stands while no full batch is in the window).
+    last_capacity: Option<f64>,
+    /// Samples running in which the recent capacity stood off the window's.
+    off: u32,
 }
 
 impl SpeedLearner {
@@ -68,9 +82,11 @@ impl SpeedLearner {
         while self.samples.len() > 2 && now.duration_since(self.samples[0].0) > WINDOW {
             self.samples.pop_front();
         }
+        self.follow_steps(now);
         let Some((capacity, full)) = self.capacity() else {
             return;
         };
+        self.last_capacity = Some(capacity);
         // Capped intervals: a batch that stayed clearly smaller than the full one (not the
         // start of a run, where it fills up), whose throughput fell short of capacity, and
         // whose requests went faster than a full batch's share (a hiccup of the server at a
@@ -89,10 +105,54 @@ impl SpeedLearner {
         }
     }
 
+    /// Drops the samples before the last [`RECENT`] seconds once their capacity has stood
+    /// off the window's for three samples.
+    fn follow_steps(&mut self, now: Instant) {
+        let since = now.checked_sub(RECENT);
+        let (Some(all), Some(recent)) =
+            (self.capacity(), since.and_then(|t| self.capacity_since(t)))
+        else {
+            self.off = 0;
+            return;
+        };
+        if (recent.0 / all.0 - 1.0).abs() > STEP {
+            self.off += 1;
+        } else {
+            self.off = 0;
+        }
+        if self.off >= 3 {
+            self.off = 0;
+            if let Some(t) = since {
+                while self.samples.len() > 2 && self.samples[0].0 < t {
+                    self.samples.pop_front();
+                }
+            }
+        }
+    }
+
+    /// [`SpeedLearner::capacity`] over the intervals that start at `since` or later.
+    fn capacity_since(&self, since: Instant) -> Option<(f64, f64)> {
+        let ivs: Vec<Interval> = self.intervals_from(since).collect();
+        let full = ivs.iter().map(|iv| iv.n).fold(0.0, f64::max);
+        if full <= 0.0 {
+            return None;
+        }
+        let (tokens, dt) = ivs
+            .iter()
+            .filter(|iv| iv.n >= FULL_SHARE * full)
+            .fold((0.0, 0.0), |(k, t), iv| (k + iv.tokens, t + iv.dt));
+        (dt >= 3.0 && tokens > 0.0).then(|| (tokens / dt, full))
+    }
+
     fn intervals(&self) -> impl Iterator<Item = Interval> + '_ {
+        self.intervals_from(self.samples.front().map_or_else(Instant::now, |s| s.0))
+    }
+
+    fn intervals_from(&self, since: Instant) -> impl Iterator<Item = Interval> + '_ {
         self.samples
             .iter()
             .zip(self.samples.iter().skip(1))
+            .filter(move |(a, _)| a.0 >= since)
             .filter_map(|(a, b)| {
                 let dt = b.0.duration_since(a.0).as_secs_f64();
                 (dt >= 0.2).then(|| Interval {
@@ -122,7 +182,7 @@ impl SpeedLearner {
 
     /// The curve, once a second of data with requests in flight exists.
     pub fn curve(&self) -> Option<SpeedCurve> {
-        let (capacity_tps, _) = self.capacity()?;
+        let capacity_tps = self.capacity().map(|c| c.0).or(self.last_capacity)?;
         Some(SpeedCurve {
             capacity_tps,
             per_request_cap_tps: self.cap,
@@ -199,5 +259,29 @@ pub(crate) mod tests {
         let c = l.curve().unwrap();
         close(c.capacity_tps, 1000.0, 0.01);
         close(c.per_request_cap_tps.unwrap(), 60.0, 0.01);
+    }
+
+    /// A step in the rate (the server at half speed from second 60) is followed within
+    /// seconds, not after the two-minute window has turned over.
+    #[test]
+    fn the_learner_follows_a_step_within_seconds() {
+        let t0 = Instant::now();
+        let mut l = SpeedLearner::default();
+        let mut tokens = 0u64;
+        for s in 0..60u64 {
+            l.sample(t0 + Duration::from_secs(s), tokens, 100);
+            tokens += 1000;
+        }
+        close(l.curve().unwrap().capacity_tps, 1000.0, 0.01);
+        let mut followed = None;
+        for s in 60..120u64 {
+            l.sample(t0 + Duration::from_secs(s), tokens, 100);
+            tokens += 500;
+            if followed.is_none() && (l.curve().unwrap().capacity_tps - 500.0).abs() < 50.0 {
+                followed = Some(s - 60);
+            }
+        }
+        let after = followed.expect("the step is followed");
+        assert!(after <= 15, "followed after {after} s");
     }
 }

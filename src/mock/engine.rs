@@ -8,6 +8,9 @@
 //! - A slot leaves the batch as soon as it is done, aborted, or its [`Job`] is dropped
 //!   (client gone), so capacity is never spent on nobody.
 //! - The ticker parks on a `Notify` while the batch is empty: an idle mock burns no CPU.
+//! - With a KV model ([`Engine::with_kv`]) the slots only carry progress to the handlers:
+//!   who runs, and how fast, is the [`KvBatch`]'s, advanced by the real time since the last
+//!   tick times `time_scale`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,6 +19,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
+use super::kv::{KvBatch, KvGauges, KvParams, KvStats};
 use super::sim::{grant, per_request_rate};
 use super::Counters;
 
@@ -56,6 +60,10 @@ struct Inner {
     next_id: u64,
     ticker_running: bool,
     shutdown: bool,
+    /// The KV-cache model, when the server has one.
+    kv: Option<KvBatch>,
+    /// When the KV model was last advanced (`None` after an idle spell: no time banked).
+    last_tick: Option<Instant>,
 }
 
 /// The batch and its rates.
@@ -128,10 +136,16 @@ impl Engine {
         }
     }
 
-    /// Joins the batch with `total` tokens to produce. Must run inside a Tokio runtime
-    /// (the ticker is spawned on first use).
-    pub(crate) fn submit(self: &Arc<Self>, total: u32, rid: Option<String>) -> Job {
-        let job = self.insert(total, rid, Instant::now());
+    /// The server has a KV cache: admission, preemption and step costs as [`KvBatch`] says.
+    pub(crate) fn with_kv(self, p: KvParams) -> Self {
+        lock(&self.inner).kv = Some(KvBatch::new(p));
+        self
+    }
+
+    /// Joins the batch with `total` tokens to produce after `prompt`. Must run inside a
+    /// Tokio runtime (the ticker is spawned on first use).
+    pub(crate) fn submit(self: &Arc<Self>, prompt: &[u32], total: u32, rid: Option<String>) -> Job {
+        let job = self.insert(prompt, total, rid, Instant::now());
         if job.id.is_some() {
             let spawn = {
                 let mut g = lock(&self.inner);
@@ -146,7 +160,13 @@ impl Engine {
     }
 
     /// Adds a slot credited from `now` (no ticker involved: tests drive `tick` by hand).
-    fn insert(self: &Arc<Self>, total: u32, rid: Option<String>, now: Instant) -> Job {
+    fn insert(
+        self: &Arc<Self>,
+        prompt: &[u32],
+        total: u32,
+        rid: Option<String>,
+        now: Instant,
+    ) -> Job {
         let mut g = lock(&self.inner);
         let terminal = if g.shutdown {
             Some(JobState::Shutdown)
@@ -182,6 +202,9 @@ impl Engine {
         });
         let id = g.next_id;
         g.next_id += 1;
+        if let Some(kv) = &mut g.kv {
+            kv.add(id, prompt, total);
+        }
         g.slots.insert(
             id,
             Slot {
@@ -219,9 +242,33 @@ impl Engine {
         self.wake.notify_one();
     }
 
-    /// Requests currently in the batch.
+    /// Requests currently in the batch (with a KV model: running, not queued).
     pub(crate) fn active(&self) -> usize {
-        lock(&self.inner).slots.len()
+        let g = lock(&self.inner);
+        match &g.kv {
+            Some(kv) => kv.gauges().running,
+            None => g.slots.len(),
+        }
+    }
+
+    /// The KV model's counters and gauges, if the server has one.
+    pub(crate) fn kv_state(&self) -> Option<(KvStats, KvGauges)> {
+        lock(&self.inner)
+            .kv
+            .as_ref()
+            .map(|kv| (kv.stats(), kv.gauges()))
+    }
+
+    /// Changes the KV model's speed (1 normal, 0.5 half as fast) and capacity at run time.
+    pub(crate) fn set_kv(&self, speed: Option<f64>, capacity: Option<u64>) {
+        if let Some(kv) = &mut lock(&self.inner).kv {
+            if let Some(s) = speed {
+                kv.set_speed(s);
+            }
+            if let Some(c) = capacity {
+                kv.set_capacity(c);
+            }
+        }
     }
 
     fn finish_where(&self, state: JobState, pred: impl Fn(&Slot) -> bool) -> usize {
@@ -233,6 +280,9 @@ impl Engine {
             .map(|(id, _)| *id)
             .collect();
         for id in &ids {
+            if let Some(kv) = &mut g.kv {
+                kv.remove(*id);
+            }
             if let Some(s) = g.slots.remove(id) {
                 s.tx.send_replace(Progress {
                     produced: s.produced,
@@ -248,7 +298,12 @@ impl Engine {
     }
 
     fn remove(&self, id: u64) {
-        let removed = lock(&self.inner).slots.remove(&id).is_some();
+        let mut g = lock(&self.inner);
+        if let Some(kv) = &mut g.kv {
+            kv.remove(id);
+        }
+        let removed = g.slots.remove(&id).is_some();
+        drop(g);
         if removed {
             self.counters.bump();
         }
@@ -260,13 +315,14 @@ impl Engine {
             // racing with this check is never missed.
             loop {
                 {
-                    let g = lock(&self.inner);
+                    let mut g = lock(&self.inner);
                     if g.shutdown {
                         return;
                     }
                     if !g.slots.is_empty() {
                         break;
                     }
+                    g.last_tick = None;
                 }
                 self.wake.notified().await;
             }
@@ -278,6 +334,9 @@ impl Engine {
     /// One scheduler step: credit every slot for the time since it was last credited.
     fn tick(&self, now: Instant) {
         let mut g = lock(&self.inner);
+        if g.kv.is_some() {
+            return self.tick_kv(g, now);
+        }
         let rate = per_request_rate(
             self.capacity_tps,
             self.per_request_tps,
@@ -315,6 +374,42 @@ impl Engine {
             self.counters.add_tokens(generated);
         }
     }
+
+    /// A tick of the KV model: the real time since the last one, scaled, runs its steps.
+    fn tick_kv(&self, mut g: MutexGuard<'_, Inner>, now: Instant) {
+        let dt = g
+            .last_tick
+            .map_or(TICK, |t| now.saturating_duration_since(t))
+            .as_secs_f64();
+        g.last_tick = Some(now);
+        let g = &mut *g;
+        let Some(kv) = &mut g.kv else {
+            return;
+        };
+        let mut generated = 0u64;
+        for u in kv.advance(dt * self.time_scale) {
+            let Some(s) = g.slots.get_mut(&u.id) else {
+                continue;
+            };
+            generated += u64::from(u.produced.saturating_sub(s.produced));
+            s.produced = u.produced;
+            let state = if u.done {
+                JobState::Done
+            } else {
+                JobState::Running
+            };
+            s.tx.send_replace(Progress {
+                produced: s.produced,
+                state,
+            });
+            if u.done {
+                g.slots.remove(&u.id);
+            }
+        }
+        if generated > 0 {
+            self.counters.add_tokens(generated);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -343,7 +438,7 @@ mod tests {
         // 4 jobs × 100 tokens at 1000 tok/s aggregate (per-request cap not binding): 400 ms.
         let e = engine(1000.0, 1000.0, 1.0);
         let t0 = Instant::now();
-        let mut jobs: Vec<Job> = (0..4).map(|_| e.insert(100, None, t0)).collect();
+        let mut jobs: Vec<Job> = (0..4).map(|_| e.insert(&[], 100, None, t0)).collect();
         let took = drain(&e, t0);
         assert!((0.399..0.411).contains(&took), "took {took}");
         for j in &mut jobs {
@@ -364,7 +459,7 @@ mod tests {
         // 50 tok/s per request × 10 = 500 tok/s: 100 tokens in 200 ms.
         let e = engine(1000.0, 50.0, 10.0);
         let t0 = Instant::now();
-        let _job = e.insert(100, None, t0);
+        let _job = e.insert(&[], 100, None, t0);
         let took = drain(&e, t0);
         assert!((0.199..0.206).contains(&took), "took {took}");
     }
@@ -374,8 +469,8 @@ mod tests {
     fn late_joiner_is_credited_from_its_arrival_only() {
         let e = engine(1000.0, 1000.0, 1.0);
         let t0 = Instant::now();
-        let mut a = e.insert(1000, None, t0);
-        let mut b = e.insert(1000, None, t0 + Duration::from_millis(4));
+        let mut a = e.insert(&[], 1000, None, t0);
+        let mut b = e.insert(&[], 1000, None, t0 + Duration::from_millis(4));
         e.tick(t0 + TICK);
         // Two in flight: 500 tok/s each; a had 5 ms (2.5 tokens), b 1 ms (0.5 tokens).
         assert_eq!(a.current().produced, 2);
@@ -386,7 +481,7 @@ mod tests {
     #[tokio::test]
     async fn submitted_jobs_run_to_completion_on_the_ticker() {
         let e = engine(1e6, 1e6, 1.0);
-        let mut job = e.submit(50, None);
+        let mut job = e.submit(&[], 50, None);
         let mut p = job.current();
         while p.state == JobState::Running {
             p = job.next().await;
@@ -403,7 +498,7 @@ mod tests {
         let mut e = Engine::new(850.0, 60.0, 1.0, counters.clone());
         e.instant = true;
         let e = Arc::new(e);
-        let mut job = e.insert(70, None, Instant::now());
+        let mut job = e.insert(&[], 70, None, Instant::now());
         assert_eq!(
             job.current(),
             Progress {
@@ -426,21 +521,21 @@ mod tests {
     fn abort_drop_and_shutdown_leave_the_batch() {
         let e = engine(100.0, 100.0, 1.0);
         let t0 = Instant::now();
-        let mut a = e.insert(1000, Some("r1".into()), t0);
-        let b = e.insert(1000, None, t0);
+        let mut a = e.insert(&[], 1000, Some("r1".into()), t0);
+        let b = e.insert(&[], 1000, None, t0);
         assert_eq!(e.active(), 2);
         assert_eq!(e.abort_rid("r1"), 1);
         assert_eq!(a.current().state, JobState::Aborted);
         drop(b);
         assert_eq!(e.active(), 0);
-        let mut c = e.insert(1000, None, t0);
+        let mut c = e.insert(&[], 1000, None, t0);
         e.shutdown();
         assert_eq!(c.current().state, JobState::Shutdown);
-        let mut d = e.insert(10, None, t0);
+        let mut d = e.insert(&[], 10, None, t0);
         assert_eq!(d.current().state, JobState::Shutdown);
-        let mut z = e.insert(0, None, t0);
+        let mut z = e.insert(&[], 0, None, t0);
         assert_eq!(z.current().state, JobState::Shutdown);
-        let mut z = engine(1.0, 1.0, 1.0).insert(0, None, t0);
+        let mut z = engine(1.0, 1.0, 1.0).insert(&[], 0, None, t0);
         assert_eq!(z.current().state, JobState::Done);
     }
 }

@@ -228,7 +228,7 @@ async fn handle(st: Arc<MockState>, api: Api, headers: &HeaderMap, body: Bytes) 
         plan.finish = Finish::Stop;
     }
     let total = u32::try_from(plan.ids.len()).unwrap_or(u32::MAX);
-    let job = st.engine.submit(total, req.rid.clone());
+    let job = st.engine.submit(&req.prompt_ids, total, req.rid.clone());
     if req.stream {
         stream_response(Streamer::new(render, plan, job, fault, rec))
     } else {

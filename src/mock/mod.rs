@@ -68,6 +68,13 @@
 //!   `min(per_request_tps, capacity_tps / n_in_flight) × time_scale` tokens per second;
 //!   tokens reach clients only through ticks, so the first token waits for one. With
 //!   `--instant` there is no scheduler: every request has all its tokens at once.
+//! - **KV cache** (`--kv-tokens N`). The batch becomes a real server's ([`kv`]): requests
+//!   are admitted while the KV cache has room and queue otherwise, grow as they generate,
+//!   the newest is preempted (and later recomputed) when they overflow, a step costs
+//!   `max(1 / per_request_tps, n / capacity_tps)` plus attention over the cache
+//!   (`--attention-ms-per-mtok`) plus prefill (`--prefill-tps`) of what the radix-style
+//!   prefix cache lacks. `/metrics` exports the gauges and counters real servers do, in
+//!   vLLM's and SGLang's names ([`exporter`]).
 //! - **Faults.** Per generation request, from an RNG seeded by `seed` (independent of the
 //!   outputs): 500, 429 with `Retry-After`, hang, malformed body/event, connection cut
 //!   half way.
@@ -100,7 +107,9 @@
 
 mod api;
 mod engine;
+mod exporter;
 mod handlers;
+pub mod kv;
 mod log;
 mod render;
 mod sim;
@@ -219,6 +228,29 @@ pub struct MockConfig {
     /// some servers send it; by default it is left out, as SGLang and vLLM do.
     #[arg(long)]
     pub eos_in_ids: bool,
+    /// KV cache capacity in tokens: admission, growth, preemption with recompute, prefill
+    /// and a prefix cache, as a real server (0: the plain shared-capacity model).
+    #[arg(long, default_value_t = 0)]
+    pub kv_tokens: u64,
+    /// With `--kv-tokens`: milliseconds a decode step spends per million KV tokens held
+    /// (attention reading the cache).
+    #[arg(long, default_value_t = 0.0)]
+    pub attention_ms_per_mtok: f64,
+    /// With `--kv-tokens`: prefill throughput, prompt tokens/s (0: prefill is free).
+    #[arg(long, default_value_t = 0.0)]
+    pub prefill_tps: f64,
+    /// With `--kv-tokens`: most requests running at once (0: only the KV cache limits).
+    #[arg(long, default_value_t = 0)]
+    pub max_running: usize,
+    /// With `--kv-tokens`: most prefill tokens per step (chunked prefill).
+    #[arg(long, default_value_t = 8192)]
+    pub prefill_chunk: u32,
+    /// With `--kv-tokens`: prefix-cache block size, tokens.
+    #[arg(long, default_value_t = 16)]
+    pub cache_block: u32,
+    /// Which names `/metrics` exports the server's gauges under (`none`: no `/metrics`).
+    #[arg(long, value_enum, default_value_t = MetricNames::Both)]
+    pub metrics_names: MetricNames,
     /// Serve the rendering endpoints of this server kind (`vllm`: `/tokenize` taking a
     /// prompt or messages, `/detokenize`; `llama-cpp`: `/apply-template`, `/tokenize`
     /// taking `content`, `/detokenize`; `sglang`: `/tokenize` and `/v1/tokenize` taking a
@@ -230,6 +262,20 @@ pub struct MockConfig {
     /// prompt ids, instead of its own `role: content` lines.
     #[arg(long)]
     pub chat_template: Option<PathBuf>,
+}
+
+/// The metric names `/metrics` uses: a vLLM's, an SGLang's, both, or no endpoint at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum MetricNames {
+    /// `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`, …
+    Vllm,
+    /// `sglang:num_running_reqs`, `sglang:token_usage`, …
+    Sglang,
+    /// Both families.
+    #[default]
+    Both,
+    /// No `/metrics` route (404), as a server that exports nothing.
+    None,
 }
 
 /// Where a reasoning parser puts the thinking of a chat answer.
@@ -286,6 +332,13 @@ impl Default for MockConfig {
             reasoning_field: ReasoningField::ReasoningContent,
             tokenizer: None,
             eos_in_ids: false,
+            kv_tokens: 0,
+            attention_ms_per_mtok: 0.0,
+            prefill_tps: 0.0,
+            max_running: 0,
+            prefill_chunk: 8192,
+            cache_block: 16,
+            metrics_names: MetricNames::Both,
             tokenize_api: None,
             chat_template: None,
         }
@@ -314,6 +367,24 @@ impl MockConfig {
         }
     }
 
+    /// The KV model's parameters, when `--kv-tokens` asks for one.
+    pub(crate) fn kv_params(&self) -> Option<kv::KvParams> {
+        (self.kv_tokens > 0 && !self.instant).then(|| kv::KvParams {
+            kv_tokens: self.kv_tokens,
+            step_s: 1.0 / self.per_request_tps,
+            seq_s: 1.0 / self.capacity_tps,
+            kv_s: self.attention_ms_per_mtok / 1e3 / 1e6,
+            prefill_s: if self.prefill_tps > 0.0 {
+                1.0 / self.prefill_tps
+            } else {
+                0.0
+            },
+            max_running: self.max_running,
+            chunk: self.prefill_chunk.max(1),
+            block: self.cache_block.max(1),
+        })
+    }
+
     /// Fails with a message naming the flag when a knob is out of range.
     pub fn validate(&self) -> anyhow::Result<()> {
         for (name, v) in [
@@ -324,6 +395,12 @@ impl MockConfig {
             anyhow::ensure!(v.is_finite() && v > 0.0, "{name} must be > 0, got {v}");
         }
         anyhow::ensure!(self.context_len > 0, "context_len must be > 0");
+        for (name, v) in [
+            ("attention_ms_per_mtok", self.attention_ms_per_mtok),
+            ("prefill_tps", self.prefill_tps),
+        ] {
+            anyhow::ensure!(v.is_finite() && v >= 0.0, "{name} must be >= 0, got {v}");
+        }
         anyhow::ensure!(
             !self.eos_in_ids || self.tokenizer.is_some(),
             "--eos-in-ids needs --tokenizer (the end-of-turn id is the tokenizer's)"
@@ -500,6 +577,9 @@ impl MockState {
             Arc::clone(&counters),
         );
         engine.instant = cfg.instant;
+        if let Some(p) = cfg.kv_params() {
+            engine = engine.with_kv(p);
+        }
         let engine = Arc::new(engine);
         let log = cfg.log.as_deref().map(LogSink::open).transpose()?;
         let vocab = cfg
@@ -545,6 +625,18 @@ impl MockState {
             active: self.engine.active(),
             in_flight: self.counters.in_flight.load(Ordering::Relaxed),
         }
+    }
+
+    /// The KV model's counters and gauges (`None` without `--kv-tokens`).
+    pub fn kv(&self) -> Option<(kv::KvStats, kv::KvGauges)> {
+        self.engine.kv_state()
+    }
+
+    /// Slows the KV model down or speeds it up (`speed` 1 normal, 0.5 half as fast) and
+    /// changes its KV capacity, while it runs: a server whose neighbour takes GPU time or
+    /// memory, and gives it back. No effect without `--kv-tokens`.
+    pub fn set_kv(&self, speed: Option<f64>, kv_tokens: Option<u64>) {
+        self.engine.set_kv(speed, kv_tokens);
     }
 
     /// Waits until `pred` holds for the stats (checked at once, then on every change):
@@ -625,6 +717,11 @@ impl MockState {
 /// The mock's routes over `state`, for embedding in another server or a test.
 pub fn router(state: Arc<MockState>) -> Router {
     let routes = Router::new();
+    let routes = if state.cfg.metrics_names != MetricNames::None {
+        routes.route("/metrics", get(exporter::metrics))
+    } else {
+        routes
+    };
     let routes = match state.cfg.tokenize_api {
         None => routes,
         Some(TokenizeApi::Vllm) => routes

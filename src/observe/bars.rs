@@ -67,6 +67,8 @@ pub struct RunLine {
     pub eta_s: Option<f64>,
     pub servers_up: usize,
     pub servers: usize,
+    /// Each server's limit with `concurrency = "auto"` (empty otherwise).
+    pub limits: Vec<usize>,
     pub elapsed_s: f64,
 }
 
@@ -111,10 +113,17 @@ pub fn dataset_message(d: &DatasetBar<'_>) -> String {
     format!("{}/{} items{failed} · {tokens} · {tail}", d.done, d.total)
 }
 
-/// The run line: `run 12m05s · 1200/20000 items · 1.2M tok · 1.1k tok/s · servers 2/2 up · ETA 4h02m`.
+/// The run line: `run 12m05s · 1200/20000 items · 1.2M tok · 1.1k tok/s · servers 2/2 up
+/// (limits 64+48) · ETA 4h02m` (the limits with `concurrency = "auto"`).
 pub fn run_message(r: &RunLine) -> String {
+    let limits = if r.limits.is_empty() {
+        String::new()
+    } else {
+        let l: Vec<String> = r.limits.iter().map(|l| l.to_string()).collect();
+        format!(" (limits {})", l.join("+"))
+    };
     format!(
-        "run {} · {}/{} items · {} tok · {} tok/s · servers {}/{} up · ETA {}",
+        "run {} · {}/{} items · {} tok · {} tok/s · servers {}/{} up{limits} · ETA {}",
         format_duration(r.elapsed_s),
         r.done,
         r.total,
@@ -420,6 +429,7 @@ mod tests {
             eta_s: Some(600.0),
             servers_up: 1,
             servers: 2,
+            limits: Vec::new(),
             elapsed_s: 65.0,
         }
     }

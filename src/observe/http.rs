@@ -218,6 +218,7 @@ mod tests {
             ready: AtomicBool::new(true),
             status: Box::new(|| StatusReport {
                 running: true,
+                servers: Vec::new(),
                 datasets: vec![DatasetStatus {
                     name: "a".into(),
                     failed: 1,

@@ -35,6 +35,7 @@ pub struct Metrics {
     pub ttft: HistogramVec,
     pub inflight: IntGaugeVec,
     pub server_up: IntGaugeVec,
+    pub concurrency_limit: IntGaugeVec,
     pub shards_written: IntCounterVec,
     pub shard_bytes: IntCounterVec,
     pub prompt_disagreements: IntCounterVec,
@@ -184,6 +185,13 @@ impl Metrics {
                 Opts::new(
                     "spool_server_up",
                     "1 while a server is in rotation, 0 while taken out."
+                ),
+                &["server"]
+            )),
+            concurrency_limit: reg!(IntGaugeVec::new(
+                Opts::new(
+                    "spool_server_concurrency_limit",
+                    "Requests a server may have in flight: its own limit with concurrency = \"auto\", else run.concurrency."
                 ),
                 &["server"]
             )),

@@ -12,11 +12,11 @@
 //! gauges, the last progress line of each dataset and the final bars show final numbers.
 
 use crate::config::Config;
-use crate::estimate::speed::SpeedLearner;
+use crate::estimate::speed::{SpeedCurve, SpeedLearner};
 use crate::observe::bars::{self, DatasetBar, RunLine};
 use crate::observe::metrics::Metrics;
 use crate::observe::progress::{format_line, LineClock, LineFields, Rate};
-use crate::observe::status::{DatasetPhase, StatusReport};
+use crate::observe::status::{DatasetPhase, ServerStatus, StatusReport};
 use crate::run::scheduler::{lane_etas, run_eta, Scheduler};
 use crate::run::worker::Ctx;
 use crate::store::queue::Queue;
@@ -26,9 +26,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// Per dataset: (tokens/s, requests/s, ETA seconds, when the ETA was computed), refreshed
-/// by the monitor each second.
-pub(crate) type LiveRates = Mutex<HashMap<String, (f64, f64, Option<f64>, Instant)>>;
+/// A dataset's (tokens/s, requests/s, ETA seconds, when the ETA was computed).
+type DatasetRates = (f64, f64, Option<f64>, Instant);
+
+/// What the monitor refreshes each second for `/status`: per dataset its rates and ETA,
+/// and the servers.
+#[derive(Default)]
+pub(crate) struct LiveRates {
+    datasets: Mutex<HashMap<String, DatasetRates>>,
+    servers: Mutex<Vec<ServerStatus>>,
+}
 
 /// How long the end of a run waits for the last leases to end before the final figures.
 const FINAL_WAIT: Duration = Duration::from_secs(3);
@@ -42,7 +49,12 @@ pub(crate) fn live_status(
     let mut r = StatusReport::from_queue(queue, cfg).unwrap_or_default();
     r.running = true;
     let views = sched.views();
-    let live = live.lock().unwrap_or_else(|p| p.into_inner());
+    r.servers = live
+        .servers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let live = live.datasets.lock().unwrap_or_else(|p| p.into_inner());
     for d in &mut r.datasets {
         if let Some(v) = views.iter().find(|v| v.name == d.name) {
             d.inflight = v.inflight as u64;
@@ -68,12 +80,15 @@ struct Monitor {
     start_done: Vec<Option<u64>>,
     /// Datasets that have a bar.
     shown: Vec<bool>,
-    /// The server's speed as a function of requests in flight, for the ETAs.
+    /// The servers' speed as a function of requests in flight, for the ETAs: over all of
+    /// them, and each server's own (a server leaving rotation takes its share at once).
     speed: SpeedLearner,
+    server_speed: Vec<SpeedLearner>,
+    server_rates: Vec<Rate>,
 }
 
 impl Monitor {
-    fn new(n: usize, every: u64, now: Instant) -> Self {
+    fn new(n: usize, servers: usize, every: u64, now: Instant) -> Self {
         Self {
             start: now,
             rates: (0..n).map(|_| Rate::default()).collect(),
@@ -81,6 +96,49 @@ impl Monitor {
             start_done: vec![None; n],
             shown: vec![false; n],
             speed: SpeedLearner::default(),
+            server_speed: (0..servers).map(|_| SpeedLearner::default()).collect(),
+            server_rates: (0..servers).map(|_| Rate::default()).collect(),
+        }
+    }
+
+    /// The curve of the servers in rotation: their capacities added up (each learnt on its
+    /// own), the fastest per-request ceiling seen; the run's overall curve until every
+    /// server in rotation has one of its own.
+    fn curve(&mut self, ctx: &Ctx, now: Instant) -> Option<SpeedCurve> {
+        let mut sum = 0.0;
+        let mut cap: Option<f64> = None;
+        let mut complete = true;
+        let mut any_up = false;
+        for (i, s) in ctx.servers.list.iter().enumerate() {
+            let learner = &mut self.server_speed[i];
+            learner.sample(
+                now,
+                s.streamed.load(Ordering::Relaxed),
+                s.inflight.load(Ordering::Relaxed),
+            );
+            if !s.up.load(Ordering::Relaxed) {
+                continue;
+            }
+            any_up = true;
+            match learner.curve() {
+                Some(c) => {
+                    sum += c.capacity_tps;
+                    cap = match (cap, c.per_request_cap_tps) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+                None => complete = false,
+            }
+        }
+        if any_up && complete && sum > 0.0 {
+            Some(SpeedCurve {
+                capacity_tps: sum,
+                per_request_cap_tps: cap
+                    .or_else(|| self.speed.curve().and_then(|c| c.per_request_cap_tps)),
+            })
+        } else {
+            self.speed.curve()
         }
     }
 
@@ -102,8 +160,14 @@ impl Monitor {
         let streamed: u64 = ctx.dmetrics.iter().map(|d| d.streamed_tokens.get()).sum();
         let inflight: usize = views.iter().map(|v| v.inflight).sum();
         self.speed.sample(now, streamed, inflight);
-        let curve = self.speed.curve();
-        let etas = lane_etas(&views, curve.as_ref(), ctx.cfg.run.concurrency);
+        let curve = self.curve(ctx, now);
+        let slots = ctx
+            .cfg
+            .run
+            .concurrency
+            .fixed()
+            .unwrap_or_else(|| ctx.servers.total_limit());
+        let etas = lane_etas(&views, curve.as_ref(), slots);
 
         let mut live_map = HashMap::new();
         let mut bar_rows = Vec::new();
@@ -115,6 +179,7 @@ impl Monitor {
             eta_s: run_eta(&etas),
             servers_up: 0,
             servers: ctx.servers.list.len(),
+            limits: Vec::new(),
             elapsed_s: now.duration_since(self.start).as_secs_f64(),
         };
         for (i, v) in views.iter().enumerate() {
@@ -215,19 +280,42 @@ impl Monitor {
             }
         }
         metrics.set_run_eta(run.eta_s);
-        *live.lock().unwrap_or_else(|p| p.into_inner()) = live_map;
-        for s in &ctx.servers.list {
+        *live.datasets.lock().unwrap_or_else(|p| p.into_inner()) = live_map;
+        let mut servers = Vec::with_capacity(ctx.servers.list.len());
+        for (i, s) in ctx.servers.list.iter().enumerate() {
             let up = s.up.load(Ordering::Relaxed);
+            let inflight = s.inflight.load(Ordering::Relaxed);
             run.servers_up += usize::from(up);
+            let limit = ctx
+                .servers
+                .limited()
+                .then(|| s.limit.load(Ordering::Relaxed));
+            if let Some(l) = limit {
+                run.limits.push(l);
+            }
+            self.server_rates[i].sample(now, s.streamed.load(Ordering::Relaxed), 0);
             metrics
                 .inflight
                 .with_label_values(&[&s.url])
-                .set(s.inflight.load(Ordering::Relaxed) as i64);
+                .set(inflight as i64);
             metrics
                 .server_up
                 .with_label_values(&[&s.url])
                 .set(i64::from(up));
+            let shown = limit.or(ctx.cfg.run.concurrency.fixed()).unwrap_or(0);
+            metrics
+                .concurrency_limit
+                .with_label_values(&[&s.url])
+                .set(i64::try_from(shown).unwrap_or(i64::MAX));
+            servers.push(ServerStatus {
+                url: s.url.clone(),
+                up,
+                inflight: inflight as u64,
+                limit: limit.map(|l| l as u64),
+                tokens_per_s: self.server_rates[i].rates().map(|r| r.0),
+            });
         }
+        *live.servers.lock().unwrap_or_else(|p| p.into_inner()) = servers;
         if let Some(b) = bars {
             b.update(&bar_rows, &run);
         }
@@ -240,7 +328,12 @@ pub(crate) async fn monitor_loop(
     live: Arc<LiveRates>,
     stop: CancellationToken,
 ) {
-    let mut m = Monitor::new(ctx.names.len(), ctx.cfg.run.progress_every, Instant::now());
+    let mut m = Monitor::new(
+        ctx.names.len(),
+        ctx.servers.list.len(),
+        ctx.cfg.run.progress_every,
+        Instant::now(),
+    );
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_probe = Instant::now();

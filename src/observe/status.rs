@@ -262,12 +262,27 @@ pub struct DatasetStatus {
     pub failures: Vec<(u64, String)>,
 }
 
+/// One inference server, live: whether it is in rotation, its attempts in flight, its
+/// limit (with `concurrency = "auto"`) and the tokens/s it gives.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ServerStatus {
+    pub url: String,
+    pub up: bool,
+    pub inflight: u64,
+    /// Requests it may have in flight (`None`: one limit for all servers, `run.concurrency`).
+    pub limit: Option<u64>,
+    pub tokens_per_s: Option<f64>,
+}
+
 /// The whole report.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct StatusReport {
     /// True when produced by a running `spool run`.
     pub running: bool,
     pub datasets: Vec<DatasetStatus>,
+    /// The servers, in a live report only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<ServerStatus>,
 }
 
 impl StatusReport {
@@ -334,6 +349,7 @@ impl StatusReport {
         Ok(StatusReport {
             running: false,
             datasets,
+            servers: Vec::new(),
         })
     }
 
@@ -422,6 +438,19 @@ impl StatusReport {
             out.push_str(line.join("  ").trim_end());
             out.push('\n');
         }
+        for s in &self.servers {
+            let limit = s.limit.map(|l| format!("/{l} (limit)")).unwrap_or_default();
+            let rate = s
+                .tokens_per_s
+                .map(|t| format!(", {} tok/s", human(t.round() as u64)))
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "server {} {}: {}{limit} in flight{rate}\n",
+                s.url,
+                if s.up { "up" } else { "DOWN" },
+                s.inflight
+            ));
+        }
         for d in &self.datasets {
             for (line, reason) in &d.failures {
                 out.push_str(&format!(
@@ -466,6 +495,7 @@ mod tests {
     fn report(running: bool) -> StatusReport {
         StatusReport {
             running,
+            servers: Vec::new(),
             datasets: vec![DatasetStatus {
                 name: "math".into(),
                 items: 80,
@@ -532,5 +562,34 @@ mod tests {
              math     28/80       50         2       2         1    12.2k/12.0k        203       1   1234    0.2  2m05s  running\n\
              math: failed at line 12: HTTP 400: too long\n"
         );
+    }
+
+    /// A live report's servers are a line each under the table: up or down, in flight,
+    /// the limit when each server has its own, tokens/s.
+    #[test]
+    fn live_table_lists_the_servers_and_their_limits() {
+        let mut r = report(true);
+        r.servers = vec![
+            ServerStatus {
+                url: "http://a:1".into(),
+                up: true,
+                inflight: 30,
+                limit: Some(32),
+                tokens_per_s: Some(1500.0),
+            },
+            ServerStatus {
+                url: "http://b:2".into(),
+                up: false,
+                inflight: 0,
+                limit: None,
+                tokens_per_s: None,
+            },
+        ];
+        let t = r.render_table();
+        assert!(
+            t.contains("server http://a:1 up: 30/32 (limit) in flight, 1500 tok/s\n"),
+            "{t}"
+        );
+        assert!(t.contains("server http://b:2 DOWN: 0 in flight\n"), "{t}");
     }
 }

@@ -211,7 +211,15 @@ async fn run_job(
         renderer,
     });
     let (monitor, http) = job.observe(&ctx, &metrics, &queue, &sched, endpoint);
-    let concurrency = job.cfg.run.concurrency;
+    let concurrency = job.cfg.run.concurrency.fixed();
+    if concurrency.is_none() {
+        tokio::spawn(crate::run::concurrency::steer(
+            servers.clone(),
+            ctx.upstream.clone(),
+            job.cfg.run.max_concurrency,
+            job.stop.stop.clone(),
+        ));
+    }
     let requests = dispatch(&ctx, &sched, &servers, &job.stop.stop, concurrency).await?;
     let running = Running {
         requests,
@@ -404,7 +412,11 @@ impl Job {
                 stream: cfg.server.stream,
                 request_timeout: Duration::from_secs_f64(cfg.server.request_timeout_s),
                 max_response_bytes: cfg.server.max_response_bytes,
-                pool_size: cfg.run.concurrency,
+                pool_size: cfg
+                    .run
+                    .concurrency
+                    .fixed()
+                    .unwrap_or(cfg.run.max_concurrency),
             },
             &cfg.trust_roots()?,
         )?;
@@ -667,9 +679,18 @@ impl Job {
 
     /// The servers, each counted up and idle until the monitor's probes say otherwise.
     fn servers(&self, metrics: &Metrics) -> Arc<Servers> {
-        let servers = Arc::new(Servers::new(
+        let limit = self
+            .cfg
+            .run
+            .concurrency
+            .fixed()
+            .is_none()
+            .then(|| crate::run::concurrency::START_LIMIT.min(self.cfg.run.max_concurrency));
+        let servers = Arc::new(Servers::with(
             &self.cfg.server.urls,
             self.knobs.down_log_interval,
+            self.cfg.server.routing,
+            limit,
         ));
         for s in &servers.list {
             metrics.server_up.with_label_values(&[&s.url]).set(1);
@@ -773,12 +794,18 @@ impl Job {
     async fn bind_endpoint(&self) -> Result<Option<Endpoint>, Error> {
         let cfg = &self.cfg;
         let limit = crate::run::descriptors::raise_soft_limit();
-        let reserve = crate::run::descriptors::reserve(cfg.run.concurrency, cfg.datasets.len());
+        // Under "auto" each server may reach `max_concurrency`.
+        let slots = cfg
+            .run
+            .concurrency
+            .fixed()
+            .unwrap_or(cfg.run.max_concurrency * cfg.server.urls.len());
+        let reserve = crate::run::descriptors::reserve(slots, cfg.datasets.len());
         if limit < reserve {
             tracing::warn!(
                 limit,
                 reserve,
-                concurrency = cfg.run.concurrency,
+                concurrency = slots,
                 "the open-files limit (ulimit -n) is low for this concurrency; raise it"
             );
         }
@@ -939,6 +966,7 @@ mod tests {
             limited: Vec::new(),
             report: StatusReport {
                 running: false,
+                servers: Vec::new(),
                 datasets: vec![DatasetStatus {
                     name: "a".into(),
                     failed,

@@ -1,7 +1,9 @@
 //! The run stage: `job` wires the stages together for `spool run` (start-up, dispatch
 //! under budgets) and leans on one module per job: `dispatcher` (leases into request
 //! slots), `scheduler` (which row or sample next), `worker` (a request with its retries),
-//! `turns` (a sample's turns in order) and `servers` (where requests go), `probe` (what the servers are), `committer`
+//! `turns` (a sample's turns in order) and `servers` (where requests go), `concurrency`
+//! (each server's limit with `concurrency = "auto"`, from `signals` of its `/metrics`),
+//! `probe` (what the servers are), `committer`
 //! (the one writer of results and counters), `archiver` (the thread that writes shards)
 //! and `shutdown` (the stop signals, the fatal-error path, the shutdown order);
 //! `descriptors` keeps the run's file descriptors out of the metrics endpoint's reach;
@@ -27,12 +29,17 @@
 //! that server is up; the committer closes the item when its last sample ends, or when the
 //! budget is met between turns (unfinished samples marked partial).
 //!
+//! Invariant: leases held ≤ `run.concurrency`, or with `"auto"` ≤ the sum of the limits of
+//! the servers in rotation (read at each dispatch); an attempt goes to a server under its
+//! limit (two racing pickers may pass it by one for an instant), or waits; a limit is ≥ 1.
+//!
 //! Invariant: every lease ends in one place whatever its task did (a panic in an attempt is
 //! a failed attempt, elsewhere it fails the item); a server's in-flight count is a guard.
 
 pub mod allowance;
 mod archiver;
 mod committer;
+pub mod concurrency;
 pub mod descriptors;
 mod dispatcher;
 mod ending;
@@ -44,6 +51,7 @@ mod prompt_ids;
 pub mod scheduler;
 pub mod servers;
 mod shutdown;
+pub mod signals;
 pub mod template_check;
 mod turns;
 pub mod worker;

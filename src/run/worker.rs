@@ -32,7 +32,7 @@ use crate::prompt::syntax::Syntax;
 use crate::prompt::PromptBuilder;
 use crate::run::enqueue::ids_source_of;
 use crate::run::scheduler::{Lease, Scheduler};
-use crate::run::servers::Servers;
+use crate::run::servers::{RouteKey, Servers};
 use crate::store::queue::{Failure, Item, Outcome, Queue};
 use crate::store::row::ShardRow;
 use crate::upstream::{CountSource, GenerateRequest, Generation, Upstream, UpstreamError};
@@ -560,8 +560,15 @@ pub(crate) async fn generate(
         .then_some(&prep.draw.chat_template_kwargs);
     let tools = if chat { prep.tools.as_ref() } else { None };
     let mut unreachable_waits = 0u32;
+    let route = RouteKey::of(prep.prompt_ids.as_deref(), &prep.prompt);
     loop {
-        let si = ctx.servers.pick_preferring(prep.server);
+        // With per-server limits this waits for room (a shutdown or cancel gives it back).
+        let si = tokio::select! {
+            biased;
+            i = ctx.servers.pick_for(prep.server, &route) => i,
+            _ = lease.cancel.cancelled() => return Err(Ended::GiveBack),
+            _ = ctx.stop.cancelled() => return Err(Ended::GiveBack),
+        };
         let server = &ctx.servers.list[si];
         // `<dataset>-<row>-<nonce>`; a generation of an open item names its sample and
         // turn in the last part, so a server's log tells them apart.
@@ -576,6 +583,7 @@ pub(crate) async fn generate(
         lease.streamed.store(0, Ordering::Relaxed);
         let sink = |n: u32| {
             lease.streamed.fetch_add(n, Ordering::Relaxed);
+            server.streamed.fetch_add(u64::from(n), Ordering::Relaxed);
             dm.streamed_tokens.inc_by(u64::from(n));
         };
         let req = GenerateRequest {

@@ -469,6 +469,22 @@ impl Upstream {
         serde_json::from_slice(&bytes).map_err(|e| UpstreamError::Malformed(format!("{path}: {e}")))
     }
 
+    /// Reads a small text document (a server's `/metrics`) with the API key, within
+    /// `timeout`, at most 4 MiB.
+    pub async fn get_text(
+        &self,
+        base: &str,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<String, UpstreamError> {
+        let url = format!("{}{}", base.trim_end_matches('/'), path);
+        let rb = self.authorized(self.client.get(&url).timeout(timeout));
+        let resp = rb.send().await.map_err(|e| map_reqwest(&url, e))?;
+        let resp = check_status(resp).await.map_err(|e| self.redact(e))?;
+        let bytes = read_capped(resp, 4 << 20).await?;
+        String::from_utf8(bytes).map_err(|e| UpstreamError::Malformed(format!("{path}: {e}")))
+    }
+
     /// Posts `body` to `path` and returns the raw response body (the start-up self-check
     /// reads the stream's events itself), within `timeout`.
     pub async fn post_raw(

@@ -155,6 +155,7 @@ async fn a_port_in_use_stops_the_run_before_any_server_is_asked() {
 fn forged_report() -> StatusReport {
     StatusReport {
         running: true,
+        servers: Vec::new(),
         datasets: vec![DatasetStatus {
             name: "a".into(),
             items: 999,
@@ -263,6 +264,7 @@ async fn status_trusts_the_endpoint_that_proves_its_token() {
         ready: std::sync::atomic::AtomicBool::new(true),
         status: Box::new(|| StatusReport {
             running: true,
+            servers: Vec::new(),
             datasets: vec![DatasetStatus {
                 name: "a".into(),
                 items: 3,

@@ -4,6 +4,7 @@
 mod process;
 mod support;
 
+mod autoconc;
 mod bad_input;
 mod budget;
 mod cluster;

@@ -33,6 +33,7 @@ const DOCUMENTED_SERIES: &[(&str, &str, &[&str])] = &[
     ),
     ("spool_inflight_requests", "gauge", &["server"]),
     ("spool_server_up", "gauge", &["server"]),
+    ("spool_server_concurrency_limit", "gauge", &["server"]),
     ("spool_shards_written_total", "counter", &["dataset"]),
     ("spool_shard_bytes_total", "counter", &["dataset"]),
 ];
@@ -909,6 +910,7 @@ fn dashboard_uses_every_spec_series_and_only_those() {
     for (title, e) in &exprs {
         let per_server = e.contains("spool_inflight_requests")
             || e.contains("spool_server_up")
+            || e.contains("spool_server_concurrency_limit")
             || e.contains("spool_run_eta_seconds");
         let run_total = title == "Run throughput";
         if !per_server && !run_total {
@@ -1170,6 +1172,15 @@ impl Vt {
     }
 }
 
+/// Whether `l` holds the end of a dataset bar, `] NN%` (a log line may quote `[tokenizer] path`).
+fn bar_end(l: &str) -> bool {
+    l.match_indices("] ").any(|(i, _)| {
+        let rest = l[i + 2..].trim_start();
+        let digits = rest.chars().take_while(|c| c.is_ascii_digit()).count();
+        digits > 0 && rest[digits..].starts_with('%')
+    })
+}
+
 /// Under a pseudo-terminal (`script`), `spool run` draws bars (one per dataset and a run
 /// line, redrawn in place) instead of progress lines, and log lines written during the
 /// run (debug retries of a faulty server) stay whole, above the bars, never on a bar's line.
@@ -1277,7 +1288,7 @@ async fn progress_bars_on_a_terminal() {
     for l in &screen {
         let log = l.contains(" INFO ") || l.contains(" DEBUG ") || l.contains(" WARN ");
         assert!(
-            !(log && (l.contains(" items · ") || l.contains("] "))),
+            !(log && (l.contains(" items · ") || bar_end(l))),
             "a log line and a bar share a line: {l:?}\n{shown}"
         );
         assert!(
@@ -1381,6 +1392,7 @@ fn status_json_shape_matches_the_docs() {
     let real = serde_json::to_value(spool::observe::status::StatusReport {
         running: true,
         datasets: vec![spool::observe::status::DatasetStatus::default()],
+        servers: Vec::new(),
     })
     .unwrap();
     let keys =
