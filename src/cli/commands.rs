@@ -152,7 +152,7 @@ pub(crate) fn run(flags: &Flags, knobs: spool::knobs::Knobs, reshape: bool) -> R
     let summary = summary?;
     if !summary.limited.is_empty() {
         eprintln!(
-            "spool: the input of {} must be fixed: an input limit, or every row rejected (the log names the file, line and reason); the other datasets ran",
+            "spool: intake of {} stopped: an input limit, or every row rejected (the log names the file, line and reason); fix the input and run again; the other datasets ran",
             summary.limited.join(", ")
         );
     }

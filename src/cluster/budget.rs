@@ -604,6 +604,18 @@ impl Agent {
                 lane.marked = true;
                 lane.empty_since = Some(std::time::Instant::now());
             }
+            // A dead partition's unused tickets come back before this one decides it is the
+            // last: otherwise it could finish on what it holds while they are returned.
+            let due = last_reclaim.is_none_or(|t| t.elapsed() >= RECLAIM_EVERY);
+            if due && granted < a.demand() + floor {
+                *last_reclaim = Some(std::time::Instant::now());
+                let stale = self.stale_after;
+                reclaim(&bucket, partition, &writer, &ds, &mut lane.ledger, stale).await?;
+                if lane.ledger.pool(lane.budget) > 0 {
+                    // Claimed on the next tick, as any refill is.
+                    return Ok(());
+                }
+            }
             // The last of the pool only once no partition still running could give some
             // back (or after waiting long enough).
             let waited = lane.empty_since.is_some_and(|t| t.elapsed() >= MAX_WAIT);
@@ -615,22 +627,6 @@ impl Agent {
             }
             lane.backoff = (lane.backoff * 2).clamp(Duration::from_secs(1), MAX_BACKOFF);
             lane.quiet_until = Some(std::time::Instant::now() + lane.backoff);
-            let due = last_reclaim.is_none_or(|t| t.elapsed() >= RECLAIM_EVERY);
-            if due && granted < a.demand() + floor {
-                *last_reclaim = Some(std::time::Instant::now());
-                let bucket = self.bucket.clone();
-                let stale = self.stale_after;
-                let dataset = lane.dataset.clone();
-                reclaim(
-                    &bucket,
-                    partition,
-                    &writer,
-                    &dataset,
-                    &mut lane.ledger,
-                    stale,
-                )
-                .await?;
-            }
             return Ok(());
         }
         let size = want

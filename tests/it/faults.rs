@@ -902,8 +902,13 @@ async fn an_unusable_output_folder_at_start_exits_1_naming_it_and_sends_nothing(
     let o = spool(&cfg, &["run", "-q"], &[]);
     let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
     assert_eq!(o.status.code(), Some(1), "{stderr}");
+    // Warnings may come first (`-q` keeps them); the error is the line that says why.
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("spool: error:"))
+        .unwrap_or("");
     assert!(
-        stderr.starts_with("spool: error: cannot write shards under")
+        error.starts_with("spool: error: cannot write shards under")
             && stderr.contains(&obstacle.display().to_string())
             && stderr.matches("Not a directory").count() == 1,
         "{stderr}"

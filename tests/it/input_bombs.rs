@@ -203,7 +203,8 @@ async fn a_parquet_page_bomb_is_refused_before_decompression() {
 
 /// Lines of 4 M empty JSON objects (12 MB each, under the row's byte limit): each is
 /// rejected with its line for holding more JSON values than a row may, while it is parsed;
-/// the run goes on (exit 0) and the plain dataset is done; peak RSS under the bound.
+/// the run goes on and the plain dataset is done; as every row of the wide file was
+/// rejected, the run ends with exit 2 naming it; peak RSS under the bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wide_json_rows_are_rejected_in_bounded_memory() {
     let mock = Mock::start(fast_mock()).await;
@@ -211,7 +212,11 @@ async fn wide_json_rows_are_rejected_in_bounded_memory() {
     write_wide_json(&dir.path().join("wide.jsonl"));
     let cfg = config(dir.path(), &mock.url, "wide.jsonl");
     let (code, stderr, peak) = run_limited(&cfg).await;
-    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("every row of the dataset was rejected"),
+        "{stderr}"
+    );
     assert_plain_done(dir.path());
     let rej = rejected(dir.path());
     assert_eq!(rej.len(), 8, "{rej:?}");
