@@ -25,7 +25,7 @@ pub mod kimi_tools;
 mod merge;
 pub mod model_folder;
 pub mod pretokenize;
-mod python;
+pub(crate) mod python;
 pub mod reasoning;
 pub mod remote;
 pub mod syntax;

@@ -547,7 +547,7 @@ fn json_key(key: &Value) -> Result<String, Error> {
     }
 }
 
-fn write_json_str(out: &mut String, s: &str, ensure_ascii: bool) {
+pub(crate) fn write_json_str(out: &mut String, s: &str, ensure_ascii: bool) {
     out.push('"');
     for c in s.chars() {
         match c {

@@ -8,7 +8,6 @@
 //! numbers) are refused here, and the callers keep the text as written instead.
 
 use serde_json::{Map, Number, Value};
-use std::fmt::Write;
 
 /// `json.dumps(value, ensure_ascii=False)`.
 pub fn dumps(value: &Value) -> String {
@@ -48,24 +47,9 @@ fn write_json(out: &mut String, value: &Value) {
     }
 }
 
+/// A JSON string as Python's `json.dumps(..., ensure_ascii=False)` writes it.
 fn write_str(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+    crate::prompt::python::write_json_str(out, s, false);
 }
 
 fn number_repr(n: &Number) -> String {
