@@ -376,6 +376,9 @@ pub async fn reconcile(
     for (seq, tokens) in log.dataset(dataset).releases.clone() {
         budget.give_back(p, writer, seq, tokens).await?;
     }
+    // The appends above read the log on: a twin's claims recorded there since are in the
+    // budget log too (a ticket is taken before it is recorded), once it is read on as well.
+    budget.catch_up().await?;
     check_claims(log, dataset, budget)
 }
 
@@ -788,6 +791,48 @@ mod tests {
                     e.contains("ticket 1") && e.contains("does not give it"),
                     "{e}"
                 );
+            });
+    }
+
+    /// A worker whose budget log was read before a twin of its partition took and
+    /// recorded a ticket reconciles without calling the twin's record forged (the race a
+    /// twin's start-up lost on a slow store).
+    #[test]
+    fn reconcile_reads_on_past_a_twins_newer_ticket() {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let b = Arc::new(Bucket::open("memory://", &BucketOptions::default()).unwrap());
+                let p0 = Partition { index: 0, count: 2 };
+                let mut twin = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
+                let mut twin_log = CommitLog::load(b.clone(), p0, commits::LoadOptions::WORKER)
+                    .await
+                    .unwrap();
+                // The twin takes ticket 0 and has not recorded it yet.
+                let (t0, n0) = twin.claim(1_000, p0, "w1", 300).await.unwrap().unwrap();
+                let mut log = CommitLog::load(b.clone(), p0, commits::LoadOptions::WORKER)
+                    .await
+                    .unwrap();
+                let mut mine = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
+                // Then it takes ticket 1 and records both, after this worker read the
+                // budget log.
+                let (t1, n1) = twin.claim(1_000, p0, "w1", 200).await.unwrap().unwrap();
+                for (ticket, tokens) in [(t0, n0), (t1, n1)] {
+                    twin_log
+                        .append_anyway(Record::Claim(Claim {
+                            head: Head::new("claim", p0, "w1"),
+                            dataset: "d".into(),
+                            ticket,
+                            tokens,
+                        }))
+                        .await
+                        .unwrap();
+                }
+                reconcile(&mut log, &mut mine, "d", "w0").await.unwrap();
+                assert_eq!(log.dataset("d").allowance(), 500);
+                assert_eq!(mine.pool(1_000), 500);
             });
     }
 }
