@@ -20,6 +20,9 @@ use prometheus::{
 /// The registry and every family.
 pub struct Metrics {
     pub registry: Registry,
+    /// Held for writing by the monitor while it writes one tick's gauges and report, for
+    /// reading while `/metrics` renders: a scrape never sees half a tick.
+    pub tick: std::sync::RwLock<()>,
     pub requests: IntCounterVec,
     pub completion_tokens: IntCounterVec,
     pub prompt_tokens: IntCounterVec,
@@ -211,6 +214,7 @@ impl Metrics {
                 ds
             )),
             registry,
+            tick: std::sync::RwLock::new(()),
         }
     }
 
@@ -268,7 +272,11 @@ impl Metrics {
     /// The text exposition format.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        let families = {
+            let _tick = self.tick.read().unwrap_or_else(|p| p.into_inner());
+            self.registry.gather()
+        };
+        let _ = TextEncoder::new().encode(&families, &mut buf);
         String::from_utf8(buf).unwrap_or_default()
     }
 }

@@ -17,56 +17,62 @@ use crate::observe::bars::{self, DatasetBar, RunLine};
 use crate::observe::metrics::Metrics;
 use crate::observe::progress::{format_line, LineClock, LineFields, Rate};
 use crate::observe::status::{DatasetPhase, ServerStatus, StatusReport};
-use crate::run::scheduler::{lane_etas, run_eta, Scheduler};
+use crate::run::scheduler::{lane_etas, run_eta, LaneView, Scheduler};
 use crate::run::worker::Ctx;
 use crate::store::queue::Queue;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// A dataset's (tokens/s, requests/s, ETA seconds, when the ETA was computed).
-type DatasetRates = (f64, f64, Option<f64>, Instant);
-
-/// What the monitor refreshes each second for `/status`: per dataset its rates and ETA,
-/// and the servers.
+/// The report each tick computed, and when: `/status` serves it (its ETAs counted down
+/// since), so `/status`, `/metrics` and the progress lines show the same moment.
 #[derive(Default)]
 pub(crate) struct LiveRates {
-    datasets: Mutex<HashMap<String, DatasetRates>>,
-    servers: Mutex<Vec<ServerStatus>>,
+    snapshot: Mutex<Option<(StatusReport, Instant)>>,
 }
 
 /// How long the end of a run waits for the last leases to end before the final figures.
 const FINAL_WAIT: Duration = Duration::from_secs(3);
 
+/// The report of one moment: the queue's counts with the lanes' work in flight laid over
+/// them, so `pending` never counts an item in flight and `inflight` counts items (requests
+/// apart, as `requests_inflight`).
+fn report_now(queue: &Queue, cfg: &Config, views: &[LaneView]) -> StatusReport {
+    let mut r = StatusReport::from_queue(queue, cfg).unwrap_or_default();
+    r.running = true;
+    for d in &mut r.datasets {
+        if let Some(v) = views.iter().find(|v| v.name == d.name) {
+            d.inflight = (v.inflight_items as u64).min(d.pending);
+            d.pending -= d.inflight;
+            d.requests_inflight = v.inflight as u64;
+            if d.state == DatasetPhase::Pending && (d.inflight > 0 || v.dispatching) {
+                d.state = DatasetPhase::Running;
+            }
+        }
+    }
+    r
+}
+
+/// `/status`: the last tick's report, its ETAs counted down since; before the first tick,
+/// the counts of this moment.
 pub(crate) fn live_status(
     queue: &Queue,
     cfg: &Config,
     sched: &Scheduler,
     live: &LiveRates,
 ) -> StatusReport {
-    let mut r = StatusReport::from_queue(queue, cfg).unwrap_or_default();
-    r.running = true;
-    let views = sched.views();
-    r.servers = live
-        .servers
+    let snapshot = live
+        .snapshot
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    let live = live.datasets.lock().unwrap_or_else(|p| p.into_inner());
+    let Some((mut r, at)) = snapshot else {
+        return report_now(queue, cfg, &sched.views());
+    };
+    let since = at.elapsed().as_secs_f64();
     for d in &mut r.datasets {
-        if let Some(v) = views.iter().find(|v| v.name == d.name) {
-            d.inflight = v.inflight as u64;
-            if d.state == DatasetPhase::Pending && (v.inflight > 0 || v.dispatching) {
-                d.state = DatasetPhase::Running;
-            }
-        }
-        if let Some((tok, req, eta, at)) = live.get(&d.name) {
-            d.tokens_per_s = Some(*tok);
-            d.requests_per_s = Some(*req);
-            d.eta_s = eta.map(|e| (e - at.elapsed().as_secs_f64()).max(0.0));
-        }
+        d.eta_s = d.eta_s.map(|e| (e - since).max(0.0));
     }
     r
 }
@@ -142,11 +148,12 @@ impl Monitor {
         }
     }
 
-    /// One pass: gauges, live rates, progress. `last` = the run is over (final figures).
+    /// One pass: the moment's report, then gauges, progress and `/status` from it. `last`
+    /// = the run is over: every dataset that moved gets its final line.
     fn tick(&mut self, ctx: &Ctx, metrics: &Metrics, live: &LiveRates, last: bool) {
         let now = Instant::now();
         let views = ctx.sched.views();
-        let states = ctx.queue.states();
+        let mut report = report_now(&ctx.queue, &ctx.cfg, &views);
         let bars = bars::active();
 
         // Rates first: every ETA needs the total throughput.
@@ -169,7 +176,8 @@ impl Monitor {
             .unwrap_or_else(|| ctx.servers.total_limit());
         let etas = lane_etas(&views, curve.as_ref(), slots);
 
-        let mut live_map = HashMap::new();
+        // From here to the report's store, one moment for `/metrics` and `/status`.
+        let moment = metrics.tick.write().unwrap_or_else(|p| p.into_inner());
         let mut bar_rows = Vec::new();
         let mut run = RunLine {
             done: 0,
@@ -184,22 +192,25 @@ impl Monitor {
         };
         for (i, v) in views.iter().enumerate() {
             let dm = &ctx.dmetrics[i];
-            let Some(s) = states.iter().find(|s| s.name == v.name) else {
+            let Some(d) = report.datasets.iter_mut().find(|d| d.name == v.name) else {
                 continue;
             };
             if self.start_done[i].is_none() {
-                self.start_done[i] = Some(s.done);
-                self.clocks[i] = LineClock::new(ctx.cfg.run.progress_every, s.done, now);
+                self.start_done[i] = Some(d.done);
+                self.clocks[i] = LineClock::new(ctx.cfg.run.progress_every, d.done, now);
             }
             let (tok_s, req_s) = per_ds[i];
             let eta = etas.get(i).copied().flatten();
+            d.tokens_per_s = Some(tok_s);
+            d.requests_per_s = Some(req_s);
+            d.eta_s = eta;
+            let d = &*d;
             let name = v.name.as_str();
-            let pending = s.pending().saturating_sub(v.inflight as u64);
             for (state, n) in [
-                ("pending", pending),
-                ("inflight", v.inflight as u64),
-                ("done", s.done),
-                ("failed", s.failed),
+                ("pending", d.pending),
+                ("inflight", d.inflight),
+                ("done", d.done),
+                ("failed", d.failed),
             ] {
                 metrics
                     .items
@@ -215,42 +226,31 @@ impl Monitor {
                 metrics
                     .budget_remaining
                     .with_label_values(&[name])
-                    .set(b.saturating_sub(s.completion_tokens) as i64);
+                    .set(b.saturating_sub(d.completion_tokens) as i64);
             }
             metrics.set_eta(name, eta);
-            live_map.insert(v.name.clone(), (tok_s, req_s, eta, now));
-            run.done += s.done;
-            run.total += s.items;
-            run.tokens += s.completion_tokens;
+            run.done += d.done;
+            run.total += d.items;
+            run.tokens += d.completion_tokens;
 
-            let budget_met = v.budget.is_some_and(|b| s.completion_tokens >= b);
-            let state = if s.items == 0 && s.rejected > 0 {
-                DatasetPhase::Rejected
-            } else if v.finished && budget_met {
-                DatasetPhase::BudgetMet
-            } else if v.finished {
-                DatasetPhase::Done
-            } else if v.inflight > 0 {
-                DatasetPhase::Running
-            } else {
-                DatasetPhase::Pending
-            };
-            let moved = v.inflight > 0 || Some(s.done) != self.start_done[i];
+            let moved = d.inflight > 0 || Some(d.done) != self.start_done[i];
             self.shown[i] |= moved;
-            let avg = if s.done > 0 {
-                s.completion_tokens as f64 / s.done as f64
-            } else {
-                0.0
-            };
             let fields = LineFields {
                 name,
-                done: s.done,
-                total: s.items,
-                errors: s.failed + dm.retry.get(),
+                done: d.done,
+                total: d.items,
+                pending: d.pending,
+                inflight: d.inflight,
+                failed: d.failed,
+                retries: dm.retry.get(),
                 req_per_s: req_s,
                 tok_per_s: tok_s,
-                avg_completion: avg,
-                tokens: s.completion_tokens,
+                avg_completion: if d.done > 0 {
+                    d.completion_tokens as f64 / d.done as f64
+                } else {
+                    0.0
+                },
+                tokens: d.completion_tokens,
                 budget: v.budget,
                 eta_s: eta,
             };
@@ -258,21 +258,21 @@ impl Monitor {
                 if self.shown[i] {
                     bar_rows.push(DatasetBar {
                         name,
-                        done: s.done,
-                        total: s.items,
-                        failed: s.failed,
-                        tokens: s.completion_tokens,
+                        done: d.done,
+                        total: d.items,
+                        failed: d.failed,
+                        tokens: d.completion_tokens,
                         budget: v.budget,
                         tok_per_s: tok_s,
                         eta_s: eta,
-                        state,
+                        state: d.state,
                     });
                 }
             } else {
                 let due = if last {
-                    self.clocks[i].finish(s.done, now)
+                    self.clocks[i].finish(d.done, now) || self.shown[i]
                 } else {
-                    self.clocks[i].due(s.done, v.inflight > 0, now)
+                    self.clocks[i].due(d.done, d.inflight > 0, now)
                 };
                 if due {
                     tracing::info!("{}", format_line(&fields));
@@ -280,7 +280,6 @@ impl Monitor {
             }
         }
         metrics.set_run_eta(run.eta_s);
-        *live.datasets.lock().unwrap_or_else(|p| p.into_inner()) = live_map;
         let mut servers = Vec::with_capacity(ctx.servers.list.len());
         for (i, s) in ctx.servers.list.iter().enumerate() {
             let up = s.up.load(Ordering::Relaxed);
@@ -315,7 +314,9 @@ impl Monitor {
                 tokens_per_s: self.server_rates[i].rates().map(|r| r.0),
             });
         }
-        *live.servers.lock().unwrap_or_else(|p| p.into_inner()) = servers;
+        report.servers = servers;
+        *live.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = Some((report, now));
+        drop(moment);
         if let Some(b) = bars {
             b.update(&bar_rows, &run);
         }

@@ -9,7 +9,7 @@
 //! dataset that progressed since its last line. On a terminal the bars of
 //! [`crate::observe::bars`] replace the lines.
 
-use crate::observe::figures::format_duration;
+use crate::observe::figures::{format_duration, human};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -90,12 +90,17 @@ impl LineClock {
     }
 }
 
-/// What a progress line shows.
+/// What a progress line shows: the counts of [`crate::observe::status::DatasetStatus`]
+/// (items; `pending` excludes those in flight), then retries, rates and tokens.
 pub struct LineFields<'a> {
     pub name: &'a str,
     pub done: u64,
     pub total: u64,
-    pub errors: u64,
+    pub pending: u64,
+    pub inflight: u64,
+    pub failed: u64,
+    /// Attempts tried again (a failed item is counted in `failed`, not here).
+    pub retries: u64,
     pub req_per_s: f64,
     pub tok_per_s: f64,
     pub avg_completion: f64,
@@ -104,22 +109,25 @@ pub struct LineFields<'a> {
     pub eta_s: Option<f64>,
 }
 
-/// `B3_magicoder 50/9998 (0 err) 0.3 req/s 1.1k tok/s avg_comp=1232tok tot=0.1M/10.0M ETA=2h41m`
+/// `B3_magicoder done=50/9998 pending=9940 inflight=8 failed=0 retries=2 0.3 req/s 1.1k tok/s avg_comp=1232tok tokens=100.0k/10.0M ETA=2h41m`
 pub fn format_line(f: &LineFields<'_>) -> String {
-    let tot = match f.budget {
-        Some(b) => format!("{:.1}M/{:.1}M", f.tokens as f64 / 1e6, b as f64 / 1e6),
-        None => format!("{:.1}M", f.tokens as f64 / 1e6),
+    let tokens = match f.budget {
+        Some(b) => format!("{}/{}", human(f.tokens), human(b)),
+        None => human(f.tokens),
     };
     format!(
-        "{} {}/{} ({} err) {:.1} req/s {} tok/s avg_comp={}tok tot={} ETA={}",
+        "{} done={}/{} pending={} inflight={} failed={} retries={} {:.1} req/s {} tok/s avg_comp={}tok tokens={} ETA={}",
         f.name,
         f.done,
         f.total,
-        f.errors,
+        f.pending,
+        f.inflight,
+        f.failed,
+        f.retries,
         f.req_per_s,
         human_rate(f.tok_per_s),
         f.avg_completion.round() as u64,
-        tot,
+        tokens,
         f.eta_s.map(format_duration).unwrap_or_else(|| "?".into())
     )
 }
@@ -136,15 +144,18 @@ fn human_rate(x: f64) -> String {
 mod tests {
     use super::*;
 
-    /// A progress line has the documented shape: counts, errors, rates, mean completion,
-    /// tokens against the budget and the ETA.
+    /// A progress line has the documented shape: the item counts by state, retries, rates,
+    /// mean completion, tokens against the budget in human units and the ETA.
     #[test]
     fn line_matches_the_documented_shape() {
         let l = format_line(&LineFields {
             name: "B3_magicoder",
             done: 50,
             total: 9998,
-            errors: 0,
+            pending: 9940,
+            inflight: 8,
+            failed: 0,
+            retries: 2,
             req_per_s: 0.3,
             tok_per_s: 1100.0,
             avg_completion: 1232.0,
@@ -154,8 +165,29 @@ mod tests {
         });
         assert_eq!(
             l,
-            "B3_magicoder 50/9998 (0 err) 0.3 req/s 1.1k tok/s avg_comp=1232tok tot=0.1M/10.0M ETA=2h41m"
+            "B3_magicoder done=50/9998 pending=9940 inflight=8 failed=0 retries=2 0.3 req/s 1.1k tok/s avg_comp=1232tok tokens=100.0k/10.0M ETA=2h41m"
         );
+        // Small totals keep their size: 24,900 tokens are 24.9k, not 0.0M.
+        let small = format_line(&LineFields {
+            tokens: 24_900,
+            budget: None,
+            ..LineFields {
+                name: "b",
+                done: 30,
+                total: 30,
+                pending: 0,
+                inflight: 0,
+                failed: 0,
+                retries: 0,
+                req_per_s: 12.0,
+                tok_per_s: 480.0,
+                avg_completion: 830.0,
+                tokens: 0,
+                budget: None,
+                eta_s: Some(0.0),
+            }
+        });
+        assert!(small.ends_with("tokens=24.9k ETA=0s"), "{small}");
     }
 
     /// A line is due every `progress_every` completions or after 60 s while active, never

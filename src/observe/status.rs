@@ -234,14 +234,22 @@ impl PartialEq<&str> for DatasetPhase {
     }
 }
 
-/// One dataset's line.
+/// One dataset's line. Its counts are of items and add up: `done + inflight + pending +
+/// failed = items` (rejected rows never became items); requests are counted apart, as
+/// requests. Progress lines, `spool status`, `/status` and `/metrics` all show these.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct DatasetStatus {
     pub name: String,
     pub items: u64,
     pub done: u64,
+    /// Items not started: none of their requests in flight or done.
     pub pending: u64,
+    /// Items started and not yet done (a request in flight, a conversation between turns,
+    /// samples still to run); 0 when no run is active.
     pub inflight: u64,
+    /// Requests (one per sample and turn) in flight.
+    #[serde(default)]
+    pub requests_inflight: u64,
     pub failed: u64,
     pub rejected: u64,
     pub completion_tokens: u64,
@@ -327,6 +335,7 @@ impl StatusReport {
                 done: s.done,
                 pending: s.pending(),
                 inflight: 0,
+                requests_inflight: 0,
                 failed: s.failed,
                 rejected: s.rejected,
                 completion_tokens: s.completion_tokens,

@@ -280,7 +280,11 @@ impl Lane {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LaneView {
     pub name: String,
+    /// Requests (generations) in flight.
     pub inflight: usize,
+    /// Items started and not yet closed: a request in flight, a conversation between
+    /// turns, samples still to run, or closing. `pending` elsewhere excludes them.
+    pub inflight_items: usize,
     pub inflight_streamed_tokens: u64,
     pub completed_tokens: u64,
     pub budget: Option<u64>,
@@ -709,9 +713,19 @@ impl Scheduler {
                     Some(room) if dispatching => (to_start * exp_new).min(room),
                     _ => to_start * exp_new,
                 };
+                let inflight_items = if l.spec.multi {
+                    l.open.len() + l.closing.len()
+                } else {
+                    l.inflight
+                        .keys()
+                        .map(|(row, _)| row)
+                        .collect::<std::collections::HashSet<_>>()
+                        .len()
+                };
                 LaneView {
                     name: l.spec.name.clone(),
                     inflight: l.inflight.len(),
+                    inflight_items,
                     inflight_streamed_tokens: streamed.iter().map(|&s| u64::from(s)).sum(),
                     completed_tokens: l.completed_tokens,
                     budget: l.budget(),

@@ -272,26 +272,37 @@ fn strip_ansi(s: &str) -> String {
 }
 
 /// Whether `line` has the shape of the progress line docs/guarantees.md shows:
-/// `B3_magicoder 50/9998 (0 err) 0.3 req/s 1.1k tok/s avg_comp=1232tok tot=0.1M/10.0M ETA=2h41m`.
+/// `B3_magicoder done=50/9998 pending=9940 inflight=8 failed=0 retries=2 0.3 req/s 1.1k tok/s avg_comp=1232tok tokens=100.0k/10.0M ETA=2h41m`.
 fn is_progress_line(line: &str) -> bool {
+    progress_fields(line).is_some()
+}
+
+/// A progress line's fields: name, the counts (done, total, pending, inflight, failed,
+/// retries) and the tokens text; `None` unless the line has the documented shape.
+fn progress_fields(line: &str) -> Option<(String, [u64; 6], String)> {
     let t: Vec<&str> = line.split_whitespace().collect();
     let num = |s: &str| s.parse::<f64>().is_ok();
-    let Some(i) = t.iter().position(|w| *w == "req/s") else {
-        return false;
+    let human = |s: &str| {
+        let n = s.trim_end_matches(['k', 'M', 'G']);
+        n.parse::<u64>().is_ok() || (n.len() < s.len() && n.contains('.') && num(n))
     };
-    if i < 4 || t.len() != i + 6 {
-        return false;
+    let i = t.iter().position(|w| *w == "req/s")?;
+    if i < 7 || t.len() != i + 6 {
+        return None;
     }
-    let (done_total, err_n, err, rps) = (t[i - 4], t[i - 3], t[i - 2], t[i - 1]);
-    let tok = t[i + 1];
-    done_total
-        .split_once('/')
-        .is_some_and(|(a, b)| a.parse::<u64>().is_ok() && b.parse::<u64>().is_ok())
-        && err_n
-            .strip_prefix('(')
-            .is_some_and(|n| n.parse::<u64>().is_ok())
-        && err == "err)"
-        && num(rps)
+    let field = |w: &str, key: &str| w.strip_prefix(key)?.parse::<u64>().ok();
+    let (done, total) = t[i - 6].strip_prefix("done=")?.split_once('/')?;
+    let counts = [
+        done.parse().ok()?,
+        total.parse().ok()?,
+        field(t[i - 5], "pending=")?,
+        field(t[i - 4], "inflight=")?,
+        field(t[i - 3], "failed=")?,
+        field(t[i - 2], "retries=")?,
+    ];
+    let (rps, tok) = (t[i - 1], t[i + 1]);
+    let tokens = t[i + 4].strip_prefix("tokens=")?;
+    let ok = num(rps)
         && rps.contains('.')
         && num(tok.trim_end_matches('k'))
         && t[i + 2] == "tok/s"
@@ -299,14 +310,10 @@ fn is_progress_line(line: &str) -> bool {
             .strip_prefix("avg_comp=")
             .and_then(|s| s.strip_suffix("tok"))
             .is_some_and(|n| n.parse::<u64>().is_ok())
-        && t[i + 4].strip_prefix("tot=").is_some_and(|s| {
-            s.split('/').all(|p| {
-                p.strip_suffix('M')
-                    .is_some_and(|n| num(n) && n.contains('.'))
-            })
-        })
+        && tokens.split('/').all(human)
         && t[i + 5].starts_with("ETA=")
-        && t[i + 5].len() > 4
+        && t[i + 5].len() > 4;
+    ok.then(|| (t[..i - 6].join(" "), counts, tokens.to_string()))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1336,9 +1343,9 @@ async fn progress_lines_without_a_terminal() {
         assert!(!mine.is_empty(), "no progress line for {name}:\n{text}");
         let total = if name == "alpha" { 60 } else { 30 };
         assert!(
-            mine.last()
-                .unwrap()
-                .starts_with(&format!("{name} {total}/{total} ")),
+            mine.last().unwrap().starts_with(&format!(
+                "{name} done={total}/{total} pending=0 inflight=0 "
+            )),
             "the last line of {name} shows it finished:\n{text}"
         );
     }
@@ -1357,15 +1364,20 @@ async fn progress_lines_without_a_terminal() {
 #[test]
 fn progress_line_shape_checker_is_strict() {
     assert!(is_progress_line(
-        "B3_magicoder 50/9998 (0 err) 0.3 req/s 1.1k tok/s avg_comp=1232tok tot=0.1M/10.0M ETA=2h41m"
+        "B3_magicoder done=50/9998 pending=9940 inflight=8 failed=0 retries=2 0.3 req/s 1.1k tok/s avg_comp=1232tok tokens=100.0k/10.0M ETA=2h41m"
     ));
     assert!(is_progress_line(
+        "b done=30/30 pending=0 inflight=0 failed=0 retries=2 12.0 req/s 480 tok/s avg_comp=40tok tokens=1200 ETA=0s"
+    ));
+    assert!(!is_progress_line(
+        "b done=30/30 pending=0 inflight=0 failed=0 retries=2 12 req/s 480 tok/s avg_comp=40tok tokens=1200 ETA=0s"
+    ));
+    assert!(!is_progress_line(
         "b 30/30 (2 err) 12.0 req/s 480 tok/s avg_comp=40tok tot=0.0M ETA=0s"
     ));
     assert!(!is_progress_line(
-        "b 30/30 (2 err) 12 req/s 480 tok/s avg_comp=40tok tot=0.0M ETA=0s"
+        "b done=30/30 pending=0 inflight=0 failed=0 retries=2 12.0 req/s 480 tok/s"
     ));
-    assert!(!is_progress_line("b 30/30 (2 err) 12.0 req/s 480 tok/s"));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1445,4 +1457,161 @@ fn metrics_table_in_the_docs_matches_the_checked_series() {
         assert_eq!(t, kind, "{name}: type");
         assert_eq!(l, labels, "{name}: labels");
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// One definition of each count
+
+/// A dataset's counts as one screen shows them: (done, pending, inflight, failed).
+type Counts = (u64, u64, u64, u64);
+
+fn report_counts(r: &serde_json::Value, name: &str) -> (Counts, u64, u64) {
+    let d = r["datasets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {r}"));
+    let n = |k: &str| d[k].as_u64().unwrap_or_else(|| panic!("{k} in {d}"));
+    (
+        (n("done"), n("pending"), n("inflight"), n("failed")),
+        n("items"),
+        n("requests_inflight"),
+    )
+}
+
+/// During a live run with two samples per prompt (so requests are not items), `/status`,
+/// `spool status --json` (another process, through the endpoint), and `/metrics` taken at
+/// one moment show the same counts; they add up to the items, `pending` excludes what is
+/// in flight, `inflight` counts items and `requests_inflight` requests (as
+/// `spool_inflight_requests` does). Every progress line adds up too, and the last line of
+/// each dataset is the final state `spool status` reads from the queue afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_status_endpoint_and_metrics_agree_at_one_moment() {
+    let mock = Mock::start(slow_mock()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = streaming_dataset(dir.path(), &mock.url, 120);
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("path = \"p.jsonl\"\n", "path = \"p.jsonl\"\nsamples = 2\n")
+        .replace("progress_every = 20", "progress_every = 5")
+        .replace("metrics_addr = \"\"", "metrics_addr = \"127.0.0.1:0\"");
+    std::fs::write(&cfg, text).unwrap();
+    let mut run = spawn_run(&cfg, &["--concurrency", "6"], Stdio::piped());
+    let mut stderr = run.child.stderr.take().unwrap();
+    let log = tokio::task::spawn_blocking(move || {
+        let mut s = String::new();
+        use std::io::Read;
+        stderr.read_to_string(&mut s).unwrap();
+        s
+    });
+    let base = endpoint(&dir.path().join("data"), &mut run).await;
+    let status_json = || async {
+        let (code, body) = get(&format!("{base}/status")).await;
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    let mut agreed = 0;
+    let mut items_apart = false;
+    for _ in 0..200 {
+        if !run.running() || agreed >= 5 {
+            break;
+        }
+        let before = status_json().await;
+        let (_, metrics) = get(&format!("{base}/metrics")).await;
+        let cli = Command::new(spool_bin())
+            .args(["status", "--json", "-q", "-c"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let after = status_json().await;
+        let (counts, items, requests) = report_counts(&before, "a");
+        if counts != report_counts(&after, "a").0 || !cli.status.success() {
+            continue; // a tick (or the run's end) fell between the reads: not one moment
+        }
+        if counts.0 == 0 || counts.1 == 0 {
+            continue; // not yet under way, or nothing left waiting
+        }
+        let cli: serde_json::Value = serde_json::from_slice(&cli.stdout).unwrap();
+        assert!(cli["running"] == true, "{cli}");
+        assert_eq!(
+            report_counts(&cli, "a").0,
+            counts,
+            "spool status vs /status"
+        );
+        let fams = parse_exposition(&metrics);
+        let gauge = |state: &str| {
+            sample(&fams, "spool_items", &[("dataset", "a"), ("state", state)]) as u64
+        };
+        assert_eq!(
+            (
+                gauge("done"),
+                gauge("pending"),
+                gauge("inflight"),
+                gauge("failed")
+            ),
+            counts,
+            "/metrics vs /status:\n{before}"
+        );
+        let (done, pending, inflight, failed) = counts;
+        assert_eq!(done + pending + inflight + failed, items, "{before}");
+        assert_eq!(
+            requests,
+            sample(&fams, "spool_inflight_requests", &[("server", &mock.url)]) as u64,
+            "requests in flight: /status vs /metrics"
+        );
+        assert!(inflight <= requests && requests <= 2 * inflight, "{before}");
+        items_apart |= inflight < requests;
+        agreed += 1;
+    }
+    assert!(
+        agreed >= 5,
+        "only {agreed} consistent moments sampled while the run went on"
+    );
+    assert!(
+        items_apart,
+        "requests never outnumbered items in flight with 2 samples"
+    );
+    assert_eq!(run.wait(Duration::from_secs(60)), Some(0));
+    let log = log.await.unwrap();
+    let lines: Vec<_> = log
+        .lines()
+        .filter_map(|l| l.split_once(" INFO ").map(|x| x.1.trim()))
+        .filter_map(progress_fields)
+        .collect();
+    assert!(lines.len() >= 3, "{log}");
+    for (name, [done, total, pending, inflight, failed, _], _) in &lines {
+        assert_eq!(name, "a");
+        assert_eq!(done + pending + inflight + failed, *total, "{log}");
+    }
+    let final_status = Command::new(spool_bin())
+        .args([
+            "status",
+            "--json",
+            "-q",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "-c",
+        ])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    let final_status: serde_json::Value = serde_json::from_slice(&final_status.stdout).unwrap();
+    let ((done, pending, inflight, failed), items, _) = report_counts(&final_status, "a");
+    let (_, last, tokens) = lines.last().unwrap();
+    assert_eq!(
+        *last,
+        [done, items, pending, inflight, failed, last[5]],
+        "the last progress line is not the final state:\n{log}"
+    );
+    assert_eq!((done, items), (120, 120));
+    // Tokens in human units: a few thousand, never `0.0M`.
+    let completion = final_status["datasets"][0]["completion_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        completion > 0 && !tokens.starts_with("0.0"),
+        "tokens={tokens}"
+    );
+    mock.stop().await;
 }

@@ -19,19 +19,7 @@ async fn setup(mock_cfg: MockConfig, grace_s: u32) -> (tempfile::TempDir, PathBu
         ..mock_cfg
     })
     .await;
-    write_prompts(&dir.path().join("p.jsonl"), "p", 200);
-    let cfg = write_config(
-        dir.path(),
-        &mock.url,
-        "sglang",
-        true,
-        &[Ds {
-            name: "a",
-            file: "p.jsonl",
-            budget: None,
-        }],
-        "",
-    );
+    let cfg = streaming_dataset(dir.path(), &mock.url, 200);
     edit_config(&cfg, "max_rows = 25", "max_rows = 1000");
     edit_config(
         &cfg,

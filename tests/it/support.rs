@@ -128,6 +128,23 @@ pub fn one_dataset(dir: &Path, url: &str) -> PathBuf {
     )
 }
 
+/// `n` prompts in `p.jsonl` as dataset `a`, streamed from SGLang's native API at `url`.
+pub fn streaming_dataset(dir: &Path, url: &str, n: usize) -> PathBuf {
+    write_prompts(&dir.join("p.jsonl"), "p", n);
+    write_config(
+        dir,
+        url,
+        "sglang",
+        true,
+        &[Ds {
+            name: "a",
+            file: "p.jsonl",
+            budget: None,
+        }],
+        "",
+    )
+}
+
 /// A dataset entry of a test config.
 pub struct Ds<'a> {
     pub name: &'a str,
