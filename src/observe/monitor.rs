@@ -1,6 +1,6 @@
 //! Once a second: rates, gauges, progress (bars on a terminal, lines otherwise), live
-//! status, `/readyz` (through `spool_server_up`), and probes of servers taken out of
-//! rotation.
+//! status and `/readyz` (through `spool_server_up`), all read through a
+//! [`RunView`]: the monitor changes nothing of the run.
 //!
 //! Rates are per dataset over streamed tokens (work in flight included); ETAs use the
 //! server's speed learned from the totals over datasets, since datasets share it
@@ -18,9 +18,8 @@ use crate::observe::metrics::Metrics;
 use crate::observe::progress::{format_line, LineClock, LineFields, Rate};
 use crate::observe::status::{DatasetPhase, ServerStatus, StatusReport};
 use crate::run::scheduler::{lane_etas, run_eta, LaneView, Scheduler};
-use crate::run::worker::Ctx;
+use crate::run::view::RunView;
 use crate::store::queue::Queue;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -110,19 +109,15 @@ impl Monitor {
     /// The curve of the servers in rotation: their capacities added up (each learnt on its
     /// own), the fastest per-request ceiling seen; the run's overall curve until every
     /// server in rotation has one of its own.
-    fn curve(&mut self, ctx: &Ctx, now: Instant) -> Option<SpeedCurve> {
+    fn curve(&mut self, view: &RunView, now: Instant) -> Option<SpeedCurve> {
         let mut sum = 0.0;
         let mut cap: Option<f64> = None;
         let mut complete = true;
         let mut any_up = false;
-        for (i, s) in ctx.servers.list.iter().enumerate() {
+        for (i, s) in view.servers().iter().enumerate() {
             let learner = &mut self.server_speed[i];
-            learner.sample(
-                now,
-                s.streamed.load(Ordering::Relaxed),
-                s.inflight.load(Ordering::Relaxed),
-            );
-            if !s.up.load(Ordering::Relaxed) {
+            learner.sample(now, s.streamed, s.inflight);
+            if !s.up {
                 continue;
             }
             any_up = true;
@@ -150,30 +145,32 @@ impl Monitor {
 
     /// One pass: the moment's report, then gauges, progress and `/status` from it. `last`
     /// = the run is over: every dataset that moved gets its final line.
-    fn tick(&mut self, ctx: &Ctx, metrics: &Metrics, live: &LiveRates, last: bool) {
+    fn tick(&mut self, view: &RunView, metrics: &Metrics, live: &LiveRates, last: bool) {
         let now = Instant::now();
-        let views = ctx.sched.views();
-        let mut report = report_now(&ctx.queue, &ctx.cfg, &views);
+        let views = view.lanes();
+        let mut report = report_now(view.queue(), view.cfg(), &views);
+        let dmetrics = view.dataset_metrics();
+        let readings = view.servers();
         let bars = bars::active();
 
         // Rates first: every ETA needs the total throughput.
         let mut per_ds = Vec::with_capacity(views.len());
         for (i, _) in views.iter().enumerate() {
-            let dm = &ctx.dmetrics[i];
+            let dm = &dmetrics[i];
             self.rates[i].sample(now, dm.streamed_tokens.get(), dm.ok.get());
             per_ds.push(self.rates[i].rates().unwrap_or((0.0, 0.0)));
         }
         let total_tok_s: f64 = per_ds.iter().map(|r| r.0).sum();
-        let streamed: u64 = ctx.dmetrics.iter().map(|d| d.streamed_tokens.get()).sum();
+        let streamed: u64 = dmetrics.iter().map(|d| d.streamed_tokens.get()).sum();
         let inflight: usize = views.iter().map(|v| v.inflight).sum();
         self.speed.sample(now, streamed, inflight);
-        let curve = self.curve(ctx, now);
-        let slots = ctx
-            .cfg
+        let curve = self.curve(view, now);
+        let slots = view
+            .cfg()
             .run
             .concurrency
             .fixed()
-            .unwrap_or_else(|| ctx.servers.total_limit());
+            .unwrap_or_else(|| view.total_limit());
         let etas = lane_etas(&views, curve.as_ref(), slots);
 
         // From here to the report's store, one moment for `/metrics` and `/status`.
@@ -186,18 +183,18 @@ impl Monitor {
             tok_per_s: total_tok_s,
             eta_s: run_eta(&etas),
             servers_up: 0,
-            servers: ctx.servers.list.len(),
+            servers: readings.len(),
             limits: Vec::new(),
             elapsed_s: now.duration_since(self.start).as_secs_f64(),
         };
         for (i, v) in views.iter().enumerate() {
-            let dm = &ctx.dmetrics[i];
+            let dm = &dmetrics[i];
             let Some(d) = report.datasets.iter_mut().find(|d| d.name == v.name) else {
                 continue;
             };
             if self.start_done[i].is_none() {
                 self.start_done[i] = Some(d.done);
-                self.clocks[i] = LineClock::new(ctx.cfg.run.progress_every, d.done, now);
+                self.clocks[i] = LineClock::new(view.cfg().run.progress_every, d.done, now);
             }
             let (tok_s, req_s) = per_ds[i];
             let eta = etas.get(i).copied().flatten();
@@ -280,37 +277,31 @@ impl Monitor {
             }
         }
         metrics.set_run_eta(run.eta_s);
-        let mut servers = Vec::with_capacity(ctx.servers.list.len());
-        for (i, s) in ctx.servers.list.iter().enumerate() {
-            let up = s.up.load(Ordering::Relaxed);
-            let inflight = s.inflight.load(Ordering::Relaxed);
-            run.servers_up += usize::from(up);
-            let limit = ctx
-                .servers
-                .limited()
-                .then(|| s.limit.load(Ordering::Relaxed));
-            if let Some(l) = limit {
+        let mut servers = Vec::with_capacity(readings.len());
+        for (i, s) in readings.iter().enumerate() {
+            run.servers_up += usize::from(s.up);
+            if let Some(l) = s.limit {
                 run.limits.push(l);
             }
-            self.server_rates[i].sample(now, s.streamed.load(Ordering::Relaxed), 0);
+            self.server_rates[i].sample(now, s.streamed, 0);
             metrics
                 .inflight
                 .with_label_values(&[&s.url])
-                .set(inflight as i64);
+                .set(s.inflight as i64);
             metrics
                 .server_up
                 .with_label_values(&[&s.url])
-                .set(i64::from(up));
-            let shown = limit.or(ctx.cfg.run.concurrency.fixed()).unwrap_or(0);
+                .set(i64::from(s.up));
+            let shown = s.limit.or(view.cfg().run.concurrency.fixed()).unwrap_or(0);
             metrics
                 .concurrency_limit
                 .with_label_values(&[&s.url])
                 .set(i64::try_from(shown).unwrap_or(i64::MAX));
             servers.push(ServerStatus {
                 url: s.url.clone(),
-                up,
-                inflight: inflight as u64,
-                limit: limit.map(|l| l as u64),
+                up: s.up,
+                inflight: s.inflight as u64,
+                limit: s.limit.map(|l| l as u64),
                 tokens_per_s: self.server_rates[i].rates().map(|r| r.0),
             });
         }
@@ -324,51 +315,46 @@ impl Monitor {
 }
 
 pub(crate) async fn monitor_loop(
-    ctx: Arc<Ctx>,
+    view: RunView,
     metrics: Arc<Metrics>,
     live: Arc<LiveRates>,
     stop: CancellationToken,
 ) {
     let mut m = Monitor::new(
-        ctx.names.len(),
-        ctx.servers.list.len(),
-        ctx.cfg.run.progress_every,
+        view.dataset_metrics().len(),
+        view.servers().len(),
+        view.cfg().run.progress_every,
         Instant::now(),
     );
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_probe = Instant::now();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = stop.cancelled() => break,
         }
-        m.tick(&ctx, &metrics, &live, false);
-        // Probe servers taken out of rotation.
-        if last_probe.elapsed() >= Duration::from_secs(2) {
-            last_probe = Instant::now();
-            for (i, s) in ctx.servers.list.iter().enumerate() {
-                if !s.up.load(Ordering::Relaxed) && ctx.upstream.healthy(&s.url).await {
-                    ctx.servers.ok(i);
-                }
-            }
-        }
+        m.tick(&view, &metrics, &live, false);
     }
-    leases_ended(&ctx.sched, FINAL_WAIT).await;
-    m.tick(&ctx, &metrics, &live, true);
+    leases_ended(&view, FINAL_WAIT).await;
+    m.tick(&view, &metrics, &live, true);
     if let Some(b) = bars::active() {
         b.finish();
     }
 }
 
-/// Waits until no lease is held (every result committed or given back), at most `limit`.
-async fn leases_ended(sched: &Scheduler, limit: Duration) {
+/// Waits until no lease is held and no item is left closing (every result committed or
+/// given back), at most `limit`.
+async fn leases_ended(view: &RunView, limit: Duration) {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        let notified = sched.changed.notified();
+        let notified = view.lanes_changed();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if sched.views().iter().all(|v| v.inflight == 0) {
+        if view
+            .lanes()
+            .iter()
+            .all(|v| v.inflight == 0 && v.inflight_items == 0)
+        {
             return;
         }
         if tokio::time::timeout_at(deadline, notified).await.is_err() {

@@ -247,7 +247,8 @@ pub struct DatasetStatus {
     /// Items started and not yet done (a request in flight, a conversation between turns,
     /// samples still to run); 0 when no run is active.
     pub inflight: u64,
-    /// Requests (one per sample and turn) in flight.
+    /// Generations (one per sample and turn) started and not yet committed; a server's
+    /// `inflight` counts its requests on the wire.
     #[serde(default)]
     pub requests_inflight: u64,
     pub failed: u64,

@@ -195,9 +195,7 @@ async fn commit_loop(
                     row,
                     partial,
                 } => {
-                    let mut e = Entry::closing(lane, ds, row, None, partial);
-                    e.budget_close = true;
-                    entries.push(e);
+                    entries.push(Entry::closing(lane, ds, row, None, partial));
                 }
             }
         }
@@ -288,7 +286,6 @@ fn admit(f: Finished, queue: &Queue, sched: &Scheduler) -> Option<Entry> {
         continues: false,
         ack,
         closed_rows: None,
-        budget_close: false,
     };
     let lease = entry.lease.as_ref()?;
     entry.lane = lease.lane;
@@ -325,8 +322,6 @@ struct Entry {
     ack: Option<oneshot::Sender<bool>>,
     /// A closed item's rows, for the archive.
     closed_rows: Option<Vec<ShardRow>>,
-    /// Handed out by the scheduler's budget close.
-    budget_close: bool,
 }
 
 impl Entry {
@@ -352,7 +347,6 @@ impl Entry {
             continues: false,
             ack: None,
             closed_rows: None,
-            budget_close: false,
         }
     }
 
@@ -406,9 +400,7 @@ impl Entry {
                 if let (Some(r), Some(lease), true) = (&result, &lease, ok) {
                     sched.turn_completed(lease, r.completion_tokens);
                 }
-                if self.budget_close {
-                    sched.closed(self.lane, row);
-                }
+                sched.closed(self.lane, row);
                 let rows = self.closed_rows.unwrap_or_default();
                 if ok && rows.is_empty() {
                     dm.failed.inc();

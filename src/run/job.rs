@@ -41,8 +41,10 @@ use crate::run::dispatcher::dispatch;
 use crate::run::enqueue::intake;
 use crate::run::probe::Probed;
 use crate::run::scheduler::{LaneSpec, Scheduler};
+use crate::run::servers::probe_in;
 use crate::run::servers::Servers;
 use crate::run::shutdown::{shut_down, Running, Stop};
+use crate::run::view::RunView;
 use crate::run::worker::Ctx;
 use crate::store::queue::Queue;
 use crate::upstream::render::{Detected, RenderKind, ServerRenderer};
@@ -868,12 +870,26 @@ impl Job {
         let cfg = &self.cfg;
         let live = Arc::new(LiveRates::default());
         let monitor_stop = CancellationToken::new();
-        let monitor = tokio::spawn(monitor_loop(
-            ctx.clone(),
-            metrics.clone(),
-            live.clone(),
-            monitor_stop.clone(),
-        ));
+        // The monitor watches through a read-only view; putting servers back in rotation
+        // is the run's own job, stopped with it.
+        let monitor = {
+            let view = RunView::new(
+                &ctx.cfg,
+                &ctx.queue,
+                &ctx.sched,
+                &ctx.servers,
+                &ctx.dmetrics,
+            );
+            let probe = probe_in(
+                ctx.servers.clone(),
+                ctx.upstream.clone(),
+                monitor_stop.clone(),
+            );
+            let watch = monitor_loop(view, metrics.clone(), live.clone(), monitor_stop.clone());
+            tokio::spawn(async move {
+                tokio::join!(probe, watch);
+            })
+        };
         let http_stop = CancellationToken::new();
         let http_task = endpoint.map(|e| {
             let observed = Arc::new(Observed {

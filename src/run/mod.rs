@@ -54,4 +54,5 @@ mod shutdown;
 pub mod signals;
 pub mod template_check;
 mod turns;
+pub mod view;
 pub mod worker;

@@ -582,6 +582,8 @@ impl Scheduler {
                 .map(|o| o.partial)
                 .unwrap_or_default();
             p.sort();
+            // Started until the committer has closed it (`closed`), never pending between.
+            lane.closing.insert(lease.row);
             Some(p)
         } else {
             None
@@ -627,7 +629,8 @@ impl Scheduler {
         }
     }
 
-    /// The committer has closed an item handed out by [`Next::Close`].
+    /// The committer has closed an item (its last sample ended, or handed out by
+    /// [`Next::Close`]).
     pub fn closed(&self, lane: usize, row: u64) {
         let mut lanes = self.lock();
         lanes[lane].closing.remove(&row);

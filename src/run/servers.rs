@@ -438,6 +438,29 @@ impl Servers {
     }
 }
 
+/// How often servers out of rotation are health-checked.
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+
+/// Puts a server taken out of rotation back once its health check answers, looking every
+/// [`PROBE_EVERY`] until `stop`.
+pub(crate) async fn probe_in(
+    servers: Arc<Servers>,
+    upstream: crate::upstream::Upstream,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(PROBE_EVERY) => {}
+            _ = stop.cancelled() => return,
+        }
+        for (i, s) in servers.list.iter().enumerate() {
+            if !s.is_up() && upstream.healthy(&s.url).await {
+                servers.ok(i);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
