@@ -124,8 +124,6 @@ const IMPORT_DEBTS: &[(&str, &str, &str, &str)] = &[
 
 /// Modules longer than [`MAX_LINES`] before their tests, to be split.
 const SIZE_DEBTS: &[&str] = &[
-    "cluster/commits.rs",
-    "cluster/worker.rs",
     "config.rs",
     "input/intake.rs",
     "run/job.rs",
