@@ -124,7 +124,6 @@ const IMPORT_DEBTS: &[(&str, &str, &str, &str)] = &[
 
 /// Modules longer than [`MAX_LINES`] before their tests, to be split.
 const SIZE_DEBTS: &[&str] = &[
-    "input/intake.rs",
     "run/job.rs",
     "run/scheduler.rs",
     "run/worker.rs",
