@@ -4,9 +4,9 @@
 //! `partition` says which items a worker owns; `job` is the job record, the shape every
 //! worker and command checks; `commits` is a partition's log in the object store;
 //! `budget` shares each budget over the partitions in tickets; `heartbeat` is a worker's
-//! status in the store; `worker` runs a partition and publishes its shards; `finalize`
-//! seals and publishes the job, `manifest` is what it leaves for readers; `verify`,
-//! `status` and `retry` are those commands of a cluster job.
+//! status in the store; `worker` runs a partition, `publisher` uploads and commits its
+//! shards; `finalize` seals and publishes the job, `manifest` is what it leaves for
+//! readers; `verify`, `status` and `retry` are those commands of a cluster job.
 //!
 //! The protocol, per partition: a worker uploads a sealed local shard (multipart: never
 //! visible in part), minus the items an earlier record of the partition holds (and, under
@@ -52,6 +52,7 @@ pub mod heartbeat;
 pub mod job;
 pub mod manifest;
 pub mod partition;
+mod publisher;
 pub mod status;
 pub mod verify;
 pub mod worker;

@@ -14,16 +14,19 @@
 //! a server with retries; the committer applies finished attempts in group commits and only
 //! then tells the scheduler and hands rows to the archive thread; a monitor task samples
 //! rates, updates gauges and logs progress.
+//!
+//! `datasets` holds the intake steps (open, enqueue, checkpoint), `endpoint` the metrics
+//! endpoint and the monitor.
+
+mod datasets;
+mod endpoint;
+
+pub use endpoint::{ENDPOINT_FILE, TOKEN_FILE};
 
 use crate::config::{BudgetPolicy, Config, DatasetConfig, PromptSource, TemplateCheck};
 use crate::error::{Context, Error, Kind};
-use crate::input::dataset::DatasetError;
-use crate::input::intake::{IntakeError, IntakeOptions, IntakeReport, ItemFilter};
 use crate::knobs::Knobs;
-use crate::observe::figures::grouped;
-use crate::observe::http::Observed;
 use crate::observe::metrics::{DatasetMetrics, Metrics};
-use crate::observe::monitor::{live_status, monitor_loop, LiveRates};
 use crate::observe::status::StatusReport;
 use crate::output::archive::{self, Archive, ArchiveDataset};
 use crate::output::schema::{
@@ -38,35 +41,20 @@ use crate::prompt::{ChatTemplate, PromptBuilder, Tokenizer};
 use crate::run::archiver::{output_failure, Archiver, Archiving, ToArchive};
 use crate::run::committer::{self, CommitReceiver, Committer};
 use crate::run::dispatcher::dispatch;
-use crate::run::enqueue::intake;
 use crate::run::probe::Probed;
 use crate::run::scheduler::{LaneSpec, Scheduler};
-use crate::run::servers::probe_in;
 use crate::run::servers::Servers;
 use crate::run::shutdown::{shut_down, Running, Stop};
-use crate::run::view::RunView;
 use crate::run::worker::Ctx;
 use crate::store::queue::Queue;
 use crate::upstream::render::{Detected, RenderKind, ServerRenderer};
 use crate::upstream::{Upstream, UpstreamOptions};
+use datasets::{checkpoint, Datasets};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
-
-/// Items enqueued by one run past which the queue is checkpointed before dispatch
-/// ([`Queue::checkpoint`]): ~1.7 KB of sled log each, so ~170 MB (a fraction of a second to
-/// replay) is the most a later start replays of this run's intake.
-const CHECKPOINT_AFTER_ITEMS: u64 = 100_000;
-
-/// File in `data_dir` holding the address the running process's endpoint is bound to.
-pub const ENDPOINT_FILE: &str = "metrics.addr";
-
-/// File in `data_dir` (mode 0600) holding the running process's endpoint token: its
-/// `/status` proves it holds it, so `spool status` trusts no other process on the port.
-pub const TOKEN_FILE: &str = "metrics.token";
 
 /// How a run ended (the caller maps it to an exit code).
 #[derive(Debug)]
@@ -271,26 +259,6 @@ struct Job {
     stop: Arc<Stop>,
 }
 
-/// The config's datasets as the queue knows them.
-struct Datasets {
-    /// Queue index of each dataset, in config order (a lane is a position here).
-    ds: Vec<u16>,
-    /// Names in config order.
-    in_order: Vec<String>,
-    /// Name of each queue index.
-    names: HashMap<u16, String>,
-}
-
-/// What intake leaves for the rest of the run.
-struct Intake {
-    /// Items enqueued by this run.
-    added: u64,
-    /// Datasets whose intake stopped at an input limit.
-    limited: Vec<String>,
-    /// Per-dataset metrics, in config order.
-    dmetrics: Vec<DatasetMetrics>,
-}
-
 impl Job {
     /// The reasoning and tool-call syntax raw completions are split by: the template's,
     /// unless `[tokenizer]` names parsers; logged once with why.
@@ -352,22 +320,6 @@ impl Job {
         };
         let sha = tok.sha256().to_string();
         Ok((Arc::new(PromptBuilder::new(tpl, Some(tok))), Some(sha)))
-    }
-
-    /// Opens (or creates) each dataset's record in the queue, in config order.
-    fn open_datasets(&self, queue: &Queue) -> Result<Datasets, Error> {
-        let mut ds = Vec::new();
-        let mut in_order = Vec::new();
-        for d in &self.cfg.datasets {
-            ds.push(queue.open_dataset(&d.name)?.index);
-            in_order.push(d.name.clone());
-        }
-        let names = ds.iter().copied().zip(in_order.iter().cloned()).collect();
-        Ok(Datasets {
-            ds,
-            in_order,
-            names,
-        })
     }
 
     /// Repairs the queue from its records and the shard files when a failed write left the
@@ -491,136 +443,6 @@ impl Job {
         crate::run::template_check::run(cfg, builder, &renderer, t.template_check(), options)
             .await?;
         Ok(on_server.then(|| Arc::new(renderer) as Arc<dyn RemoteRenderer>))
-    }
-
-    /// How dataset `d` is taken in.
-    fn intake_options(
-        &self,
-        d: &DatasetConfig,
-        context_length: Option<u32>,
-        server: Option<Arc<dyn RemoteRenderer>>,
-    ) -> IntakeOptions {
-        let cfg = &self.cfg;
-        IntakeOptions {
-            server_templates: cfg.server.api == crate::config::Api::Chat,
-            context_length,
-            max_tokens: cfg.sampling_of(d).max_tokens,
-            threads: 0,
-            generation: cfg.generation_of(d),
-            filter: cfg.partition.map(|partition| ItemFilter {
-                partition,
-                committed: cfg.committed.get(&d.name).cloned().unwrap_or_default(),
-            }),
-            server,
-        }
-    }
-
-    /// Enqueues every dataset and logs its resume line; stops early on the shutdown signal.
-    async fn intake_all(
-        &self,
-        queue: &Arc<Queue>,
-        datasets: &Datasets,
-        builder: &Arc<PromptBuilder>,
-        context_length: Option<u32>,
-        renderer: Option<Arc<dyn RemoteRenderer>>,
-        metrics: &Metrics,
-    ) -> Result<Intake, Error> {
-        let cfg = &self.cfg;
-        let mut dmetrics = Vec::new();
-        let mut added = 0u64;
-        let mut limited = Vec::new();
-        for (d, &ds) in cfg.datasets.iter().zip(&datasets.ds) {
-            let (q, d2, b, out) = (
-                queue.clone(),
-                d.clone(),
-                builder.clone(),
-                cfg.output_dir.clone(),
-            );
-            let opts = self.intake_options(d, context_length, renderer.clone());
-            let o = opts.clone();
-            let taken = tokio::task::spawn_blocking(move || intake(&q, ds, &d2, &b, &out, &o))
-                .await
-                .map_err(Error::runtime)
-                .context("intake task panicked")?;
-            let rep = match taken {
-                Ok(rep) => rep,
-                // A file past an input limit: what was taken in before it is generated;
-                // the other datasets go on.
-                Err(IntakeError::Dataset(DatasetError::Limit(e))) => {
-                    tracing::error!(dataset = %d.name, error = %e, "dataset intake stopped at an input limit");
-                    limited.push(d.name.clone());
-                    IntakeReport::default()
-                }
-                Err(e) => return Err(e.into()),
-            };
-            added += rep.added;
-            if let Some(p) = cfg.partition {
-                tracing::info!(dataset = %d.name, partition = p.index, partitions = p.count,
-                    taken = rep.added, elsewhere = rep.elsewhere, committed = rep.committed,
-                    "partition's rows taken in");
-            }
-            crate::input::intake::log_context_report(
-                &d.name,
-                &rep,
-                context_length,
-                &opts,
-                cfg.server.clamp_max_tokens,
-            );
-            let s = queue
-                .state(ds)
-                .ok_or_else(|| Error::msg("dataset state missing after intake"))?;
-            let dm = metrics.dataset(&d.name);
-            dm.rejected.inc_by(s.rejected);
-            dm.completion_tokens.inc_by(0);
-            if let Some(b) = d.token_budget {
-                metrics
-                    .token_budget
-                    .with_label_values(&[&d.name])
-                    .set(b as i64);
-            }
-            dmetrics.push(dm);
-            let budget_left = d
-                .token_budget
-                .map(|b| {
-                    format!(
-                        "budget left {}",
-                        grouped(b.saturating_sub(s.completion_tokens))
-                    )
-                })
-                .unwrap_or_else(|| "no budget".into());
-            tracing::info!(
-                "{}: {} prompts ({} done, {} tokens; {} to go; {}){}",
-                d.name,
-                grouped(s.items),
-                grouped(s.done),
-                grouped(s.completion_tokens),
-                grouped(s.pending()),
-                budget_left,
-                if rep.added > 0 || rep.rejected > 0 {
-                    format!("; {} new, {} rejected this run", rep.added, rep.rejected)
-                } else {
-                    String::new()
-                }
-            );
-            if d.token_budget.is_some_and(|b| s.completion_tokens >= b) {
-                tracing::info!(dataset = %d.name, "budget already met: skipping this dataset");
-            }
-            if s.items == 0 && rep.rejected > 0 {
-                // Nothing of it will ever run: as a bad file found at start, not `pending`.
-                tracing::error!(dataset = %d.name, rejected = rep.rejected,
-                    first = rep.first_rejection.as_deref().unwrap_or(""),
-                    "every row of the dataset was rejected; fix what the first rejection names and run again (the other datasets go on)");
-                limited.push(d.name.clone());
-            }
-            if self.stop.stop.is_cancelled() {
-                break;
-            }
-        }
-        Ok(Intake {
-            added,
-            limited,
-            dmetrics,
-        })
     }
 
     /// The archive over the output folder, after adopting what a crash left finished and
@@ -790,131 +612,6 @@ impl Job {
         sched
     }
 
-    /// Binds `run.metrics_addr` (when set) before anything is asked of a server, writes
-    /// the bound address and a fresh token to `data_dir`, and sizes the endpoint's share of
-    /// file descriptors (raising the soft limit first).
-    async fn bind_endpoint(&self) -> Result<Option<Endpoint>, Error> {
-        let cfg = &self.cfg;
-        let limit = crate::run::descriptors::raise_soft_limit();
-        // Under "auto" each server may reach `max_concurrency`.
-        let slots = cfg
-            .run
-            .concurrency
-            .fixed()
-            .unwrap_or(cfg.run.max_concurrency * cfg.server.urls.len());
-        let reserve = crate::run::descriptors::reserve(slots, cfg.datasets.len());
-        if limit < reserve {
-            tracing::warn!(
-                limit,
-                reserve,
-                concurrency = slots,
-                "the open-files limit (ulimit -n) is low for this concurrency; raise it"
-            );
-        }
-        if cfg.run.metrics_addr.is_empty() {
-            return Ok(None);
-        }
-        let listener = tokio::net::TcpListener::bind(&cfg.run.metrics_addr)
-            .await
-            .map_err(|e| {
-                let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
-                    "another process holds that port: pick a free one, or port 0 for any free \
-                     port (`--metrics-addr 127.0.0.1:0`; `spool status` finds it), or \
-                     `--metrics-addr \"\"` to disable the endpoint"
-                } else {
-                    "use an address of this machine (`127.0.0.1:0` for any free port on \
-                     loopback), or `--metrics-addr \"\"` to disable the endpoint"
-                };
-                Error::new(
-                    Kind::Usage,
-                    anyhow::anyhow!(
-                        "cannot bind run.metrics_addr {}: {e}; {hint}",
-                        cfg.run.metrics_addr
-                    ),
-                )
-            })?;
-        let addr = listener.local_addr()?;
-        let token: String = (0..32)
-            .map(|_| format!("{:02x}", rand::random::<u8>()))
-            .collect();
-        write_private(&cfg.data_dir.join(TOKEN_FILE), token.as_bytes())
-            .with_context(|| format!("cannot write {}", cfg.data_dir.join(TOKEN_FILE).display()))?;
-        // Lets `spool status` find this process when the port was chosen by the OS.
-        let _ = std::fs::write(cfg.data_dir.join(ENDPOINT_FILE), addr.to_string());
-        let limits = crate::observe::http::ServeLimits {
-            max_connections: crate::run::descriptors::endpoint_share(limit, reserve),
-            ..Default::default()
-        };
-        tracing::info!(%addr, max_connections = limits.max_connections, "metrics endpoint bound");
-        Ok(Some(Endpoint {
-            listener,
-            token,
-            limits,
-        }))
-    }
-
-    /// Starts the monitor (rates, gauges, progress lines, live status, server probes) and,
-    /// when configured, serves the endpoint bound at start; returns each with its stop.
-    #[allow(clippy::type_complexity)]
-    fn observe(
-        &self,
-        ctx: &Arc<Ctx>,
-        metrics: &Arc<Metrics>,
-        queue: &Arc<Queue>,
-        sched: &Arc<Scheduler>,
-        endpoint: Option<Endpoint>,
-    ) -> (
-        (CancellationToken, JoinHandle<()>),
-        (CancellationToken, Option<JoinHandle<std::io::Result<()>>>),
-    ) {
-        let cfg = &self.cfg;
-        let live = Arc::new(LiveRates::default());
-        let monitor_stop = CancellationToken::new();
-        // The monitor watches through a read-only view; putting servers back in rotation
-        // is the run's own job, stopped with it.
-        let monitor = {
-            let view = RunView::new(
-                &ctx.cfg,
-                &ctx.queue,
-                &ctx.sched,
-                &ctx.servers,
-                &ctx.dmetrics,
-            );
-            let probe = probe_in(
-                ctx.servers.clone(),
-                ctx.upstream.clone(),
-                monitor_stop.clone(),
-            );
-            let watch = monitor_loop(view, metrics.clone(), live.clone(), monitor_stop.clone());
-            tokio::spawn(async move {
-                tokio::join!(probe, watch);
-            })
-        };
-        let http_stop = CancellationToken::new();
-        let http_task = endpoint.map(|e| {
-            let observed = Arc::new(Observed {
-                metrics: metrics.clone(),
-                ready: AtomicBool::new(true),
-                status: {
-                    let (queue, cfg, sched) = (queue.clone(), cfg.clone(), sched.clone());
-                    Box::new(move || live_status(&queue, &cfg, &sched, &live))
-                },
-                token: Some(e.token),
-            });
-            if let Ok(addr) = e.listener.local_addr() {
-                tracing::info!(%addr, "metrics endpoint listening");
-            }
-            let s = http_stop.clone();
-            tokio::spawn(crate::observe::http::serve(
-                e.listener,
-                observed,
-                async move { s.cancelled().await },
-                e.limits,
-            ))
-        });
-        ((monitor_stop, monitor), (http_stop, http_task))
-    }
-
     /// The run's outcome, from the queue.
     fn summary(&self, queue: &Queue, limited: Vec<String>) -> Result<RunSummary, Error> {
         Ok(RunSummary {
@@ -922,52 +619,6 @@ impl Job {
             limited,
             report: StatusReport::from_queue(queue, &self.cfg)?,
         })
-    }
-}
-
-/// The metrics endpoint, bound at start and served once the run dispatches.
-struct Endpoint {
-    listener: tokio::net::TcpListener,
-    token: String,
-    limits: crate::observe::http::ServeLimits,
-}
-
-/// Writes a file only its owner can read, replacing one left by an earlier run (never
-/// through a symlink).
-fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
-        _ => {}
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)?;
-    f.write_all(bytes)?;
-    f.sync_all()
-}
-
-/// Checkpoints the queue after a big intake, which leaves sled a long log to replay at the
-/// next open (after a SIGKILL too); only possible while this job holds its only handle.
-async fn checkpoint(queue: Arc<Queue>, added: u64) -> Result<Arc<Queue>, Error> {
-    if added < CHECKPOINT_AFTER_ITEMS {
-        return Ok(queue);
-    }
-    match Arc::try_unwrap(queue) {
-        Ok(q) => Ok(Arc::new(
-            tokio::task::spawn_blocking(move || q.checkpoint())
-                .await
-                .map_err(Error::runtime)
-                .context("queue checkpoint panicked")??,
-        )),
-        Err(shared) => {
-            tracing::debug!("queue still shared after intake: no checkpoint");
-            Ok(shared)
-        }
     }
 }
 

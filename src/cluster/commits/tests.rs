@@ -1,5 +1,7 @@
 use super::*;
-use crate::output::bucket::BucketOptions;
+use crate::cluster::partition::{self, Partition};
+use crate::output::bucket::{Bucket, BucketOptions};
+use std::sync::Arc;
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
