@@ -14,7 +14,10 @@
 //! commits, then returned to the pool. A worker that stops gives back what it did not use;
 //! a partition whose worker is gone (no heartbeat for [`STALE_AFTER`]) has its unused
 //! allowance taken back by a worker that needs it, by a release in the dead partition's
-//! log, so a worker that was only slow sees it before it commits again.
+//! log, so a worker that was only slow sees it before it commits again. A worker that
+//! finds rows it made committed first by a twin (another worker of its partition) takes
+//! no more tickets and finishes on what it holds: what it took would be spent on rows
+//! thrown away and come back only when it ends, after the others may have finished.
 //!
 //! Invariants: the claims of a dataset's budget log, less its returns, never pass its
 //! budget; a partition's commits never pass its allowance under `cancel` (the publisher's
@@ -431,6 +434,9 @@ pub struct Lane {
     marked: bool,
     /// Since when it has found the pool empty.
     empty_since: Option<std::time::Instant>,
+    /// Another worker of this partition (a twin) committed rows this one had made too:
+    /// the lane takes no more tickets and finishes on what it holds.
+    yielded: bool,
 }
 
 impl Lane {
@@ -445,6 +451,7 @@ impl Lane {
             backoff: Duration::ZERO,
             marked: false,
             empty_since: None,
+            yielded: false,
         }
     }
 }
@@ -581,6 +588,19 @@ impl Agent {
                     );
                 }
             }
+            return Ok(());
+        }
+        // A twin ahead of this worker commits what it makes: tickets taken now would be
+        // spent on rows thrown away and come back only when this worker ends, after the
+        // others may have finished on what they held.
+        if lane.yielded {
+            return Ok(());
+        }
+        if a.duplicates() > 0 {
+            lane.yielded = true;
+            tracing::info!(dataset = %lane.dataset, partition = partition.index, granted,
+                "another worker of this partition commits rows this one made too: taking no more budget, finishing on what it holds");
+            a.set(granted, true);
             return Ok(());
         }
         // Room for at least one more request, or a ticket of what the pool had last seen.
@@ -833,6 +853,47 @@ mod tests {
                 reconcile(&mut log, &mut mine, "d", "w0").await.unwrap();
                 assert_eq!(log.dataset("d").allowance(), 500);
                 assert_eq!(mine.pool(1_000), 500);
+            });
+    }
+
+    /// A worker whose rows a twin of its partition committed first takes no more tickets
+    /// and finishes on what it holds (what it took would be spent on rows thrown away, and
+    /// come back only when it ends); the same lane without a twin takes one.
+    #[test]
+    fn a_worker_behind_a_twin_takes_no_more_budget() {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                for duplicates in [0u64, 120] {
+                    let b = Arc::new(Bucket::open("memory://", &BucketOptions::default()).unwrap());
+                    let p0 = Partition { index: 0, count: 2 };
+                    let ledger = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
+                    let log = CommitLog::load(b.clone(), p0, commits::LoadOptions::WORKER)
+                        .await
+                        .unwrap();
+                    let a = Arc::new(Allowance::new(0));
+                    a.report(500.0, 0, 50.0, true);
+                    a.add_duplicates(duplicates);
+                    let mut agent = Agent {
+                        log: Arc::new(Mutex::new(log)),
+                        lanes: vec![Lane::new("d", 1_000, ledger, a.clone())],
+                        writer: "w0".into(),
+                        partition: p0,
+                        bucket: b.clone(),
+                        stale_after: STALE_AFTER,
+                    };
+                    agent.tick(0, &mut None).await.unwrap();
+                    agent.tick(0, &mut None).await.unwrap();
+                    let taken = BudgetLog::load(b.clone(), "d", 2).await.unwrap().out();
+                    if duplicates == 0 {
+                        assert!(taken > 0 && !a.is_last(), "took {taken}");
+                    } else {
+                        assert_eq!(taken, 0, "a worker behind a twin took budget");
+                        assert!(a.is_last(), "it must finish on what it holds");
+                    }
+                }
             });
     }
 }
