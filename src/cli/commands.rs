@@ -234,14 +234,8 @@ pub(crate) fn verify(flags: &Flags, knobs: &spool::knobs::Knobs) -> Result<u8, E
         drop(scratch);
         if let Some(m) = &manifest {
             for (name, d) in &m.datasets {
-                println!(
-                    "{name}: {} shards, {} items, {} rows, {} completion tokens{}",
-                    d.shards.len(),
-                    d.items,
-                    d.rows,
-                    d.completion_tokens,
-                    d.budget.map_or(String::new(), |b| format!(" (budget {b})"))
-                );
+                let budget = d.budget.map_or(String::new(), |b| format!(" (budget {b})"));
+                println!("{}{budget}", dataset_line(name, d));
             }
         }
         for p in &problems {
@@ -309,18 +303,12 @@ pub(crate) fn finalize(flags: &Flags, partial: bool, json: bool, gc: bool) -> Re
         println!("{}", serde_json::to_string_pretty(&manifest)?);
     } else {
         for (name, d) in &manifest.datasets {
-            println!(
-                "{name}: {} shards, {} items, {} rows, {} completion tokens{}",
-                d.shards.len(),
-                d.items,
-                d.rows,
-                d.completion_tokens,
-                if d.failed.is_empty() {
-                    String::new()
-                } else {
-                    format!("; {} item(s) failed for good (listed in the manifest; `spool retry` sends them back)", d.failed.len())
-                }
-            );
+            let failed = if d.failed.is_empty() {
+                String::new()
+            } else {
+                format!("; {} item(s) failed for good (listed in the manifest; `spool retry` sends them back)", d.failed.len())
+            };
+            println!("{}{failed}", dataset_line(name, d));
         }
         if !manifest.incomplete.is_empty() {
             println!(
@@ -685,4 +673,15 @@ pub(crate) async fn status_report(
         ))),
         Err(e) => Err(e.into()),
     }
+}
+
+/// A published dataset as `verify` and `finalize` print it.
+fn dataset_line(name: &str, d: &spool::cluster::manifest::ManifestDataset) -> String {
+    format!(
+        "{name}: {} shards, {} items, {} rows, {} completion tokens",
+        d.shards.len(),
+        d.items,
+        d.rows,
+        d.completion_tokens
+    )
 }

@@ -417,7 +417,12 @@ pub async fn precheck(bucket: &Bucket, here: &JobRecord, reshape: bool) -> Resul
     let Some(r) = read_latest(bucket).await? else {
         return Ok(());
     };
-    let d = differences(&r, here, true);
+    refuse_unless_reshaped(&r, &differences(&r, here, true), reshape)
+}
+
+/// Refuses `d`, the differences from record `r`: all of them without `reshape`, those
+/// `--reshape` does not make with it.
+fn refuse_unless_reshaped(r: &JobRecord, d: &[Difference], reshape: bool) -> Result<(), JobError> {
     if d.is_empty() {
         return Ok(());
     }
@@ -461,24 +466,7 @@ pub async fn establish(
                 if d.is_empty() {
                     return Ok(Established::Matched(r.clone()));
                 }
-                if !reshape {
-                    return Err(JobError::Mismatch {
-                        key: job_key(r.version),
-                        differences: d.iter().map(ToString::to_string).collect(),
-                        hint: WORKER_HINT,
-                    });
-                }
-                let unsafe_: Vec<String> = d
-                    .iter()
-                    .filter(|d| !d.safe)
-                    .map(ToString::to_string)
-                    .collect();
-                if !unsafe_.is_empty() {
-                    return Err(JobError::Unsafe {
-                        key: job_key(r.version),
-                        differences: unsafe_,
-                    });
-                }
+                refuse_unless_reshaped(r, &d, reshape)?;
                 (r.version + 1, d)
             }
         };

@@ -7,6 +7,27 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// A [`cluster_config`] job on a shared folder (`file://<dir>/shared`) against a mock of
+/// `(capacity, per-request)` tokens/s: the mock, the folder and the config.
+pub(crate) async fn shared_folder_job(
+    dir: &Path,
+    (capacity_tps, per_request_tps): (f64, f64),
+    partitions: u32,
+    per_dataset: usize,
+    budget: u64,
+) -> (Mock, PathBuf, PathBuf) {
+    let mock = Mock::start(spool::mock::MockConfig {
+        capacity_tps,
+        per_request_tps,
+        ..spool::mock::MockConfig::for_tests()
+    })
+    .await;
+    let shared = dir.join("shared");
+    let output = format!("file://{}", shared.display());
+    let cfg = cluster_config(dir, &mock.url, &output, partitions, per_dataset, budget);
+    (mock, shared, cfg)
+}
+
 /// Ids `{prefix}{i}` for i in 0..n.
 fn ids(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i}")).collect()
@@ -603,21 +624,7 @@ async fn inputs_manifest(endpoint: &str) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_a_running_partition_live_from_the_store() {
     let dir = tempfile::tempdir().unwrap();
-    let mock = Mock::start(spool::mock::MockConfig {
-        capacity_tps: 0.5,
-        per_request_tps: 0.2,
-        ..spool::mock::MockConfig::for_tests()
-    })
-    .await;
-    let shared = dir.path().join("shared");
-    let cfg = cluster_config(
-        dir.path(),
-        &mock.url,
-        &format!("file://{}", shared.display()),
-        2,
-        300,
-        100_000,
-    );
+    let (mock, _, cfg) = shared_folder_job(dir.path(), (0.5, 0.2), 2, 300, 100_000).await;
     crate::process::edit_config(
         &cfg,
         "metrics_addr = \"\"",

@@ -3,7 +3,7 @@
 //! failed for good published as failures and sent back through the store, `max_prompts`
 //! a place in the file whatever the volume.
 
-use crate::cluster::{cluster_config, ok};
+use crate::cluster::{cluster_config, ok, shared_folder_job};
 use crate::process::{assert_verify_clean, edit_config, spool, Proc};
 use crate::support::{fast_mock, write_prompts, Mock};
 use serde_json::Value;
@@ -106,21 +106,7 @@ async fn a_change_of_partition_count_is_refused_everywhere() {
 async fn a_rerun_of_a_finished_job_is_not_done_until_it_is_and_a_published_one_is_sealed() {
     let dir = tempfile::tempdir().unwrap();
     // Slow enough that the rerun is still going while it is looked at.
-    let mock = Mock::start(spool::mock::MockConfig {
-        capacity_tps: 0.3,
-        per_request_tps: 0.1,
-        ..spool::mock::MockConfig::for_tests()
-    })
-    .await;
-    let shared = dir.path().join("shared");
-    let cfg = cluster_config(
-        dir.path(),
-        &mock.url,
-        &format!("file://{}", shared.display()),
-        1,
-        20,
-        1_000_000,
-    );
+    let (mock, shared, cfg) = shared_folder_job(dir.path(), (0.3, 0.1), 1, 20, 1_000_000).await;
     ok(&cfg, &["run", "-q", "--partition", "0"], &[]);
     assert!(shared.join("_spool/p0000/done.json").is_file());
     write_prompts(&dir.path().join("a.jsonl"), "a", 60);
@@ -401,21 +387,7 @@ async fn finalize_reruns_skip_what_is_published_and_gc_removes_uploads() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_worker_shows_stale_not_running() {
     let dir = tempfile::tempdir().unwrap();
-    let mock = Mock::start(spool::mock::MockConfig {
-        capacity_tps: 0.5,
-        per_request_tps: 0.2,
-        ..spool::mock::MockConfig::for_tests()
-    })
-    .await;
-    let shared = dir.path().join("shared");
-    let cfg = cluster_config(
-        dir.path(),
-        &mock.url,
-        &format!("file://{}", shared.display()),
-        1,
-        100,
-        1_000_000,
-    );
+    let (mock, shared, cfg) = shared_folder_job(dir.path(), (0.5, 0.2), 1, 100, 1_000_000).await;
     let mut p = Proc::spawn(&cfg, &["run", "--partition", "0"], &[]);
     p.wait_for("cluster worker starting", 1, Duration::from_secs(60))
         .await;
