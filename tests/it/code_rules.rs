@@ -123,7 +123,7 @@ const IMPORT_DEBTS: &[(&str, &str, &str, &str)] = &[
 ];
 
 /// Modules longer than [`MAX_LINES`] before their tests, to be split.
-const SIZE_DEBTS: &[&str] = &["run/scheduler.rs", "run/worker.rs"];
+const SIZE_DEBTS: &[&str] = &[];
 
 /// The most lines a module may have before its `#[cfg(test)]` part.
 const MAX_LINES: usize = 800;
