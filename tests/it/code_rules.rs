@@ -44,24 +44,6 @@ const IMPORT_DEBTS: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "config",
-        "output",
-        "config.rs",
-        "BucketOptions, the [storage] table, is defined beside the bucket",
-    ),
-    (
-        "config",
-        "prompt",
-        "config/validate.rs",
-        "dataset tables are checked with the Drawer and the parser names",
-    ),
-    (
-        "config",
-        "upstream",
-        "config.rs",
-        "`server.ca_cert` is loaded by tls::load_ca",
-    ),
-    (
-        "config",
         "run",
         "config.rs",
         "a partition's growing allowances ride in Config until a JobPlan carries them",
