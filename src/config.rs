@@ -17,6 +17,7 @@
 //! checks `load` runs.
 
 mod dataset;
+pub mod partition;
 mod server;
 mod storage;
 mod tokenizer;
@@ -105,7 +106,7 @@ pub struct Config {
     /// This worker's partition of a cluster job (not a key: worked out at start from
     /// `[run] partitions`, `--partition` and the scheduler's environment).
     #[serde(skip)]
-    pub partition: Option<crate::cluster::partition::Partition>,
+    pub partition: Option<partition::Partition>,
     /// Per dataset, the ids already committed to the object store, which intake skips
     /// (not a key: read from the store at start).
     #[serde(skip)]

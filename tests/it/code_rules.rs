@@ -38,21 +38,9 @@ fn allowed(from: &str) -> Option<&'static [&'static str]> {
 const IMPORT_DEBTS: &[(&str, &str, &str, &str)] = &[
     (
         "config",
-        "cluster",
-        "config.rs",
-        "the resolved partition lives in Config until a JobPlan holds it",
-    ),
-    (
-        "config",
         "run",
         "config.rs",
         "a partition's growing allowances ride in Config until a JobPlan carries them",
-    ),
-    (
-        "input",
-        "cluster",
-        "input/intake.rs",
-        "ItemFilter takes a Partition",
     ),
     (
         "input",
@@ -65,12 +53,6 @@ const IMPORT_DEBTS: &[(&str, &str, &str, &str)] = &[
         "output",
         "mock/vocab.rs",
         "the end-of-turn id is looked up by export::rows",
-    ),
-    (
-        "observe",
-        "cluster",
-        "observe/metrics.rs",
-        "the partition label takes a Partition",
     ),
     (
         "output",
