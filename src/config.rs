@@ -7,14 +7,17 @@
 //! dataset names are safe folder names (`[A-Za-z0-9_.-]+`, not `.` or `..`) and unique;
 //! every server URL is `http://` or `https://` with a host, written in the characters RFC
 //! 3986 allows (nothing is percent-encoded on the user's behalf, so the URL that is logged
-//! is the URL that is requested), without user info, query or fragment; `server.ca_cert`
-//! holds at least one usable CA certificate; an API key is header-safe.
+//! is the URL that is requested), without user info, query or fragment; an API key is
+//! header-safe. `Config` imports nothing above `knobs` and `secrets`: the checks that need
+//! the prompt stage or the CA file's certificates are made by a run before it writes
+//! anything (`prompt::settings`, `upstream::tls::trust_roots`).
 //!
 //! The tables are `server` (`[server]`, `[run]`), `tokenizer`, `dataset` (`[[dataset]]`,
 //! `[sampling]` and the generation keys) and `storage` (`[shards]`); `validate` holds the
 //! checks `load` runs.
 
 mod dataset;
+pub mod partition;
 mod server;
 mod storage;
 mod tokenizer;
@@ -25,10 +28,9 @@ pub use dataset::{
     Sampling, SamplingOverride, Turns, MAX_SAMPLES,
 };
 pub use server::{Api, BudgetPolicy, Concurrency, Routing, RunConfig, ServerConfig};
-pub use storage::ShardConfig;
+pub use storage::{BucketOptions, ShardConfig};
 pub use tokenizer::{PromptSource, TemplateCheck, TokenizerConfig};
 
-use crate::upstream::tls::TrustRoots;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
@@ -74,7 +76,7 @@ pub struct Config {
     pub shards: ShardConfig,
     /// Object-store settings beyond the `AWS_*` environment (an `s3://` output or input).
     #[serde(default)]
-    pub storage: crate::output::bucket::BucketOptions,
+    pub storage: BucketOptions,
     #[serde(default, rename = "dataset")]
     pub datasets: Vec<DatasetConfig>,
     /// Defaults for every dataset's generation keys (each `[[dataset]]` may override).
@@ -104,7 +106,7 @@ pub struct Config {
     /// This worker's partition of a cluster job (not a key: worked out at start from
     /// `[run] partitions`, `--partition` and the scheduler's environment).
     #[serde(skip)]
-    pub partition: Option<crate::cluster::partition::Partition>,
+    pub partition: Option<partition::Partition>,
     /// Per dataset, the ids already committed to the object store, which intake skips
     /// (not a key: read from the store at start).
     #[serde(skip)]
@@ -235,16 +237,6 @@ impl Config {
             },
         }
     }
-
-    /// The CAs `https://` servers are checked against: `server.ca_cert`'s, or the system's.
-    pub fn trust_roots(&self) -> Result<TrustRoots, ConfigError> {
-        match &self.server.ca_cert {
-            None => Ok(TrustRoots::System),
-            Some(p) => crate::upstream::tls::load_ca(p)
-                .map(TrustRoots::Only)
-                .map_err(|why| self.invalid("server.ca_cert", why)),
-        }
-    }
 }
 
 /// Whether a dataset name is usable as a folder name under `output_dir`.
@@ -278,37 +270,6 @@ mod tests {
         Config::load(&p, &Overrides::default())
     }
 
-    /// An unknown parser name is refused at load, naming the key and listing the names
-    /// it takes; a known one loads.
-    #[test]
-    fn parser_names_are_checked() {
-        let cfg = |k: &str, v: &str| {
-            format!(
-                "[server]\nurls=['http://127.0.0.1:1']\n[tokenizer]\npath='t.json'\n{k} = '{v}'\n\
-                 [[dataset]]\nname='a'\npath='a.jsonl'\n"
-            )
-        };
-        let e = load_str(&cfg("tool_parser", "kimi"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("tokenizer.tool_parser") && e.contains("kimi_k2, minimax-m2"),
-            "{e}"
-        );
-        let e = load_str(&cfg("reasoning_parser", "glm4"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("tokenizer.reasoning_parser") && e.contains("glm45"),
-            "{e}"
-        );
-        let ok = load_str(&cfg("reasoning_parser", "kimi_k2")).unwrap();
-        assert_eq!(
-            ok.tokenizer.unwrap().reasoning_parser.as_deref(),
-            Some("kimi_k2")
-        );
-    }
-
     /// A misspelt key is an error naming the key and the file, not a setting silently ignored.
     #[test]
     fn unknown_key_is_named() {
@@ -338,14 +299,6 @@ mod tests {
         for (extra, key) in [
             ("samples = 0\n", "dataset[0].samples"),
             ("samples = 1025\n", "dataset[0].samples"),
-            (
-                "chat_template_kwargs = { effort = { low = 0 } }\n",
-                "dataset[0].chat_template_kwargs.effort",
-            ),
-            (
-                "reasoning = 'disable'\nchat_template_kwargs = { enable_thinking = true }\n",
-                "enable_thinking",
-            ),
         ] {
             let e = load_str(&format!("{base}{extra}")).unwrap_err().to_string();
             assert!(e.contains(key) && e.contains("dataset `a`"), "{extra}: {e}");

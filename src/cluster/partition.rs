@@ -7,13 +7,12 @@
 //! Invariants: the owner depends only on (dataset, id, N) — not on the file order, the run,
 //! the machine or the build — so a restarted or rescheduled worker takes exactly the items
 //! its predecessor had.
+//!
+//! The value itself ([`Partition`], [`owner`]) is `config::partition`'s, so every stage
+//! that filters or labels by partition reads it without importing the cluster layer; this
+//! module works out which one a worker is.
 
-/// One worker's place in a job of `count` partitions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Partition {
-    pub index: u32,
-    pub count: u32,
-}
+pub use crate::config::partition::{owner, Partition};
 
 /// Why the partition could not be worked out.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -37,9 +36,6 @@ pub enum PartitionError {
 }
 
 impl Partition {
-    /// The single partition of a one-process job.
-    pub const WHOLE: Partition = Partition { index: 0, count: 1 };
-
     /// Works out this worker's partition: the count from the config or `--partitions`, else
     /// `SLURM_ARRAY_TASK_COUNT` of an array `0..=N−1`; the index from `--partition`, else
     /// `JOB_COMPLETION_INDEX` (Kubernetes Indexed Jobs), else `SLURM_ARRAY_TASK_ID` itself
@@ -108,16 +104,6 @@ impl Partition {
         }
         Ok(Some(count.min(u64::from(u32::MAX)) as u32))
     }
-
-    /// Whether this partition owns item `id` of `dataset`.
-    pub fn owns(&self, dataset: &str, id: &str) -> bool {
-        owner(dataset, id, self.count) == self.index
-    }
-
-    /// The zero-padded name used in object keys and file names (`p0003`).
-    pub fn name(&self) -> String {
-        format!("p{:04}", self.index)
-    }
 }
 
 /// Variable `name` as a whole number (`None` when unset or blank).
@@ -136,18 +122,6 @@ fn env_number(
                 value: v,
             }),
     }
-}
-
-/// The partition of item `id` of `dataset` among `count`: XXH64 (seed 0) of the dataset
-/// name, a zero byte and the id, modulo `count`. XXH64 is a published, fixed algorithm (not
-/// `std`'s hasher, which may change between releases), because the assignment is a stored
-/// fact; and its low bits are well mixed, so any N spreads evenly.
-pub fn owner(dataset: &str, id: &str, count: u32) -> u32 {
-    let mut key = Vec::with_capacity(dataset.len() + 1 + id.len());
-    key.extend_from_slice(dataset.as_bytes());
-    key.push(0);
-    key.extend_from_slice(id.as_bytes());
-    (twox_hash::XxHash64::oneshot(0, &key) % u64::from(count.max(1))) as u32
 }
 
 #[cfg(test)]

@@ -121,6 +121,7 @@ pub async fn run(
         }
         .into());
     }
+    crate::run::job::check(&cfg)?;
     let bucket = open_bucket(&cfg)?;
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("cannot create data_dir {}", cfg.data_dir.display()))?;

@@ -1,6 +1,8 @@
 //! The checks a loaded config passes before anything uses it: server URLs as RFC 3986
 //! writes them, counts and sizes in range, dataset names safe and unique, the generation
-//! keys each dataset resolves to.
+//! keys each dataset resolves to. What needs the prompt stage (parser names, a dataset's
+//! draw) is `prompt::settings`'s, and `server.ca_cert`'s certificates are loaded by
+//! `upstream::tls`: a run checks both before it writes anything.
 //!
 //! Invariant: the first failure is returned as [`ConfigError::Invalid`], naming the file
 //! and the key (exit code 2); nothing is percent-encoded or corrected on the user's behalf.
@@ -18,7 +20,6 @@ impl Config {
                 return Err(self.invalid(&format!("server.urls[{i}]"), format!("{u:?}: {why}")));
             }
         }
-        self.trust_roots()?;
         if self.server.max_attempts == 0 {
             return Err(self.invalid("server.max_attempts", "must be at least 1"));
         }
@@ -42,24 +43,6 @@ impl Config {
         }
         if self.datasets.is_empty() {
             return Err(self.invalid("dataset", "no [[dataset]] given"));
-        }
-        if let Some(t) = &self.tokenizer {
-            use crate::prompt::syntax::{REASONING_PARSERS, TOOL_PARSERS};
-            for (key, name, known) in [
-                (
-                    "tokenizer.reasoning_parser",
-                    &t.reasoning_parser,
-                    REASONING_PARSERS,
-                ),
-                ("tokenizer.tool_parser", &t.tool_parser, TOOL_PARSERS),
-            ] {
-                if let Some(n) = name.as_deref().filter(|n| !known.contains(n)) {
-                    return Err(self.invalid(
-                        key,
-                        format!("unknown parser `{n}`; known: {}", known.join(", ")),
-                    ));
-                }
-            }
         }
         let mut seen = std::collections::HashSet::new();
         for (i, d) in self.datasets.iter().enumerate() {
@@ -100,13 +83,6 @@ impl Config {
                         "dataset `{}`: \"raw\" needs a text API (api = \"sglang\" or \"completions\"): the chat API renders every prompt as a turn",
                         d.name
                     ),
-                ));
-            }
-            if let Err(why) = crate::prompt::draw::Drawer::of_dataset(self, d) {
-                let key = why.split(':').next().unwrap_or_default();
-                return Err(self.invalid(
-                    &format!("dataset[{i}].{key}"),
-                    format!("dataset `{}`: {why}", d.name),
                 ));
             }
         }

@@ -42,7 +42,7 @@ use collector::Collector;
 use pipeline::{read_chunks, work_chunks, InFlight, PreparedChunk, RawChunk};
 use render::stage;
 
-use crate::cluster::partition::Partition;
+use crate::config::partition::Partition;
 use crate::config::{DatasetConfig, GenerationSpec};
 use crate::input::dataset::{DatasetError, DatasetReader, PrefixMark};
 use crate::input::dedup::SpillError;

@@ -84,7 +84,7 @@ impl Metrics {
     /// As [`Metrics::new`]; a worker of a partitioned job labels every series with its
     /// `partition` (one value per process, so the label set stays bounded by the job's
     /// partitions), and dashboards sum over it.
-    pub fn for_partition(partition: Option<crate::cluster::partition::Partition>) -> Self {
+    pub fn for_partition(partition: Option<crate::config::partition::Partition>) -> Self {
         let labels = partition.map(|p| {
             std::collections::HashMap::from([("partition".to_string(), p.index.to_string())])
         });
@@ -295,7 +295,7 @@ mod tests {
     /// value; a single process adds no label.
     #[test]
     fn a_partition_labels_every_series() {
-        let p = crate::cluster::partition::Partition { index: 3, count: 4 };
+        let p = crate::config::partition::Partition { index: 3, count: 4 };
         let m = Metrics::for_partition(Some(p));
         m.dataset("a").ok.inc();
         m.set_run_eta(Some(1.0));

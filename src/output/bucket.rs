@@ -15,11 +15,12 @@
 //! only up to a stated size ([`Bucket::get_capped`]); a download never writes through a
 //! name someone else planted (created exclusively, without following a symlink, 0600).
 
+pub use crate::config::BucketOptions;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use object_store::path::Path as ObjPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -110,29 +111,6 @@ pub fn sha256_file(path: &Path) -> Result<String, BucketError> {
 /// Whether a configured location is an object-store URL rather than a path.
 pub fn is_url(s: &str) -> bool {
     s.starts_with("s3://") || s.starts_with("file://") || s.starts_with("memory://")
-}
-
-/// Store settings beyond the `AWS_*` environment (`[storage]` in the config).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BucketOptions {
-    /// The S3 endpoint (else `AWS_ENDPOINT_URL`); an `http://` one allows plain HTTP.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub endpoint: Option<String>,
-    /// Else `AWS_REGION` / `AWS_DEFAULT_REGION`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub region: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allow_http: Option<bool>,
-    /// Retries of a failed request (5xx, 503 SlowDown, timeouts, resets); default 10.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_retries: Option<usize>,
-    /// One request's timeout; default 60 s.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout_s: Option<f64>,
-    /// How long a request is retried in all; default 180 s.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retry_timeout_s: Option<f64>,
 }
 
 /// An upload's size and checksum, computed while streaming it.

@@ -12,6 +12,7 @@
 //! exact fast path for byte-level BPE files, whose pre-tokenizer split is [`pretokenize`],
 //! and [`tiktoken`] for Kimi's vocabulary, whose split is [`kimi_pattern`]; both merge
 //! with `merge`; [`remote`] names what a server that renders prompts itself does;
+//! [`settings`] checks the config's prompt keys against this stage;
 //! [`error`] is the stage's one error type.
 
 pub mod builder;
@@ -28,6 +29,7 @@ pub mod pretokenize;
 pub(crate) mod python;
 pub mod reasoning;
 pub mod remote;
+pub mod settings;
 pub mod syntax;
 pub mod tiktoken;
 pub mod tokenizer;

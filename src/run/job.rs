@@ -48,6 +48,7 @@ use crate::run::shutdown::{shut_down, Running, Stop};
 use crate::run::worker::Ctx;
 use crate::store::queue::Queue;
 use crate::upstream::render::{Detected, RenderKind, ServerRenderer};
+use crate::upstream::tls::TrustRoots;
 use crate::upstream::{Upstream, UpstreamOptions};
 use datasets::{checkpoint, Datasets};
 use std::collections::HashMap;
@@ -109,6 +110,15 @@ pub async fn run(
     }
 }
 
+/// What `Config::load` leaves to the stages that know it: the prompt keys
+/// (`prompt::settings`) and the CA file's certificates, returned as the roots the servers
+/// are checked against. A run (and a cluster worker, before it writes to the store) calls
+/// it before it writes anything, so a bad key is exit 2 with nothing written.
+pub fn check(cfg: &Config) -> Result<TrustRoots, Error> {
+    crate::prompt::settings::check(cfg)?;
+    Ok(crate::upstream::tls::trust_roots(cfg)?)
+}
+
 /// The steps of a run, in order.
 async fn run_job(
     cfg: Config,
@@ -121,6 +131,7 @@ async fn run_job(
         stop: Arc::new(Stop::default()),
     };
     job.stop.watch(shutdown, job.cfg.run.shutdown_grace_s);
+    let roots = check(&job.cfg)?;
     let queue = job.open_store()?;
     let endpoint = job.bind_endpoint().await?;
     let api_key = job.cfg.api_key()?;
@@ -128,7 +139,7 @@ async fn run_job(
     crate::run::pitfalls::warn(&job.cfg, &builder);
     let datasets = job.open_datasets(&queue)?;
     job.repair(&queue)?;
-    let (upstream, probed) = job.probe_servers(api_key, &builder).await?;
+    let (upstream, probed) = job.probe_servers(api_key, &roots, &builder).await?;
     let context_length = probed.context;
     let renderer = job
         .server_rendering(&upstream, &probed, &builder, context_length)
@@ -355,6 +366,7 @@ impl Job {
     async fn probe_servers(
         &self,
         api_key: Option<String>,
+        roots: &TrustRoots,
         builder: &Arc<PromptBuilder>,
     ) -> Result<(Upstream, Probed), Error> {
         let cfg = &self.cfg;
@@ -372,7 +384,7 @@ impl Job {
                     .fixed()
                     .unwrap_or(cfg.run.max_concurrency),
             },
-            &cfg.trust_roots()?,
+            roots,
         )?;
         // A certificate refused now would be refused all run: stop before queuing any work.
         upstream

@@ -17,16 +17,25 @@
 //! once, by [`Scheduler::completed`], [`Scheduler::failed`], [`Scheduler::end_sample`] or
 //! [`Scheduler::release`]; streamed tokens are counted through a per-lease atomic,
 //! without taking the scheduler lock.
+//!
+//! `lane` is one dataset's state and budget gate, `eta` when the lanes are expected to
+//! finish.
+
+mod eta;
+mod lane;
+
+pub use eta::{lane_etas, run_eta};
+
+use lane::Lane;
 
 use crate::config::BudgetPolicy;
 use crate::estimate::lengths::LengthModel;
-use crate::estimate::speed::SpeedCurve;
-use crate::estimate::tail::{finish_times, LaneWork};
+use crate::estimate::tail::LaneWork;
 use crate::knobs::Bench;
 use crate::run::allowance::Allowance;
 use crate::store::queue::{Queue, QueueError};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -67,213 +76,6 @@ pub struct Lease {
     pub waiting: Arc<AtomicBool>,
     /// Cancelled when the budget policy "cancel" aborts the dataset's requests in flight.
     pub cancel: CancellationToken,
-}
-
-/// A lease in flight: its streamed tokens and whether it waits between turns.
-type Flight = (Arc<AtomicU32>, Arc<AtomicBool>);
-
-/// An item whose generations are running.
-#[derive(Debug, Default)]
-struct OpenItem {
-    /// Its samples leased now.
-    live: u32,
-    /// Its samples that have ended.
-    ended: u32,
-    /// Samples that ended before their last turn, and why.
-    partial: Vec<(u32, String)>,
-    /// Samples that ended with their last turn.
-    complete: Vec<u32>,
-    /// Some generation of it is kept in the queue (so closing it yields rows).
-    kept: bool,
-    server: Option<usize>,
-}
-
-struct Lane {
-    spec: LaneSpec,
-    /// Pending rows read from the queue, not yet leased.
-    buffer: VecDeque<u64>,
-    /// Leases given back (shutdown, cancel): served before the buffer.
-    returned: VecDeque<(u64, u32)>,
-    /// Samples of opened items not leased yet: served before new rows.
-    ready: VecDeque<(u64, u32)>,
-    open: HashMap<u64, OpenItem>,
-    /// Items handed to the committer to close, not yet closed.
-    closing: std::collections::HashSet<u64>,
-    /// Turns per conversation seen (sum, count): how many requests an item makes.
-    turns_seen: (u64, u64),
-    cursor: Option<u64>,
-    exhausted: bool,
-    inflight: HashMap<(u64, u32), Flight>,
-    completed_tokens: u64,
-    lengths: LengthModel,
-    cancel: CancellationToken,
-    budget_logged: bool,
-    /// Benchmarks only: the naive gate "dispatch until completed tokens ≥ budget".
-    naive_budget: bool,
-    /// Policy "cancel" fired: no more dispatching for this lane in this run.
-    closed: bool,
-    /// Policy "cancel": tokens admitted by the committer, not yet completed.
-    admitted: u64,
-}
-
-impl Lane {
-    fn inflight_streamed(&self) -> Vec<u32> {
-        self.inflight
-            .values()
-            .map(|(a, _)| a.load(Ordering::Relaxed))
-            .collect()
-    }
-
-    /// Completed tokens plus what the requests in flight are expected to produce in all;
-    /// conversations waiting between turns count as a new request each, or not at all.
-    fn committed_estimate(&self, count_waiting: bool) -> f64 {
-        let inflight: f64 = self
-            .inflight
-            .values()
-            .filter(|(_, w)| count_waiting || !w.load(Ordering::Relaxed))
-            .map(|(a, _)| self.lengths.expected_final(a.load(Ordering::Relaxed)))
-            .sum();
-        self.completed_tokens as f64 + inflight
-    }
-
-    /// Whether one more request may start: dispatching stops as soon as completed tokens
-    /// plus the expected final tokens of the work in flight reach the budget.
-    fn budget_allows(&self) -> bool {
-        self.gate_open(true)
-    }
-
-    /// The budget gate, counting waiting conversations (for a new item, so they go
-    /// first) or not (for a waiting conversation's next turn, so they cannot all wait on
-    /// each other).
-    fn gate_open(&self, count_waiting: bool) -> bool {
-        match self.budget() {
-            None => true,
-            Some(b) if self.naive_budget => self.completed_tokens < b,
-            Some(b) => self.committed_estimate(count_waiting) < b as f64,
-        }
-    }
-
-    /// Requests an item makes: its samples times the turns its conversations have had.
-    fn requests_per_item(&self) -> f64 {
-        let turns = match self.turns_seen {
-            (_, 0) => 1.0,
-            (sum, n) => sum as f64 / n as f64,
-        };
-        f64::from(self.spec.samples.max(1)) * turns
-    }
-
-    /// With the budget met: the next open item to close (nothing of it leased), with its
-    /// samples' reasons. Items with nothing kept are only forgotten (they stay pending).
-    fn take_close(&mut self) -> Option<(u64, Vec<(u32, String)>)> {
-        if !self.budget_met() {
-            return None;
-        }
-        self.ready.clear();
-        self.returned.clear();
-        let idle: Vec<u64> = self
-            .open
-            .iter()
-            .filter(|(_, o)| o.live == 0)
-            .map(|(r, _)| *r)
-            .collect();
-        for row in idle {
-            let Some(o) = self.open.remove(&row) else {
-                continue;
-            };
-            if !o.kept {
-                continue;
-            }
-            let mut partial = o.partial;
-            for s in 0..self.spec.samples {
-                if !partial.iter().any(|(p, _)| *p == s) && !o.complete.contains(&s) {
-                    partial.push((s, "budget".to_string()));
-                }
-            }
-            partial.sort();
-            self.closing.insert(row);
-            return Some((row, partial));
-        }
-        None
-    }
-
-    fn budget_met(&self) -> bool {
-        self.closed
-            || (self.budget_final() && self.budget().is_some_and(|b| self.completed_tokens >= b))
-    }
-
-    /// The budget now: the growing allowance's, else the configured one.
-    fn budget(&self) -> Option<u64> {
-        match &self.spec.allowance {
-            Some(a) => Some(a.granted()),
-            None => self.spec.budget,
-        }
-    }
-
-    /// Whether the budget will not grow (always, unless an allowance says more may come).
-    fn budget_final(&self) -> bool {
-        self.spec.allowance.as_ref().is_none_or(|a| a.is_last())
-    }
-
-    /// Policy "cancel": abort every request in flight and dispatch no more in this run.
-    fn close(&mut self) {
-        self.closed = true;
-        self.cancel.cancel();
-        self.cancel = CancellationToken::new();
-    }
-
-    fn count_tokens(&mut self, tokens: u32) {
-        self.completed_tokens += u64::from(tokens);
-        if self.spec.policy == BudgetPolicy::Cancel {
-            self.admitted = self.admitted.saturating_sub(u64::from(tokens));
-        }
-        self.lengths.observe(tokens);
-    }
-
-    fn refill(&mut self, queue: &Queue) -> Result<(), QueueError> {
-        if self.buffer.is_empty() && !self.exhausted {
-            let rows = queue.pending_rows(self.spec.ds, self.cursor, 1024)?;
-            if rows.is_empty() {
-                self.exhausted = true;
-            }
-            if let Some(&last) = rows.last() {
-                self.cursor = Some(last);
-            }
-            self.buffer.extend(rows);
-        }
-        Ok(())
-    }
-
-    fn has_rows(&self) -> bool {
-        !self.returned.is_empty()
-            || !self.ready.is_empty()
-            || !self.buffer.is_empty()
-            || !self.exhausted
-    }
-
-    /// The next (row, sample) to lease: given back first, then samples of open items,
-    /// then a new row (opened when its items have several generations).
-    fn take(&mut self) -> Option<(u64, u32)> {
-        if let Some(x) = self.returned.pop_front().or_else(|| self.ready.pop_front()) {
-            return Some(x);
-        }
-        let row = self.buffer.pop_front()?;
-        if self.spec.multi {
-            self.open.entry(row).or_default();
-            self.ready.extend((1..self.spec.samples).map(|s| (row, s)));
-        }
-        Some((row, 0))
-    }
-
-    fn can_dispatch(&self) -> bool {
-        !self.budget_met() && self.budget_allows() && self.has_rows()
-    }
-
-    fn finished(&self) -> bool {
-        self.inflight.is_empty()
-            && !self.can_dispatch()
-            && self.closing.is_empty()
-            && !(self.budget_met() && self.open.values().any(|o| o.live == 0 && o.kept))
-    }
 }
 
 /// A snapshot of one lane for progress lines, status, metrics and ETAs.
@@ -749,81 +551,6 @@ impl Scheduler {
             })
             .collect()
     }
-}
-
-/// Seconds until each lane is finished (its last request completes), from the server's
-/// learned [`SpeedCurve`] and the run's `concurrency`: a simulation of the batch as it drains
-/// ([`crate::estimate::tail`]), because the last requests of a run go faster than today's per-request
-/// speed. `None` for every unfinished lane until the curve is known (no throughput yet).
-pub fn lane_etas(
-    views: &[LaneView],
-    curve: Option<&SpeedCurve>,
-    concurrency: usize,
-) -> Vec<Option<f64>> {
-    let times = curve.map(|c| {
-        let work: Vec<LaneWork> = views
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                let own = &v.work.lengths;
-                if own.fitted().is_some() {
-                    return v.work.clone();
-                }
-                // A dataset with no completions yet: its gate assumes `max_tokens` per request
-                // (safe for the budget), but it will soon learn its lengths and start more,
-                // shorter requests. Estimate with the nearest fitted dataset's lengths,
-                // earlier ones first, and re-derive how many requests it will start.
-                let Some(donor) = views[..i]
-                    .iter()
-                    .rev()
-                    .chain(&views[i + 1..])
-                    .map(|d| &d.work.lengths)
-                    .find(|m| m.fitted().is_some())
-                else {
-                    return v.work.clone();
-                };
-                let lengths = own.or_borrowed_fit(donor);
-                let to_start = match v.budget_left {
-                    Some(left) => {
-                        let finals: f64 = v
-                            .work
-                            .streamed
-                            .iter()
-                            .map(|&s| lengths.expected_final(s))
-                            .sum();
-                        let room = (left - finals).max(0.0);
-                        v.pending_to_start
-                            .min((room / lengths.expected_new().max(1.0)).ceil())
-                    }
-                    None => v.pending_to_start,
-                };
-                LaneWork {
-                    streamed: v.work.streamed.clone(),
-                    to_start,
-                    pending: v.work.pending,
-                    budget_left: v.work.budget_left,
-                    lengths,
-                }
-            })
-            .collect();
-        finish_times(&work, c, concurrency)
-    });
-    views
-        .iter()
-        .enumerate()
-        .map(|(i, v)| {
-            if v.finished {
-                Some(0.0)
-            } else {
-                times.as_ref().and_then(|t| t.get(i).copied())
-            }
-        })
-        .collect()
-}
-
-/// ETA of the whole run: that of the last lane (`None` if any lane's is unknown).
-pub fn run_eta(etas: &[Option<f64>]) -> Option<f64> {
-    etas.iter().try_fold(0.0f64, |acc, e| e.map(|e| acc.max(e)))
 }
 
 #[cfg(test)]

@@ -20,27 +20,30 @@
 //! the row's tools, unless the intake's rendering holds; with `source = "server"` the
 //! server renders it, [`render_on_server`]) and its row by [`to_row`]
 //! (thinking and tool calls split out of raw text by the run's [`RunSyntax`]); items of
-//! several generations run their turns in [`crate::run::turns`].
+//! several generations run their turns in [`crate::run::turns`]; `request` and `row` hold
+//! those two.
 
-use crate::config::{Api, Config, GenerationSpec, Reasoning};
-use crate::input::batch::RowSampling;
+mod request;
+mod row;
+
+pub(crate) use request::{prepare, render_on_server, Prepared};
+pub(crate) use row::{to_row, RunSyntax};
+
+use crate::config::{Api, Config, GenerationSpec};
 use crate::observe::metrics::DatasetMetrics;
 use crate::prompt::conversation::replies_before;
-use crate::prompt::draw::{Draw, Drawer};
-use crate::prompt::remote::{IdsSource, RemoteError, RemoteRenderer, RenderInput};
-use crate::prompt::syntax::Syntax;
+use crate::prompt::draw::Drawer;
+use crate::prompt::remote::RemoteRenderer;
 use crate::prompt::PromptBuilder;
-use crate::run::enqueue::ids_source_of;
 use crate::run::scheduler::{Lease, Scheduler};
 use crate::run::servers::{RouteKey, Servers};
 use crate::store::queue::{Failure, Item, Outcome, Queue};
-use crate::store::row::ShardRow;
 use crate::upstream::{CountSource, GenerateRequest, Generation, Upstream, UpstreamError};
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// A finished attempt on its way to the committer.
@@ -84,56 +87,6 @@ pub(crate) struct Ctx {
     pub(crate) faults: FaultPoints,
     /// `[tokenizer] source = "server"`: prompts rendered per generation are rendered there.
     pub(crate) renderer: Option<Arc<dyn RemoteRenderer>>,
-}
-
-/// A run's [`Syntax`] with the stop-token ids its split drops from the end of the ids.
-pub(crate) struct RunSyntax {
-    pub(crate) syntax: Syntax,
-    /// End-of-turn ids a server's output ids end with (the matched stop token), dropped
-    /// before the ids are decoded for the split, as SGLang's detokenizer drops them.
-    stop_ids: Vec<u32>,
-}
-
-impl RunSyntax {
-    /// The stop ids of `syntax`'s family in `tokenizer`'s vocabulary. gpt-oss keeps its
-    /// `<|call|>`: SGLang leaves it in the text for its tool parser.
-    pub(crate) fn new(syntax: Syntax, tokenizer: Option<&crate::prompt::Tokenizer>) -> RunSyntax {
-        let mut stop_ids = Vec::new();
-        if let (Some(f), Some(t)) = (syntax.family(), tokenizer) {
-            let (end, after_call) = f.end_of_turn();
-            let keep_call = f == crate::prompt::syntax::Family::GptOss;
-            // The families' other end-of-sequence tokens (GLM's and Qwen's `<|endoftext|>`,
-            // Kimi's `[EOS]`) end a reply too.
-            let others = [Some("<|endoftext|>"), Some("[EOS]")];
-            for tok in [Some(end), after_call.filter(|_| !keep_call)]
-                .into_iter()
-                .chain(others)
-                .flatten()
-            {
-                stop_ids.extend(t.token_to_id(tok));
-            }
-        }
-        RunSyntax { syntax, stop_ids }
-    }
-
-    /// The text the split reads: the server's, or for families whose markers are special
-    /// tokens, the completion's ids decoded with special tokens kept (less a final stop
-    /// token), as SGLang's chat server decodes them for its parsers.
-    fn text_of<'a>(
-        &self,
-        text: &'a str,
-        ids: Option<&[u32]>,
-        tok: Option<&crate::prompt::Tokenizer>,
-    ) -> std::borrow::Cow<'a, str> {
-        let (Some(ids), Some(tok), true) = (ids, tok, self.syntax.reads_token_text()) else {
-            return text.into();
-        };
-        let ids = match ids.split_last() {
-            Some((last, rest)) if self.stop_ids.contains(last) => rest,
-            _ => ids,
-        };
-        tok.decode(ids).map_or(text.into(), Into::into)
-    }
 }
 
 /// The injected panics of [`crate::knobs::Faults`]: `panic_in_request` and `panic_in_row`.
@@ -399,135 +352,6 @@ fn failed(lease: &Lease, reason: String, attempts: u32) -> End {
     }
 }
 
-/// One generation's request, ready to send.
-pub(crate) struct Prepared {
-    prompt: String,
-    prompt_ids: Option<Vec<u32>>,
-    /// Who made `prompt_ids`.
-    ids_from: Option<IdsSource>,
-    /// A prompt left to the server to render ([`render_on_server`]).
-    remote: Option<RenderInput>,
-    messages: Option<serde_json::Value>,
-    /// The messages as the row records them (JSON text).
-    messages_text: Option<String>,
-    draw: Draw,
-    tools: Option<serde_json::Value>,
-    tools_text: Option<String>,
-    /// The server to keep (a conversation's earlier turns went there).
-    pub(crate) server: Option<usize>,
-    /// The turn it generates (named in the request id of an open item's generation).
-    pub(crate) turn: Option<u32>,
-}
-
-/// Builds a generation's request: the draw for its sample, the template rendered with the
-/// drawn variables and the row's tools unless the intake's rendering holds (`first`: the
-/// item's stored prompt is this request's, when nothing is drawn per row). `Err` says why
-/// the prompt cannot be rendered.
-pub(crate) fn prepare(
-    ctx: &Ctx,
-    lease: &Lease,
-    item: &mut Item,
-    reuse: bool,
-    messages: Option<serde_json::Value>,
-    first: bool,
-) -> Result<Prepared, String> {
-    let drawer = &ctx.drawers[lease.lane];
-    let mut draw = drawer.draw(&ctx.names[lease.lane], &item.id, lease.sample);
-    let extra = item
-        .extra
-        .as_deref()
-        .and_then(|e| serde_json::from_str::<serde_json::Value>(e).ok());
-    // A batch row's own sampling, within the dataset's limits.
-    if let Some(own) = extra.as_ref().and_then(RowSampling::from_extra) {
-        own.apply(&mut draw, lease.sample);
-    }
-    let tools = extra.and_then(|mut e| e.get_mut("tools").map(serde_json::Value::take));
-    let tools_text = tools.as_ref().map(|t| t.to_string());
-    let chat = ctx.cfg.server.api == Api::Chat;
-    let stored = first && drawer.is_fixed();
-    let kwargs = || {
-        let mut extra = draw.chat_template_kwargs.clone();
-        if let Some(t) = &tools {
-            extra.insert("tools".into(), t.clone());
-        }
-        extra
-    };
-    let (prompt, prompt_ids, ids_from, remote) = match &messages {
-        Some(m) if !stored && ctx.renderer.is_some() => {
-            let input = RenderInput::Chat {
-                messages: m.clone(),
-                kwargs: kwargs(),
-            };
-            (String::new(), None, None, Some(input))
-        }
-        Some(m) if !stored && ctx.builder.has_template() => {
-            // Tool-call arguments reach the template as objects, as the servers pass them.
-            let objects = crate::prompt::syntax::arguments_as_objects(m);
-            let built = ctx
-                .builder
-                .build_chat_with(objects.as_ref().unwrap_or(m), &kwargs())
-                .map_err(|e| e.to_string())?;
-            let from = built.token_ids.as_ref().map(|_| IdsSource::Client);
-            (built.text, built.token_ids, from, None)
-        }
-        Some(m) if !stored && chat => (m.to_string(), None, None, None),
-        // The stored prompt moves into the request unless the item serves more turns.
-        _ if reuse => (
-            item.prompt.clone(),
-            item.prompt_ids.clone(),
-            ids_source_of(item),
-            None,
-        ),
-        _ => {
-            let from = ids_source_of(item);
-            let ids = item.prompt_ids.take();
-            (std::mem::take(&mut item.prompt), ids, from, None)
-        }
-    };
-    let messages_text = match (&messages, first) {
-        (_, true) if lease.multi => messages.as_ref().map(|m| m.to_string()),
-        (_, true) if reuse => item.messages.clone(),
-        (_, true) => item.messages.take(),
-        (m, false) => m.as_ref().map(|m| m.to_string()),
-    };
-    Ok(Prepared {
-        prompt,
-        prompt_ids,
-        ids_from,
-        remote,
-        messages,
-        messages_text,
-        draw,
-        tools,
-        tools_text,
-        server: lease.server,
-        turn: None,
-    })
-}
-
-/// Renders on the server a prompt [`prepare`] left to it (`source = "server"`): a
-/// refusal fails the generation, a server that does not answer gives the lease back.
-pub(crate) async fn render_on_server(ctx: &Ctx, prep: &mut Prepared) -> Result<(), Ended> {
-    let (Some(input), Some(renderer)) = (prep.remote.take(), &ctx.renderer) else {
-        return Ok(());
-    };
-    match renderer.render(&input).await {
-        Ok(b) => {
-            prep.prompt = b.text;
-            prep.prompt_ids = b.token_ids;
-            prep.ids_from = Some(IdsSource::Server);
-            Ok(())
-        }
-        Err(RemoteError::Refused(why)) => Err(Ended::Failed(format!(
-            "the server refused to render the prompt: {why}"
-        ))),
-        Err(RemoteError::Unavailable(why)) => {
-            tracing::warn!(error = %why, "the server could not render a prompt; the item goes back to the queue");
-            Err(Ended::GiveBack)
-        }
-    }
-}
-
 /// Why a generation did not come back.
 pub(crate) enum Ended {
     /// Given back unfinished (shutdown, budget cancel).
@@ -706,144 +530,6 @@ async fn sleep_or_stop(ctx: &Ctx, lease: &Lease, d: Duration) -> bool {
         _ = ctx.stop.cancelled() => false,
         _ = ctx.hard_stop.cancelled() => false,
     }
-}
-
-/// The shard row of a generation. Takes the item and the generation by value: their
-/// strings and ids move into the row instead of being copied (one row per completion is
-/// the hot path of a fast server).
-pub(crate) fn to_row(
-    ctx: &Ctx,
-    lease: &Lease,
-    id: String,
-    req: Prepared,
-    g: Generation,
-    attempts: u32,
-    turn: u32,
-) -> (ShardRow, CountSource) {
-    ctx.faults.row.panic_if_due();
-    let tok = ctx.builder.tokenizer();
-    let server_ids = g.token_ids.is_some();
-    // The ids cover everything generated, thinking included: the raw text is encoded
-    // whole. Thinking a server's parser split off cannot be put back byte for byte, so
-    // then no ids are made up (only counted: the thinking's and the answer's).
-    let completion_ids = match (g.token_ids, tok, &g.reasoning) {
-        (Some(ids), _, _) => Some(ids),
-        (None, Some(t), None) => t.encode(&g.text, false).ok(),
-        (None, _, _) => None,
-    };
-    let split_count = match (&g.reasoning, tok) {
-        (Some(r), Some(t)) if !server_ids => t
-            .encode(r, false)
-            .ok()
-            .zip(t.encode(&g.text, false).ok())
-            .map(|(a, b)| (a.len() + b.len()) as u32),
-        _ => None,
-    };
-    let (completion_tokens, source) = match (g.completion_tokens, server_ids, tok) {
-        (Some(n), _, _) => (n, CountSource::Server),
-        (None, true, _) => (
-            completion_ids.as_ref().map_or(0, |i| i.len() as u32),
-            CountSource::TokenIds,
-        ),
-        (None, false, Some(_)) => (
-            completion_ids
-                .as_ref()
-                .map(|i| i.len() as u32)
-                .or(split_count)
-                .unwrap_or(g.chunks),
-            CountSource::Tokenizer,
-        ),
-        (None, false, None) => (g.chunks, CountSource::Chunks),
-    };
-    let (prompt_token_ids, prompt_ids_source) = crate::run::prompt_ids::settle(
-        ctx.cfg.server.api == Api::Chat,
-        &ctx.dmetrics[lease.lane],
-        &ctx.names[lease.lane],
-        lease.row,
-        crate::run::prompt_ids::Sides {
-            chat_rendered: req.messages.is_some(),
-            ours: req.prompt_ids,
-            ours_from: req.ids_from,
-            theirs: g.prompt_token_ids,
-            usage: g.prompt_tokens,
-        },
-    );
-    let prompt_tokens = g
-        .prompt_tokens
-        .or_else(|| prompt_token_ids.as_ref().map(|i| i.len() as u32))
-        .unwrap_or(0);
-    let completed_at_ms = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0);
-    // Thinking the server split off is kept as sent; raw text is split by the run's
-    // syntax unless the dataset keeps it raw.
-    let syntax = &ctx.syntax.syntax;
-    let mode = ctx.gens[lease.lane].reasoning;
-    let splits = g.reasoning.is_none()
-        && g.tool_calls.is_none()
-        && (syntax.reasoning.is_some() || (syntax.tools.is_some() && req.tools.is_some()))
-        && mode != Reasoning::Raw;
-    let raw = if splits {
-        ctx.syntax
-            .text_of(&g.text, completion_ids.as_deref(), tok)
-            .into_owned()
-    } else {
-        g.text
-    };
-    let (reasoning, completion) = match (g.reasoning, &syntax.reasoning) {
-        (Some(r), _) => (Some(r), raw),
-        (None, Some(r)) if mode == Reasoning::Save => {
-            r.split(&raw, &req.prompt, &req.draw.chat_template_kwargs)
-        }
-        (None, _) => (None, raw),
-    };
-    // Calls a server's parser did not take out are taken out of raw text when tools were
-    // offered and the syntax has a parser for them.
-    let offered = req.tools.as_ref().and_then(|t| t.as_array());
-    let (completion, tool_calls) = match (g.tool_calls, syntax.tools, offered) {
-        (Some(t), _, _) => (completion, Some(t)),
-        (None, Some(parser), Some(tools)) if mode != Reasoning::Raw => {
-            parser.split(&completion, tools)
-        }
-        (None, _, _) => (completion, None),
-    };
-    let stop_reason = crate::run::ending::stop_reason(
-        &g.finish_reason,
-        &g.matched,
-        req.draw.sampling.stop.as_deref().unwrap_or_default(),
-    );
-    let sampling = Some(req.draw.record).filter(|r| r != "{}");
-    (
-        ShardRow {
-            id,
-            dataset: ctx.names[lease.lane].clone(),
-            row: lease.row,
-            prompt: req.prompt,
-            messages: req.messages_text,
-            prompt_token_ids,
-            completion,
-            completion_token_ids: completion_ids,
-            prompt_tokens,
-            completion_tokens,
-            finish_reason: g.finish_reason,
-            model: ctx.cfg.server.model.clone(),
-            attempts,
-            latency_ms: g.latency_ms,
-            ttft_ms: g.ttft_ms,
-            completed_at_ms,
-            sample: lease.sample,
-            turn,
-            reasoning,
-            tool_calls: tool_calls.map(|t| t.to_string()),
-            tools: req.tools_text,
-            sampling,
-            partial: None,
-            prompt_ids_source,
-            stop_reason,
-        },
-        source,
-    )
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! refuses at start-up stops the run with an error naming the URL and the certificate's
 //! fault (exit 2) instead of being waited on like a server that is down.
 
+use crate::config::{Config, ConfigError};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use std::path::Path;
@@ -35,6 +36,17 @@ pub fn install_provider() {
         // Err only when a provider is already installed, which is as good.
         let _ = rustls::crypto::ring::default_provider().install_default();
     });
+}
+
+/// The CAs `https://` servers are checked against: `server.ca_cert`'s, or the system's.
+/// A file without a usable certificate is the config's error, naming the key and the path.
+pub fn trust_roots(cfg: &Config) -> Result<TrustRoots, ConfigError> {
+    match &cfg.server.ca_cert {
+        None => Ok(TrustRoots::System),
+        Some(p) => load_ca(p)
+            .map(TrustRoots::Only)
+            .map_err(|why| cfg.invalid("server.ca_cert", why)),
+    }
 }
 
 /// The CA certificates of a PEM file: at least one, each usable as a trust anchor. The

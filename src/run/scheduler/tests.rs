@@ -1,7 +1,9 @@
 //! The scheduler's tests: lanes, budgets, open items and their samples.
 
 use super::*;
+use crate::estimate::speed::SpeedCurve;
 use crate::store::queue::Item;
+use std::sync::atomic::Ordering;
 
 fn queue_with(rows: &[u64]) -> (tempfile::TempDir, Arc<Queue>) {
     let dir = tempfile::tempdir().unwrap();
