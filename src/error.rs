@@ -382,6 +382,19 @@ impl From<crate::output::export::OutError> for Error {
 }
 
 /// A partition the job cannot have is the user's to fix (exit 2).
+/// What the user changes (a flag, the config, the data as it is) is theirs; the rest is
+/// reading shards or writing the output.
+impl From<crate::output::export::error::ExportError> for Error {
+    fn from(e: crate::output::export::error::ExportError) -> Error {
+        let kind = if e.is_usage() {
+            Kind::Usage
+        } else {
+            Kind::Runtime
+        };
+        Error::new(kind, e)
+    }
+}
+
 impl From<crate::cluster::partition::PartitionError> for Error {
     fn from(e: crate::cluster::partition::PartitionError) -> Error {
         Error::new(Kind::Usage, e)

@@ -501,7 +501,7 @@ pub(crate) fn export(
         None
     };
     opts.status = status;
-    let r = spool::output::export::export(&cfg, &opts).map_err(Error::runtime);
+    let r = spool::output::export::export(&cfg, &opts).map_err(Error::from);
     drop(scratch);
     let r = r?;
     let acc = &r.accounting;

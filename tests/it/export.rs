@@ -18,7 +18,7 @@ fn export(
     format: Format,
     out: &Path,
     dataset: Option<&str>,
-) -> anyhow::Result<ExportReport> {
+) -> Result<ExportReport, spool::output::export::error::ExportError> {
     spool::output::export::export(
         cfg,
         &ExportOptions {

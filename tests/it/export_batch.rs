@@ -19,7 +19,7 @@ fn export_batch(
     cfg: &spool::config::Config,
     out: &Path,
     status: Option<StatusReport>,
-) -> anyhow::Result<ExportReport> {
+) -> Result<ExportReport, spool::output::export::error::ExportError> {
     spool::output::export::export(
         cfg,
         &ExportOptions {

@@ -23,7 +23,7 @@ fn export(
     dataset: Option<&str>,
     draft_vocab: Option<usize>,
     target_vocab: Option<usize>,
-) -> anyhow::Result<ExportReport> {
+) -> Result<ExportReport, spool::output::export::error::ExportError> {
     spool::output::export::export(
         cfg,
         &ExportOptions {

@@ -1,8 +1,8 @@
 //! What a newcomer meets in the first hour, through the real binary: a usage error exits 2
 //! in every command and says what to do; a dataset whose every row is rejected ends the
 //! run with exit 2 naming the key to add (and reads `rejected`, never `pending`); commands
-//! that report on stdout keep INFO lines out of the way; the mock says at start what it
-//! will answer like.
+//! that report on stdout keep INFO lines out of the way, and an export's flags the user
+//! must change exit 2; the mock says at start what it will answer like.
 
 use crate::process::{spool, status_json};
 use crate::support::*;
@@ -126,7 +126,9 @@ async fn a_dataset_rejected_whole_exits_2_naming_the_key() {
 }
 
 /// After a run, `status`, `verify`, `show` and `export` print their answer without the
-/// queue's INFO lines on stderr; `-v` brings the detail back.
+/// queue's INFO lines on stderr; `-v` brings the detail back. An export the user must
+/// change (an unknown `--dataset`, a `--holdout` that is no fraction, an id export of rows
+/// without ids, `--end-of-turn` by name without a tokenizer) exits 2 naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reporting_commands_keep_info_lines_out_of_the_way() {
     let dir = tempfile::tempdir().unwrap();
@@ -175,6 +177,23 @@ async fn reporting_commands_keep_info_lines_out_of_the_way() {
         "-v shows the detail: {}",
         stderr(&o)
     );
+    // What an export needs from the user is theirs to change: exit 2, naming it.
+    let out = out.display().to_string();
+    for (args, says) in [
+        (&["--dataset", "nope"][..], "--dataset"),
+        (&["--holdout", "2"], "--holdout 2"),
+        (&["--format", "specforge"], "token ids"),
+        (&["--end-of-turn", "<|im_end|>"], "--end-of-turn"),
+    ] {
+        let mut all = vec!["export", "--force", "--out", &out];
+        all.extend_from_slice(args);
+        if !args.contains(&"--format") {
+            all.extend_from_slice(&["--format", "sharegpt"]);
+        }
+        let o = spool(&cfg, &all, &[]);
+        assert_eq!(o.status.code(), Some(2), "{all:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{all:?}: {}", stderr(&o));
+    }
 }
 
 /// `spool mock-server` says at start what it answers like (its ids, its speed, the

@@ -18,8 +18,8 @@
 //! the same file; the sink holds one item's rows at a time.
 
 use super::{Accounting, ExportContext, ExportRow, Jsonl, Sink};
+use crate::output::export::error::{Context, Result};
 use crate::store::queue::{Queue, QueueError};
-use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use std::io::BufRead;
 use std::path::{Path, PathBuf};

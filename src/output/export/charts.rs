@@ -5,7 +5,7 @@
 //! count, left to right in order, each bar's left edge labelled with its first value.
 
 use super::stats::Bucket;
-use anyhow::{anyhow, Result};
+use crate::output::export::error::{ExportError, Result};
 use plotters::prelude::*;
 
 /// Width and height of every chart, in pixels.
@@ -15,7 +15,8 @@ pub const SIZE: (u32, u32) = (640, 300);
 /// the y axis `y_desc`. Bars of one value each are labelled at their centre; bars of a
 /// range stand side by side on a value axis whose labels are the ranges' edges.
 pub fn histogram_svg(title: &str, x_desc: &str, y_desc: &str, bars: &[Bucket]) -> Result<String> {
-    let err = |e: &dyn std::fmt::Display| anyhow!("cannot draw `{title}`: {e}");
+    let err =
+        |e: &dyn std::fmt::Display| ExportError::broken(format!("cannot draw `{title}`: {e}"));
     let single = bars.iter().all(|b| b.lo == b.hi);
     let n = bars.len().max(1) as f64;
     // Bar i spans [left(i), left(i) + 1) on the x axis.

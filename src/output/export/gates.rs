@@ -9,8 +9,8 @@
 
 use super::{ExportRow, Format};
 use crate::observe::status::StatusReport;
+use crate::output::export::error::{ExportError, Result};
 use crate::prompt::reasoning::ThinkMarkers;
-use anyhow::{bail, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -269,29 +269,29 @@ impl Accounting {
     pub fn finish(&mut self) -> Result<()> {
         for d in &self.datasets {
             if d.kept + d.dropped_total() != d.rows_in {
-                bail!(
+                return Err(ExportError::broken(format!(
                     "{}: accounting does not add up: {} kept + {} dropped != {} rows read",
                     d.dataset,
                     d.kept,
                     d.dropped_total(),
                     d.rows_in
-                );
+                )));
             }
             if let Some(q) = &d.queue {
                 let sum = q.done + q.failed + q.not_done + q.rejected;
                 if sum != q.input_rows {
-                    bail!(
+                    return Err(ExportError::broken(format!(
                         "{}: the queue's counts do not add up: {} done + {} failed + {} not done + {} rejected != {} input rows",
                         d.dataset, q.done, q.failed, q.not_done, q.rejected, q.input_rows
-                    );
+                    )));
                 }
                 if q.source == "queue" && d.items_in_shards != q.sharded {
-                    bail!(
+                    return Err(ExportError::broken(format!(
                         "{}: the sealed shards hold {} item(s) but the queue says {} were written to shards: run `spool verify`",
                         d.dataset,
                         d.items_in_shards,
                         q.sharded
-                    );
+                    )));
                 }
             }
         }

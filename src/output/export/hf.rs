@@ -37,7 +37,7 @@ use super::sharegpt::{input_turns, tools_string};
 use super::stats::DatasetStats;
 use super::{Accounting, ExportContext, ExportRow, Sink};
 use crate::config::{Config, DatasetConfig};
-use anyhow::{Context, Result};
+use crate::output::export::error::{Context, ExportError, Result};
 use arrow_array::builder::{
     Int32Builder, ListBuilder, StringBuilder, StructBuilder, UInt32Builder, UInt8Builder,
 };
@@ -674,7 +674,7 @@ impl Sink for HfSink {
         let mut splits = std::mem::take(&mut self.current);
         let res = match splits.get_mut(at) {
             Some(cur) => self.push_to(cur, row),
-            None => Err(anyhow::anyhow!("a row before its dataset")),
+            None => Err(ExportError::broken("a row before its dataset")),
         };
         self.current = splits;
         res

@@ -9,7 +9,7 @@
 //! Invariant: a row goes to exactly one of the two outputs.
 
 use super::{Accounting, ExportRow, Sink};
-use anyhow::{bail, Result};
+use crate::output::export::error::{ExportError, Result};
 use std::path::{Path, PathBuf};
 
 /// The held-out fraction, checked.
@@ -22,7 +22,9 @@ impl Holdout {
     /// A split holding out `fraction` of each dataset's items; it must be in (0, 1).
     pub fn new(fraction: f64) -> Result<Self> {
         if !(fraction > 0.0 && fraction < 1.0) {
-            bail!("--holdout {fraction}: must be a fraction between 0 and 1 (e.g. 0.02)");
+            return Err(ExportError::usage(format!(
+                "--holdout {fraction}: must be a fraction between 0 and 1 (e.g. 0.02)"
+            )));
         }
         Ok(Holdout { fraction })
     }

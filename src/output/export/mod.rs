@@ -26,6 +26,7 @@
 
 pub mod batch;
 pub mod charts;
+pub mod error;
 pub mod gates;
 pub mod hf;
 pub mod holdout;
@@ -44,8 +45,8 @@ pub use rows::{EndOfTurn, ExportRow, TurnEnds};
 
 use crate::config::Config;
 use crate::observe::status::StatusReport;
+use crate::output::export::error::{Context, ExportError, Result};
 use crate::prompt::tokenizer::Tokenizer;
-use anyhow::{bail, Context, Result};
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -370,9 +371,9 @@ fn open_sink(
             Format::TokenFreq => vocab::token_freq_sink(tmp, ctx, opts.target_vocab)?,
             Format::DraftVocab => {
                 let Some(n) = opts.draft_vocab else {
-                    bail!(
-                        "--format draft-vocab needs --draft-vocab N (the draft vocabulary's size)"
-                    );
+                    return Err(ExportError::usage(
+                        "--format draft-vocab needs --draft-vocab N (the draft vocabulary's size)",
+                    ));
                 };
                 vocab::draft_vocab_sink(tmp, &opts.out, ctx, n, opts.target_vocab)?
             }
@@ -442,11 +443,11 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
         .collect();
     if let Some(d) = &opts.dataset {
         if names.is_empty() {
-            bail!(crate::config::ConfigError::Invalid {
+            return Err(ExportError::usage(crate::config::ConfigError::Invalid {
                 path: cfg.source.clone(),
                 key: "--dataset".into(),
                 detail: format!("no dataset `{d}` in the config"),
-            });
+            }));
         }
     }
     let ctx = rows::context(cfg, names.clone(), opts.end_of_turn.as_deref())?;
@@ -515,11 +516,11 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
             .filter_map(|d| d.dropped.get("no_token_ids"))
             .sum();
         if opts.format.needs_ids() && acc.kept() == 0 && without_ids > 0 {
-            bail!(
+            return Err(ExportError::usage(format!(
                 "none of the {without_ids} completed rows has token ids: a `{}` export needs them ({})",
                 opts.format.name(),
                 ids_key(cfg)
-            );
+            )));
         }
         sink.finish(&acc)?;
         Ok(ExportReport {

@@ -12,7 +12,7 @@ use super::charts::histogram_svg;
 use super::holdout::Holdout;
 use super::stats::{histogram, label, Bucket, DatasetStats};
 use super::{Accounting, ExportContext, ExportRow, Sink};
-use anyhow::{Context, Result};
+use crate::output::export::error::{Context, Result};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -13,6 +13,7 @@
 
 use super::ExportContext;
 use crate::config::Config;
+use crate::output::export::error::{Context, ExportError, Result};
 use crate::output::reader::{batch_to_rows, ShardReader};
 use crate::output::schema::META_COUNT_SOURCE;
 use crate::output::shard::{folder_entries, parse_shard_index};
@@ -22,7 +23,6 @@ use crate::prompt::tokenizer::Tokenizer;
 use crate::prompt::ChatTemplate;
 use crate::store::row::ShardRow;
 use crate::store::stop_reason::StopReason;
-use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -144,11 +144,11 @@ pub fn end_of_turn_of(tokenizer_json: &Path, tokenizer: &Tokenizer) -> Result<Op
         _ => return Ok(None),
     };
     let id = tokenizer.token_to_id(&token).ok_or_else(|| {
-        anyhow!(
+        ExportError::usage(format!(
             "{}: key `eos_token`: `{token}` is not a token of {}",
             cfg.display(),
             tokenizer_json.display()
-        )
+        ))
     })?;
     Ok(Some(EndOfTurn {
         id,
@@ -185,10 +185,10 @@ fn generation_eos(folder: &Path) -> Result<Option<Vec<u32>>> {
         one => id(one).map(|i| vec![i]),
     };
     ids.map(Some).ok_or_else(|| {
-        anyhow!(
+        ExportError::usage(format!(
             "{}: key `eos_token_id` must be a token id or a list of them",
             p.display()
-        )
+        ))
     })
 }
 
@@ -282,11 +282,13 @@ pub fn end_of_turn_arg(arg: &str, tokenizer: Option<&Tokenizer>) -> Result<EndOf
     if let Ok(id) = arg.parse::<u32>() {
         let token = match tokenizer {
             Some(t) if (id as usize) < t.vocab_size() => t.decode(&[id]).unwrap_or_default(),
-            Some(t) => bail!(
-                "--end-of-turn {arg}: not a token id of {} ({} ids)",
-                t.origin().display(),
-                t.vocab_size()
-            ),
+            Some(t) => {
+                return Err(ExportError::usage(format!(
+                    "--end-of-turn {arg}: not a token id of {} ({} ids)",
+                    t.origin().display(),
+                    t.vocab_size()
+                )))
+            }
             None => String::new(),
         };
         return Ok(EndOfTurn {
@@ -297,13 +299,13 @@ pub fn end_of_turn_arg(arg: &str, tokenizer: Option<&Tokenizer>) -> Result<EndOf
         });
     }
     let Some(t) = tokenizer else {
-        bail!("--end-of-turn {arg}: a token needs the config's [tokenizer] to find its id; give the id instead");
+        return Err(ExportError::usage(format!("--end-of-turn {arg}: a token needs the config's [tokenizer] to find its id; give the id instead")));
     };
     let id = t.token_to_id(arg).ok_or_else(|| {
-        anyhow!(
+        ExportError::usage(format!(
             "--end-of-turn {arg}: not a token of {} (give a token such as `<|im_end|>`, or its id)",
             t.origin().display()
-        )
+        ))
     })?;
     Ok(EndOfTurn {
         id,
@@ -433,16 +435,16 @@ pub fn for_each_row(
         .into();
     let batches = reader
         .batches(None)
-        .map_err(|e| anyhow!(e.detail()))
+        .map_err(|e| ExportError::broken(e.detail()))
         .with_context(|| format!("cannot read {}", path.display()))?;
     let mut rows = Vec::new();
     for batch in batches {
         let batch = batch
-            .map_err(|e| anyhow!(e.detail()))
+            .map_err(|e| ExportError::broken(e.detail()))
             .with_context(|| format!("cannot decode {}", path.display()))?;
         rows.clear();
         batch_to_rows(path, &batch, &mut rows)
-            .map_err(|e| anyhow!(e.detail()))
+            .map_err(|e| ExportError::broken(e.detail()))
             .with_context(|| format!("cannot decode {}", path.display()))?;
         for row in rows.drain(..) {
             let row = prepare_with(row, count_source.clone(), ending)
@@ -479,16 +481,13 @@ pub fn prepare_with(
     ending: Ending<'_>,
 ) -> Result<ExportRow> {
     let close = closing(&row, ending).map_err(|why| {
-        anyhow!(
+        ExportError::usage(format!(
             "dataset `{}`, item `{}` (sample {}, turn {}): the model ended its turn, the server \
              neither named its stop token nor left it in the ids, and spool cannot tell which \
              id ends a turn: {why}; pass --end-of-turn ID|TOKEN (e.g. --end-of-turn \
              '<|im_end|>')",
-            row.dataset,
-            row.id,
-            row.sample,
-            row.turn
-        )
+            row.dataset, row.id, row.sample, row.turn
+        ))
     })?;
     Ok(finish(row, count_source, close))
 }

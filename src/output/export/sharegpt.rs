@@ -13,7 +13,7 @@
 //! fails the whole load, a string that is always there does not.
 
 use super::{Accounting, ExportRow, Jsonl, Sink};
-use anyhow::{bail, Context, Result};
+use crate::output::export::error::{Context, ExportError, Result};
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -51,7 +51,12 @@ pub fn input_turns(row: &ExportRow) -> Result<Vec<Value>> {
             .with_context(|| format!("item `{}`: stored messages are not JSON", r.id))?
         {
             Value::Array(a) => a,
-            _ => bail!("item `{}`: stored messages are not a JSON array", r.id),
+            _ => {
+                return Err(ExportError::broken(format!(
+                    "item `{}`: stored messages are not a JSON array",
+                    r.id
+                )))
+            }
         },
         None => vec![json!({"role": "user", "content": r.prompt})],
     })

@@ -29,7 +29,7 @@
 
 use super::sharegpt::{assistant_turn, chat_message, chat_turns, input_turns, tools_string};
 use super::{Accounting, ExportRow, Jsonl, Sink};
-use anyhow::{Context, Result};
+use crate::output::export::error::{Context, Result};
 use serde_json::{json, Value};
 use std::path::Path;
 

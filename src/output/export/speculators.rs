@@ -20,8 +20,8 @@
 
 use super::{Accounting, ExportContext, ExportRow, Jsonl, Sink};
 use crate::config::Sampling;
+use crate::output::export::error::{Context, ExportError, Result};
 use crate::prompt::tokenizer::Tokenizer;
-use anyhow::{Context, Result};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -82,7 +82,11 @@ pub fn sampling_json(config: Option<&Sampling>, drawn: Option<&str>) -> Result<S
     if let Some(d) = drawn {
         match serde_json::from_str::<Value>(d)? {
             Value::Object(o) => m.extend(o),
-            other => anyhow::bail!("expected an object, not {other}"),
+            other => {
+                return Err(ExportError::broken(format!(
+                    "expected an object, not {other}"
+                )))
+            }
         }
     }
     Ok(Value::Object(m).to_string())

@@ -7,7 +7,7 @@
 //! PyTorch takes; every real vocabulary fits).
 
 use super::{Accounting, ExportRow, Jsonl, Sink};
-use anyhow::{Context, Result};
+use crate::output::export::error::{Context, Result};
 use arrow_array::builder::{Int32Builder, ListBuilder, StringBuilder, UInt32Builder, UInt8Builder};
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};

@@ -26,7 +26,7 @@
 //! `t2d` of another length is rejected by both frameworks when they load it.
 
 use super::{Accounting, ExportContext, ExportRow, Sink};
-use anyhow::{bail, Context, Result};
+use crate::output::export::error::{Context, ExportError, Result};
 use safetensors::{Dtype, View};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -50,7 +50,7 @@ pub struct TargetVocab {
 pub fn model_vocab(ctx: &ExportContext, given: Option<usize>) -> Result<Option<TargetVocab>> {
     if let Some(size) = given {
         if size == 0 {
-            bail!("--target-vocab must be > 0");
+            return Err(ExportError::usage("--target-vocab must be > 0"));
         }
         return Ok(Some(TargetVocab {
             size,
@@ -126,10 +126,10 @@ impl TokenCounts {
             let t = t as usize;
             if t >= self.counts.len() {
                 match &self.fixed {
-                    Some(v) => bail!(
+                    Some(v) => return Err(ExportError::usage(format!(
                         "dataset `{}` item `{}` sample {} turn {}: completion token id {t} is outside the target vocabulary of {} (from {}); pass --target-vocab with the model's vocab_size",
                         r.dataset, r.id, r.sample, r.turn, v.size, v.source
-                    ),
+                    ))),
                     None => self.counts.resize(t + 1, 0),
                 }
             }
@@ -358,16 +358,15 @@ pub fn draft_vocab_sink(
             Some(t) => format!("no config.json beside {}", t.origin().display()),
             None => "the config has no [tokenizer]".into(),
         };
-        bail!(
+        return Err(ExportError::usage(format!(
             "--format draft-vocab needs the target model's vocabulary size ({beside}): pass --target-vocab N with the model config's vocab_size (151936 for Qwen3)"
-        );
+        )));
     };
     if n == 0 || n > vocab.size {
-        bail!(
+        return Err(ExportError::usage(format!(
             "--draft-vocab {n}: must be between 1 and the target vocabulary's {} (from {})",
-            vocab.size,
-            vocab.source
-        );
+            vocab.size, vocab.source
+        )));
     }
     Ok(Box::new(DraftVocabSink {
         path: tmp.to_path_buf(),
