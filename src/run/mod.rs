@@ -46,6 +46,7 @@ mod ending;
 pub mod enqueue;
 pub mod job;
 pub mod pitfalls;
+pub mod plan;
 pub mod probe;
 mod prompt_ids;
 pub mod scheduler;

@@ -37,12 +37,6 @@ fn allowed(from: &str) -> Option<&'static [&'static str]> {
 /// Imports the rules forbid that are still there: (from, to, file under `src/`), why.
 const IMPORT_DEBTS: &[(&str, &str, &str, &str)] = &[
     (
-        "config",
-        "run",
-        "config.rs",
-        "a partition's growing allowances ride in Config until a JobPlan carries them",
-    ),
-    (
         "input",
         "output",
         "input/remote.rs",
