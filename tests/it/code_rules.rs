@@ -43,12 +43,6 @@ const IMPORT_DEBTS: &[(&str, &str, &str, &str)] = &[
         "inputs are fetched through output::bucket",
     ),
     (
-        "mock",
-        "output",
-        "mock/vocab.rs",
-        "the end-of-turn id is looked up by export::rows",
-    ),
-    (
         "output",
         "observe",
         "output/export/gates.rs",
