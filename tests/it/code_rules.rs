@@ -57,20 +57,8 @@ const IMPORT_DEBTS: &[(&str, &str, &str, &str)] = &[
     (
         "output",
         "upstream",
-        "output/archive.rs",
-        "CountSource is defined in upstream",
-    ),
-    (
-        "output",
-        "upstream",
         "output/bucket.rs",
         "the bucket installs the TLS provider",
-    ),
-    (
-        "store",
-        "output",
-        "store/blocks.rs",
-        "folders are made with output::files' mode",
     ),
 ];
 
