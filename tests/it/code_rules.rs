@@ -37,12 +37,6 @@ fn allowed(from: &str) -> Option<&'static [&'static str]> {
 /// Imports the rules forbid that are still there: (from, to, file under `src/`), why.
 const IMPORT_DEBTS: &[(&str, &str, &str, &str)] = &[
     (
-        "input",
-        "output",
-        "input/remote.rs",
-        "inputs are fetched through output::bucket",
-    ),
-    (
         "output",
         "observe",
         "output/export/gates.rs",
