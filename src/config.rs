@@ -33,9 +33,7 @@ pub use tokenizer::{PromptSource, TemplateCheck, TokenizerConfig};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use validate::byte_kind;
 
 /// A config that cannot be used; the message names the file and the key (exit code 2).
@@ -107,14 +105,6 @@ pub struct Config {
     /// `[run] partitions`, `--partition` and the scheduler's environment).
     #[serde(skip)]
     pub partition: Option<partition::Partition>,
-    /// Per dataset, the ids already committed to the object store, which intake skips
-    /// (not a key: read from the store at start).
-    #[serde(skip)]
-    pub committed: HashMap<String, Arc<HashSet<String>>>,
-    /// Per dataset, a budget that grows while the run goes (a cluster partition's part of
-    /// its job's budget), read in place of `token_budget` (not a key).
-    #[serde(skip)]
-    pub allowances: HashMap<String, Arc<crate::run::allowance::Allowance>>,
 }
 
 fn default_data_dir() -> PathBuf {

@@ -401,8 +401,8 @@ impl From<crate::cluster::partition::PartitionError> for Error {
     }
 }
 
-impl From<crate::input::remote::FetchError> for Error {
-    fn from(e: crate::input::remote::FetchError) -> Error {
+impl From<crate::run::inputs::FetchError> for Error {
+    fn from(e: crate::run::inputs::FetchError) -> Error {
         Error::runtime(e)
     }
 }

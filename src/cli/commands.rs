@@ -134,7 +134,7 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Error> {
 pub(crate) fn run(flags: &Flags, knobs: spool::knobs::Knobs, reshape: bool) -> Result<u8, Error> {
     let mut cfg = load(flags)?;
     let rt = runtime()?;
-    rt.block_on(spool::input::remote::fetch_inputs(&mut cfg))?;
+    rt.block_on(spool::run::inputs::fetch_inputs(&mut cfg))?;
     let cluster = spool::cluster::worker::is_cluster(&cfg);
     let summary = if cluster {
         rt.block_on(spool::cluster::worker::run(

@@ -32,6 +32,7 @@ use crate::observe::status::StatusReport;
 use crate::output::bucket::Bucket;
 use crate::run::allowance::Allowance;
 use crate::run::job::RunSummary;
+use crate::run::plan::RunPlan;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -213,6 +214,7 @@ pub async fn run(
     retry_locally(&cfg.data_dir, &knobs, &retried)?;
     let shared = Arc::new(Mutex::new(log));
     let mut lanes = Vec::new();
+    let mut plan = RunPlan::default();
     for d in &mut cfg.datasets {
         let Some(total) = d.token_budget else {
             continue;
@@ -233,14 +235,14 @@ pub async fn run(
         tracing::info!(dataset = %d.name, budget = total, allowance = log.dataset(&d.name).allowance(),
             committed = log.committed_tokens(&d.name), pool = ledger.pool(total),
             "partition's budget: tickets from the job's pool as needed");
-        cfg.allowances.insert(d.name.clone(), allowance.clone());
+        plan.allowances.insert(d.name.clone(), allowance.clone());
         d.token_budget = Some(granted);
         lanes.push(budget::Lane::new(&d.name, total, ledger, allowance));
     }
     {
         let log = shared.lock().await;
         for d in &cfg.datasets {
-            cfg.committed
+            plan.committed
                 .insert(d.name.clone(), Arc::new(log.settled(&d.name)));
         }
     }
@@ -275,7 +277,7 @@ pub async fn run(
     let stop = CancellationToken::new();
     let sweeping = tokio::spawn(publisher.run(stop.clone()));
     let granting = tokio::spawn(agent.run(stop.clone()));
-    let summary = crate::run::job::run(cfg, knobs.clone(), shutdown).await;
+    let summary = crate::run::job::run_planned(cfg, plan, knobs.clone(), shutdown).await;
     stop.cancel();
     let publisher = sweeping
         .await

@@ -8,7 +8,8 @@
 //! raw row or says why it is rejected; [`dedup`] is the set of ids taken in; [`intake`]
 //! runs them in parallel and hands the result to an [`intake::IntakeSink`]. The stage does
 //! not know the queue: the sink is implemented where the queue is (`crate::run::enqueue`).
-//! [`remote`] fetches dataset files kept in object storage to a local copy first.
+//! Dataset files kept in object storage are fetched to a local copy first, by the run
+//! (`crate::run::inputs`), since the object store's door is `output::bucket`.
 //! [`limits`] holds the sizes every row and file is held to (memory bounded on any input).
 
 pub mod batch;
@@ -17,5 +18,4 @@ pub mod dedup;
 pub mod intake;
 pub mod limits;
 pub mod parquet;
-pub mod remote;
 pub mod row;

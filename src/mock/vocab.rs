@@ -28,7 +28,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 
 use super::sim::{Finish, LengthModel, Limits, Plan, Shape, Think, THINK_CLOSE, THINK_OPEN, VOCAB};
-use crate::output::export::rows::end_of_turn_of;
+use crate::prompt::end_of_turn::end_of_turn_of;
 use crate::prompt::tokenizer::Tokenizer;
 
 /// Fewest usable words: fewer would make the outputs too repetitive to stand for text.
@@ -379,7 +379,7 @@ impl RealVocab {
         }
         // Only `--eos-in-ids` needs the tokenizer's own end of turn; otherwise it is just
         // the id `/generate` reports as matched.
-        let eos = match end_of_turn_of(tok.origin(), &tok)? {
+        let eos = match end_of_turn_of(tok.origin(), &tok).map_err(anyhow::Error::msg)? {
             Some(e) => e.id,
             None if !eos_in_ids => super::sim::EOS_ID,
             None => bail!(

@@ -33,7 +33,6 @@ use crate::output::shard::{self, SealedShard, ShardError, ShardLimits};
 use crate::output::writer::{row_bytes, ShardWriter, ROW_GROUP_MAX_ROWS};
 use crate::store::queue::{Queue, QueueError, Repair, ShardedRow};
 use crate::store::row::ShardRow;
-use crate::upstream::CountSource;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -234,7 +233,7 @@ impl Archive {
 
     /// A new shard for dataset `ds`, numbered by the queue's `next_shard`, its metadata
     /// stamped with where `source` says the rows' token counts came from.
-    fn open_shard(&self, ds: u16, source: Option<CountSource>) -> Result<Open, ArchiveError> {
+    fn open_shard(&self, ds: u16, source: Option<&str>) -> Result<Open, ArchiveError> {
         let index = self.queue.state(ds).map(|s| s.next_shard).unwrap_or(0);
         let mut meta = self
             .datasets
@@ -242,11 +241,7 @@ impl Archive {
             .map(|d| d.metadata.clone())
             .unwrap_or_default();
         if let Some(src) = source {
-            let v = serde_json::to_value(src).unwrap_or_default();
-            meta.push((
-                META_COUNT_SOURCE.into(),
-                v.as_str().unwrap_or("").to_string(),
-            ));
+            meta.push((META_COUNT_SOURCE.into(), src.to_string()));
         }
         let writer = ShardWriter::create(&self.dir(ds), index, &self.limits, meta, &self.faults)?;
         Ok(Open {
@@ -260,14 +255,15 @@ impl Archive {
     }
 
     /// Appends durable results; returns the shards sealed on the way. `source` says where
-    /// the rows' token counts came from (stamped into the shard that opens for them). An
+    /// the rows' token counts came from (`upstream::CountSource::name`, stamped into the
+    /// shard that opens for them). An
     /// item's rows come together, consecutively, in one call (as
     /// [`Queue::unsharded_item`] gives them): a later row of an item already taken is
     /// refused as a second copy.
     pub fn add(
         &mut self,
         ds: u16,
-        source: Option<CountSource>,
+        source: Option<&str>,
         rows: Vec<ShardRow>,
     ) -> Result<Vec<SealedShard>, ArchiveError> {
         let mut sealed = Vec::new();

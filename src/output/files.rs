@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 
 /// Files spool writes for others to read (shards, exports): owner and group read.
 pub const FILE_MODE: u32 = 0o640;
-/// Folders of those files.
-pub const DIR_MODE: u32 = 0o750;
+/// Folders of those files (made by the store's durable folder layer, whose mode it is).
+pub use crate::store::blocks::DIR_MODE;
 /// Scratch files: the owner's alone.
 pub const PRIVATE_FILE_MODE: u32 = 0o600;
 /// Scratch folders.

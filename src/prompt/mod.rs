@@ -12,7 +12,8 @@
 //! exact fast path for byte-level BPE files, whose pre-tokenizer split is [`pretokenize`],
 //! and [`tiktoken`] for Kimi's vocabulary, whose split is [`kimi_pattern`]; both merge
 //! with `merge`; [`remote`] names what a server that renders prompts itself does;
-//! [`settings`] checks the config's prompt keys against this stage;
+//! [`settings`] checks the config's prompt keys against this stage; [`end_of_turn`] is the
+//! token a model's files say closes a turn;
 //! [`error`] is the stage's one error type.
 
 pub mod builder;
@@ -20,6 +21,7 @@ pub mod byte_bpe;
 pub mod chat_template;
 pub mod conversation;
 pub mod draw;
+pub mod end_of_turn;
 pub mod error;
 pub mod kimi_pattern;
 pub mod kimi_tools;

@@ -151,7 +151,7 @@ fn archive_loop(
     }
     let _ = seeded.send(());
     while let Some((ds, rows)) = rx.blocking_recv() {
-        let source = rows.first().map(|r| r.1);
+        let source = rows.first().map(|r| r.1.name());
         let rows: Vec<ShardRow> = rows.into_iter().map(|r| r.0).collect();
         let sealed = archive.add(ds, source, rows)?;
         record(&sealed, ds);

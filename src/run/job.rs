@@ -41,6 +41,7 @@ use crate::prompt::{ChatTemplate, PromptBuilder, Tokenizer};
 use crate::run::archiver::{output_failure, Archiver, Archiving, ToArchive};
 use crate::run::committer::{self, CommitReceiver, Committer};
 use crate::run::dispatcher::dispatch;
+use crate::run::plan::RunPlan;
 use crate::run::probe::Probed;
 use crate::run::scheduler::{LaneSpec, Scheduler};
 use crate::run::servers::Servers;
@@ -103,7 +104,18 @@ pub async fn run(
     knobs: Knobs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<RunSummary, Error> {
-    match tokio::spawn(run_job(cfg, knobs, shutdown)).await {
+    run_planned(cfg, RunPlan::default(), knobs, shutdown).await
+}
+
+/// [`run`] with a plan beyond the config: a cluster partition's settled items and growing
+/// budgets ([`RunPlan`]).
+pub async fn run_planned(
+    cfg: Config,
+    plan: RunPlan,
+    knobs: Knobs,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<RunSummary, Error> {
+    match tokio::spawn(run_job(cfg, plan, knobs, shutdown)).await {
         Ok(r) => r,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         Err(e) => Err(Error::msg(format!("the job's task was cancelled: {e}"))),
@@ -122,11 +134,13 @@ pub fn check(cfg: &Config) -> Result<TrustRoots, Error> {
 /// The steps of a run, in order.
 async fn run_job(
     cfg: Config,
+    plan: RunPlan,
     knobs: Knobs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<RunSummary, Error> {
     let job = Job {
         cfg,
+        plan,
         knobs,
         stop: Arc::new(Stop::default()),
     };
@@ -265,6 +279,8 @@ async fn run_job(
 /// What every step of a run reads.
 struct Job {
     cfg: Config,
+    /// What the run takes besides the config (empty on one machine).
+    plan: RunPlan,
     /// Test and benchmark switches, read once by the caller.
     knobs: Knobs,
     stop: Arc<Stop>,
@@ -593,12 +609,12 @@ impl Job {
                 policy: cfg.run.budget_policy,
                 samples: cfg.generation_of(d).samples,
                 multi: cfg.generation_of(d).is_multi(),
-                allowance: cfg.allowances.get(&d.name).cloned(),
+                allowance: self.plan.allowances.get(&d.name).cloned(),
             })
             .collect();
         let sched = Arc::new(Scheduler::new(queue.clone(), specs, self.knobs.bench));
         // A budget granted while the run goes wakes the dispatcher at once.
-        for a in cfg.allowances.values() {
+        for a in self.plan.allowances.values() {
             let (a, sched, stop) = (a.clone(), sched.clone(), self.stop.stop.clone());
             tokio::spawn(async move {
                 loop {

@@ -10,7 +10,9 @@
 //! `template_check` (spool's rendering against the server's, before any generation) and
 //! `prompt_ids` (the prompt ids a row keeps, and who made them); `ending` (why a
 //! generation ended, from the server's answer); `pitfalls` (settings
-//! that do nothing, warned about at start).
+//! that do nothing, warned about at start); `inputs` (dataset files in object storage,
+//! fetched to a local copy before intake); `plan` (what a cluster partition's run takes
+//! besides its config).
 //!
 //! Invariant: an item (or one sample of it) is leased to at most one request at a time,
 //! and a result is committed at most once.
@@ -44,8 +46,10 @@ pub mod descriptors;
 mod dispatcher;
 mod ending;
 pub mod enqueue;
+pub mod inputs;
 pub mod job;
 pub mod pitfalls;
+pub mod plan;
 pub mod probe;
 mod prompt_ids;
 pub mod scheduler;

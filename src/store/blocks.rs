@@ -23,6 +23,10 @@
 use std::fs::File;
 use std::os::unix::fs::{DirBuilderExt, FileExt};
 use std::path::{Path, PathBuf};
+
+/// The mode of the folders spool makes for others to read (the queue's, the shards'):
+/// owner and group (`output::files` re-exports it beside the file modes).
+pub const DIR_MODE: u32 = 0o750;
 use std::sync::Mutex;
 
 /// Items per block: a block is the unit read back to dispatch an item (cached), so it is
@@ -352,7 +356,7 @@ pub fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
     // 0750 (less where the umask says so): output folders are read by the group.
     std::fs::DirBuilder::new()
         .recursive(true)
-        .mode(crate::output::files::DIR_MODE)
+        .mode(DIR_MODE)
         .create(dir)?;
     for made in missing.iter().rev() {
         sync_parent(made)?;

@@ -46,6 +46,18 @@ pub enum CountSource {
     Chunks,
 }
 
+impl CountSource {
+    /// Its name as stored (shard metadata `spool.count_source`, the serde form).
+    pub fn name(self) -> &'static str {
+        match self {
+            CountSource::Server => "server",
+            CountSource::TokenIds => "token_ids",
+            CountSource::Tokenizer => "tokenizer",
+            CountSource::Chunks => "chunks",
+        }
+    }
+}
+
 /// One attempt's input.
 pub struct GenerateRequest<'a> {
     /// Unique per attempt: SGLang's `rid`, `X-Request-Id` elsewhere; used to abort.
@@ -584,6 +596,19 @@ async fn read_prefix(mut resp: reqwest::Response, cap: usize) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The stored name of each count source is its serde form, which readers parse.
+    #[test]
+    fn count_source_names_are_their_serde_form() {
+        for c in [
+            CountSource::Server,
+            CountSource::TokenIds,
+            CountSource::Tokenizer,
+            CountSource::Chunks,
+        ] {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.name());
+        }
+    }
 
     /// `max_tokens` is cut to what the context leaves after the prompt, never below 1.
     #[test]

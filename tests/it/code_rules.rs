@@ -37,24 +37,6 @@ fn allowed(from: &str) -> Option<&'static [&'static str]> {
 /// Imports the rules forbid that are still there: (from, to, file under `src/`), why.
 const IMPORT_DEBTS: &[(&str, &str, &str, &str)] = &[
     (
-        "config",
-        "run",
-        "config.rs",
-        "a partition's growing allowances ride in Config until a JobPlan carries them",
-    ),
-    (
-        "input",
-        "output",
-        "input/remote.rs",
-        "inputs are fetched through output::bucket",
-    ),
-    (
-        "mock",
-        "output",
-        "mock/vocab.rs",
-        "the end-of-turn id is looked up by export::rows",
-    ),
-    (
         "output",
         "observe",
         "output/export/gates.rs",
@@ -69,20 +51,8 @@ const IMPORT_DEBTS: &[(&str, &str, &str, &str)] = &[
     (
         "output",
         "upstream",
-        "output/archive.rs",
-        "CountSource is defined in upstream",
-    ),
-    (
-        "output",
-        "upstream",
         "output/bucket.rs",
         "the bucket installs the TLS provider",
-    ),
-    (
-        "store",
-        "output",
-        "store/blocks.rs",
-        "folders are made with output::files' mode",
     ),
 ];
 

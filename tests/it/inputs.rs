@@ -890,7 +890,7 @@ async fn a_parquet_object_is_fetched_once_and_reads_like_the_file() {
         "",
     );
     let mut cfg = crate::support::load(&cfg_path);
-    spool::input::remote::fetch_inputs(&mut cfg).await.unwrap();
+    spool::run::inputs::fetch_inputs(&mut cfg).await.unwrap();
     let local = cfg.datasets[0].path.clone();
     assert_eq!(local, dir.path().join("data/inputs/d/prompts.parquet"));
     assert_eq!(
@@ -900,14 +900,12 @@ async fn a_parquet_object_is_fetched_once_and_reads_like_the_file() {
     // Unchanged: not fetched again (the copy's mtime stays).
     let t0 = std::fs::metadata(&local).unwrap().modified().unwrap();
     let mut again = crate::support::load(&cfg_path);
-    spool::input::remote::fetch_inputs(&mut again)
-        .await
-        .unwrap();
+    spool::run::inputs::fetch_inputs(&mut again).await.unwrap();
     assert_eq!(std::fs::metadata(&local).unwrap().modified().unwrap(), t0);
     // Changed (other bytes): fetched again.
     write_parquet(&object, &specs()[..3], 2);
     let mut changed = crate::support::load(&cfg_path);
-    spool::input::remote::fetch_inputs(&mut changed)
+    spool::run::inputs::fetch_inputs(&mut changed)
         .await
         .unwrap();
     assert_eq!(read_all(&local, "d").unwrap().len(), 3);

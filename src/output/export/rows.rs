@@ -17,6 +17,7 @@ use crate::output::export::error::{Context, ExportError, Result};
 use crate::output::reader::{batch_to_rows, ShardReader};
 use crate::output::schema::META_COUNT_SOURCE;
 use crate::output::shard::{folder_entries, parse_shard_index};
+pub use crate::prompt::end_of_turn::{end_of_turn_of, EndOfTurn};
 use crate::prompt::model_folder::ModelFiles;
 use crate::prompt::syntax::{Family, Syntax};
 use crate::prompt::tokenizer::Tokenizer;
@@ -25,19 +26,6 @@ use crate::store::row::ShardRow;
 use crate::store::stop_reason::StopReason;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// The token that closes an assistant turn, and where spool learned it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EndOfTurn {
-    pub id: u32,
-    pub token: String,
-    /// The model family's turn close, `generation_config.json`'s `eos_token_id`,
-    /// `tokenizer_config.json`'s `eos_token`, or `--end-of-turn`.
-    pub source: String,
-    /// The (id, token) that closes a turn ending in tool calls, where the family has
-    /// another one (GLM's `<|observation|>`, gpt-oss's `<|call|>`).
-    pub after_tool_call: Option<(u32, String)>,
-}
 
 /// What an export knows of how the model ends a turn.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,41 +109,6 @@ impl ExportRow {
 /// Whether a finish reason means the model closed its turn.
 pub fn ends_turn(finish_reason: &str) -> bool {
     matches!(finish_reason, "stop" | "tool_calls")
-}
-
-/// The end-of-turn token of the tokenizer at `tokenizer_json`: `eos_token` of the
-/// `tokenizer_config.json` beside it, looked up in the tokenizer. None when there is no
-/// such file or key.
-pub fn end_of_turn_of(tokenizer_json: &Path, tokenizer: &Tokenizer) -> Result<Option<EndOfTurn>> {
-    let cfg = tokenizer_json.with_file_name("tokenizer_config.json");
-    let text = match std::fs::read_to_string(&cfg) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", cfg.display())),
-    };
-    let v: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", cfg.display()))?;
-    let token = match &v["eos_token"] {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Object(o) => match o.get("content") {
-            Some(serde_json::Value::String(s)) => s.clone(),
-            _ => return Ok(None),
-        },
-        _ => return Ok(None),
-    };
-    let id = tokenizer.token_to_id(&token).ok_or_else(|| {
-        ExportError::usage(format!(
-            "{}: key `eos_token`: `{token}` is not a token of {}",
-            cfg.display(),
-            tokenizer_json.display()
-        ))
-    })?;
-    Ok(Some(EndOfTurn {
-        id,
-        token,
-        source: format!("{} (eos_token)", cfg.display()),
-        after_tool_call: None,
-    }))
 }
 
 /// The folder of a tokenizer path (a model folder, or the folder of `tokenizer.json`).

@@ -78,7 +78,12 @@ impl Job {
             generation: cfg.generation_of(d),
             filter: cfg.partition.map(|partition| ItemFilter {
                 partition,
-                committed: cfg.committed.get(&d.name).cloned().unwrap_or_default(),
+                committed: self
+                    .plan
+                    .committed
+                    .get(&d.name)
+                    .cloned()
+                    .unwrap_or_default(),
             }),
             server,
         }

@@ -1,5 +1,6 @@
 //! Dataset files in object storage (`path = "s3://bucket/key.jsonl.zst"`): fetched once into
-//! `data_dir/inputs/<dataset>/` and read from there like any local file.
+//! `data_dir/inputs/<dataset>/` at the start of a run, through `output::bucket` (the one
+//! door to object storage), and read from there by `input` like any local file.
 //!
 //! Invariant: the local copy is the object's bytes — streamed to a temporary name, synced
 //! and renamed — and is fetched again only when the object's size or ETag changed, in which
