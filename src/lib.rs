@@ -8,6 +8,7 @@
 
 pub mod cluster;
 pub mod config;
+pub mod crypto;
 pub mod error;
 pub mod estimate;
 pub mod input;

@@ -224,7 +224,7 @@ impl Bucket {
                 return Err(bad("no bucket name (s3://bucket/prefix)"));
             }
             // The store's HTTP client is reqwest over rustls with no provider of its own.
-            crate::upstream::tls::install_provider();
+            crate::crypto::install_provider();
             let mut b = object_store::aws::AmazonS3Builder::new();
             for (k, v) in env.iter().filter(|(k, _)| k.starts_with("AWS_")) {
                 if let Ok(key) = k.to_ascii_lowercase().parse() {

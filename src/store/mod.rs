@@ -58,6 +58,7 @@ mod open;
 pub mod queue;
 pub mod records;
 pub mod repair;
+pub mod report;
 pub mod results;
 pub mod row;
 pub mod stop_reason;

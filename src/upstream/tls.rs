@@ -28,15 +28,7 @@ pub enum TrustRoots {
     Only(Vec<CertificateDer<'static>>),
 }
 
-/// Makes `ring` the process's rustls provider, once; every reqwest client needs one and
-/// builds its TLS settings even for `http://` use. Call before building any reqwest client.
-pub fn install_provider() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // Err only when a provider is already installed, which is as good.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
+pub use crate::crypto::install_provider;
 
 /// The CAs `https://` servers are checked against: `server.ca_cert`'s, or the system's.
 /// A file without a usable certificate is the config's error, naming the key and the path.

@@ -8,9 +8,9 @@
 //!   stopped run, the items found in the shards must be exactly the queue's sharded items.
 
 use super::{ExportRow, Format};
-use crate::observe::status::StatusReport;
 use crate::output::export::error::{ExportError, Result};
 use crate::prompt::reasoning::ThinkMarkers;
+use crate::store::report::StatusReport;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;

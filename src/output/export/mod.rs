@@ -44,9 +44,9 @@ pub use gates::{Accounting, Gates, ThinkGate};
 pub use rows::{EndOfTurn, ExportRow, TurnEnds};
 
 use crate::config::Config;
-use crate::observe::status::StatusReport;
 use crate::output::export::error::{Context, ExportError, Result};
 use crate::prompt::tokenizer::Tokenizer;
+use crate::store::report::StatusReport;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
