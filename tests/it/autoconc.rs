@@ -60,6 +60,23 @@ async fn live_status(data: &Path) -> Option<StatusReport> {
         .ok()
 }
 
+/// Starts the run of `cfg` in the background (it runs until aborted): its task and its
+/// `data_dir`, where [`until`] reads its `/status`.
+fn start(
+    cfg: &Path,
+) -> (
+    tokio::task::JoinHandle<Result<spool::run::job::RunSummary, spool::error::Error>>,
+    std::path::PathBuf,
+) {
+    init_logs();
+    let run = tokio::spawn(spool::run::job::run(
+        load(cfg),
+        spool::knobs::Knobs::default(),
+        std::future::pending(),
+    ));
+    (run, cfg.with_file_name("data"))
+}
+
 /// Polls the run's `/status` until `pred` holds (a run reports once a second), at most
 /// `limit`; returns the report that satisfied it.
 async fn until(
@@ -139,13 +156,7 @@ async fn a_server_slowing_mid_run_gets_a_lower_limit_and_recovers() {
         n,
         "",
     );
-    init_logs();
-    let run = tokio::spawn(spool::run::job::run(
-        load(&cfg),
-        spool::knobs::Knobs::default(),
-        std::future::pending(),
-    ));
-    let data = dir.path().join("data");
+    let (run, data) = start(&cfg);
     let limits =
         |r: &StatusReport| -> Vec<u64> { r.servers.iter().map(|s| s.limit.unwrap_or(0)).collect() };
     let settled = until(&data, Duration::from_secs(90), |r| {
@@ -185,13 +196,7 @@ async fn a_server_dying_mid_run_loses_nothing() {
         n,
         "max_attempts = 20",
     );
-    init_logs();
-    let run = tokio::spawn(spool::run::job::run(
-        load(&cfg),
-        spool::knobs::Knobs::default(),
-        std::future::pending(),
-    ));
-    let data = dir.path().join("data");
+    let (run, data) = start(&cfg);
     until(&data, Duration::from_secs(90), |r| r.datasets[0].done > 150).await;
     dying.stop().await;
     let down = until(&data, Duration::from_secs(60), |r| {
@@ -326,13 +331,7 @@ async fn the_eta_follows_a_server_loss() {
         .unwrap()
         .replace("max_tokens = 1000", "max_tokens = 4000");
     std::fs::write(&cfg, text).unwrap();
-    init_logs();
-    let run = tokio::spawn(spool::run::job::run(
-        load(&cfg),
-        spool::knobs::Knobs::default(),
-        std::future::pending(),
-    ));
-    let data = dir.path().join("data");
+    let (run, data) = start(&cfg);
     until(&data, Duration::from_secs(120), |r| {
         r.datasets[0].done > 2500
     })

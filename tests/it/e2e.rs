@@ -268,18 +268,7 @@ async fn bad_rows_are_rejected_and_the_run_goes_on() {
         "{\"prompt\": \"good one\"}\n{not json\n{\"text\": \"x\"}\n{\"prompt\": \"dup\", \"id\": 1}\n{\"prompt\": \"dup2\", \"id\": 1}\n{\"prompt\": \"\"}\n",
     )
     .unwrap();
-    let cfg = write_config(
-        dir.path(),
-        &mock.url,
-        "completions",
-        false,
-        &[Ds {
-            name: "a",
-            file: "p.jsonl",
-            budget: None,
-        }],
-        "",
-    );
+    let cfg = one_dataset(dir.path(), &mock.url);
     let s = run_to_end(&cfg).await;
     let d = &s.report.datasets[0];
     assert_eq!((d.done, d.rejected), (2, 4));
