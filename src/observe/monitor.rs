@@ -37,8 +37,13 @@ const FINAL_WAIT: Duration = Duration::from_secs(3);
 /// The report of one moment: the queue's counts with the lanes' work in flight laid over
 /// them, so `pending` never counts an item in flight and `inflight` counts items (requests
 /// apart, as `requests_inflight`).
-fn report_now(queue: &Queue, cfg: &Config, views: &[LaneView]) -> StatusReport {
-    let mut r = StatusReport::from_queue(queue, cfg).unwrap_or_default();
+fn report_now(
+    queue: &Queue,
+    cfg: &Config,
+    views: &[LaneView],
+    previous: Option<&StatusReport>,
+) -> StatusReport {
+    let mut r = StatusReport::from_queue_since(queue, cfg, previous).unwrap_or_default();
     r.running = true;
     for d in &mut r.datasets {
         if let Some(v) = views.iter().find(|v| v.name == d.name) {
@@ -67,7 +72,7 @@ pub(crate) fn live_status(
         .unwrap_or_else(|p| p.into_inner())
         .clone();
     let Some((mut r, at)) = snapshot else {
-        return report_now(queue, cfg, &sched.views());
+        return report_now(queue, cfg, &sched.views(), None);
     };
     let since = at.elapsed().as_secs_f64();
     for d in &mut r.datasets {
@@ -148,7 +153,13 @@ impl Monitor {
     fn tick(&mut self, view: &RunView, metrics: &Metrics, live: &LiveRates, last: bool) {
         let now = Instant::now();
         let views = view.lanes();
-        let mut report = report_now(view.queue(), view.cfg(), &views);
+        let previous = live
+            .snapshot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|(r, _)| r.clone());
+        let mut report = report_now(view.queue(), view.cfg(), &views, previous.as_ref());
         let dmetrics = view.dataset_metrics();
         let readings = view.servers();
         let bars = bars::active();

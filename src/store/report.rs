@@ -136,9 +136,20 @@ pub struct StatusReport {
 impl StatusReport {
     /// From the queue alone (the process may have stopped).
     pub fn from_queue(queue: &Queue, cfg: &Config) -> Result<StatusReport, QueueError> {
+        StatusReport::from_queue_since(queue, cfg, None)
+    }
+
+    /// As [`Self::from_queue`], taking a dataset's first failures from `previous` while
+    /// its failed count is unchanged (a running process asks every second).
+    pub fn from_queue_since(
+        queue: &Queue,
+        cfg: &Config,
+        previous: Option<&StatusReport>,
+    ) -> Result<StatusReport, QueueError> {
+        let states = queue.states();
         let mut datasets = Vec::new();
         for d in &cfg.datasets {
-            let Some(s) = queue.states().into_iter().find(|s| s.name == d.name) else {
+            let Some(s) = states.iter().find(|s| s.name == d.name) else {
                 datasets.push(DatasetStatus {
                     name: d.name.clone(),
                     budget: d.token_budget,
@@ -147,11 +158,17 @@ impl StatusReport {
                 });
                 continue;
             };
-            let failures = queue
-                .failures(s.index, 5)?
-                .into_iter()
-                .map(|(row, f)| (row + 1, f.reason))
-                .collect();
+            let known = previous
+                .and_then(|r| r.datasets.iter().find(|p| p.name == d.name))
+                .filter(|p| p.failed == s.failed);
+            let failures = match known {
+                Some(p) => p.failures.clone(),
+                None => queue
+                    .failures(s.index, 5)?
+                    .into_iter()
+                    .map(|(row, f)| (row + 1, f.reason))
+                    .collect(),
+            };
             // Met, or (policy "cancel", which never crosses it) closer to it than one
             // average completion: nothing more will fit.
             let avg = s.completion_tokens.checked_div(s.done).unwrap_or(u64::MAX);
