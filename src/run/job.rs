@@ -100,7 +100,7 @@ impl RunSummary {
 /// dispatch loop then spawns each request's task onto its own worker's queue instead of the
 /// runtime's shared one, which would wake a worker thread for nearly every request.
 pub async fn run(
-    cfg: impl Into<Arc<Config>>,
+    cfg: Arc<Config>,
     knobs: Knobs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<RunSummary, Error> {
@@ -110,12 +110,12 @@ pub async fn run(
 /// [`run`] with a plan beyond the config ([`JobPlan`]): its partition, fetched inputs, and
 /// a cluster partition's staging folder, settled items and growing budgets.
 pub async fn run_planned(
-    cfg: impl Into<Arc<Config>>,
+    cfg: Arc<Config>,
     plan: JobPlan,
     knobs: Knobs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<RunSummary, Error> {
-    let (cfg, plan) = (cfg.into(), Arc::new(plan));
+    let plan = Arc::new(plan);
     match tokio::spawn(run_job(cfg, plan, knobs, shutdown)).await {
         Ok(r) => r,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
