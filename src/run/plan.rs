@@ -6,6 +6,11 @@
 //! cluster layer (`cluster::worker`) the rest; a one-machine run of a local config has the
 //! empty plan.
 //!
+//! The partition is the plan's rather than an override of the file: working it out needs
+//! the loaded file's `[run] partitions`. Only its index in `data_dir` (`{partition}`) is an
+//! override (`config::Overrides::partition`), so `Config::load` validates the folder it
+//! names.
+//!
 //! Invariant: the config stays as loaded (read-only after validation, shared as
 //! `Arc<Config>`); whatever a run learns rides here, never in `Config`, and every stage
 //! reads these values through the plan's accessors, which fall back to the config.
