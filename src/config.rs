@@ -12,6 +12,12 @@
 //! the prompt stage or the CA file's certificates are made by a run before it writes
 //! anything (`prompt::settings`, `upstream::tls::trust_roots`).
 //!
+//! A loaded `Config` is the file with the command line's [`Overrides`] (a worker's
+//! partition index in `data_dir` too) applied before validation, and read-only from then
+//! on: what a run learns later (its partition, a staging folder, fetched inputs, a
+//! partition's budgets) is its plan (`run::plan::JobPlan`), never written back here
+//! (`tests/it/code_rules.rs` checks).
+//!
 //! The tables are `server` (`[server]`, `[run]`), `tokenizer`, `dataset` (`[[dataset]]`,
 //! `[sampling]` and the generation keys) and `storage` (`[shards]`); `validate` holds the
 //! checks `load` runs.
@@ -101,10 +107,6 @@ pub struct Config {
     /// sha256 of the config file's bytes, stamped into every shard.
     #[serde(skip)]
     pub sha256: String,
-    /// This worker's partition of a cluster job (not a key: worked out at start from
-    /// `[run] partitions`, `--partition` and the scheduler's environment).
-    #[serde(skip)]
-    pub partition: Option<partition::Partition>,
 }
 
 fn default_data_dir() -> PathBuf {
@@ -123,6 +125,9 @@ pub struct Overrides {
     pub metrics_addr: Option<String>,
     /// Replaces `[server] urls` (a Slurm task's own server port).
     pub server_urls: Vec<String>,
+    /// This worker's partition index, which replaces `{partition}` in `data_dir` (the
+    /// partition itself is the run's plan: `run::plan`).
+    pub partition: Option<u32>,
 }
 
 impl Config {
@@ -148,6 +153,13 @@ impl Config {
             .unwrap_or_else(|| PathBuf::from("."));
         cfg.apply(overrides);
         cfg.resolve(&base);
+        if let Some(i) = overrides.partition {
+            let dir = cfg
+                .data_dir
+                .to_string_lossy()
+                .replace("{partition}", &i.to_string());
+            cfg.data_dir = PathBuf::from(dir);
+        }
         cfg.validate()?;
         Ok(cfg)
     }

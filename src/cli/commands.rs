@@ -5,48 +5,57 @@ use crate::cli::signals::{
     first_signal, remove_on_signal, remove_on_signal_too, scratch_removed_on_signal, wait_signal,
 };
 use crate::ExportArgs;
+use spool::cluster::partition::Partition;
 use spool::config::{Config, Overrides};
 use spool::error::{exit, Context, Error};
 use spool::observe::figures::{grouped, human};
 use spool::observe::printable::{escape_except, json_safe};
 use spool::observe::status::StatusReport;
+use spool::run::plan::JobPlan;
 use std::path::PathBuf;
+use std::sync::Arc;
 
-/// The config with this worker's partition worked out (flags, then the scheduler's
-/// environment) and `{partition}` in `data_dir` replaced by its index.
-pub(crate) fn load(flags: &Flags) -> Result<Config, Error> {
-    let mut cfg = Config::load(&flags.config, &overrides(flags))?;
-    cfg.partition = spool::cluster::partition::Partition::resolve(
+/// The config and this worker's partition, worked out from `[run] partitions`, the flags
+/// and the scheduler's environment; `{partition}` in `data_dir` is replaced by its index.
+/// The partition needs the file's `[run] partitions`, so a `data_dir` that names it is
+/// loaded again with the index as an override: the config is never changed once loaded.
+pub(crate) fn load(flags: &Flags) -> Result<(Config, Option<Partition>), Error> {
+    let cfg = Config::load(&flags.config, &overrides(flags))?;
+    let partition = Partition::resolve(
         flags.partitions.or(cfg.run.partitions),
         flags.partition,
         |k| std::env::var(k).ok(),
     )?;
-    if let Some(p) = cfg.partition {
-        let dir = cfg
-            .data_dir
-            .to_string_lossy()
-            .replace("{partition}", &p.index.to_string());
-        cfg.data_dir = PathBuf::from(dir);
+    match partition {
+        Some(p) if cfg.data_dir.to_string_lossy().contains("{partition}") => {
+            let o = Overrides {
+                partition: Some(p.index),
+                ..overrides(flags)
+            };
+            Ok((Config::load(&flags.config, &o)?, partition))
+        }
+        _ => Ok((cfg, partition)),
     }
-    Ok(cfg)
 }
 
 /// A cluster job's output, for the commands that read all partitions: its store, its
 /// partition count (the config's or `--partitions`, else the job record's) and its job
-/// record; `None` for a one-machine output folder. With `check`, a config that is not the
-/// job record's shape (inputs aside) is refused, exit 2 naming both values.
+/// record; `None` for a one-machine output folder, unless `folder_too` (a shared folder is
+/// then read as a cluster job's output). With `check`, a config that is not the job
+/// record's shape (inputs aside) is refused, exit 2 naming both values.
 pub(crate) fn cluster_job(
     flags: &Flags,
     cfg: &Config,
     rt: &tokio::runtime::Runtime,
     check: bool,
+    folder_too: bool,
 ) -> Result<Option<ClusterJob>, Error> {
     use spool::cluster::job;
     let configured = spool::cluster::partition::Partition::count(
         flags.partitions.or(cfg.run.partitions),
         |k| std::env::var(k).ok(),
     )?;
-    let url = spool::output::bucket::is_url(&cfg.output_dir.to_string_lossy());
+    let url = folder_too || spool::output::bucket::is_url(&cfg.output_dir.to_string_lossy());
     if configured == Some(0) {
         return Err(spool::cluster::partition::PartitionError::Zero.into());
     }
@@ -88,6 +97,7 @@ pub(crate) fn overrides(flags: &Flags) -> Overrides {
         concurrency: flags.concurrency,
         metrics_addr: flags.metrics_addr.clone(),
         server_urls: flags.server_urls.clone(),
+        partition: None,
     }
 }
 
@@ -132,19 +142,30 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Error> {
 
 /// `spool run`: the job, or this worker's partition of a cluster job.
 pub(crate) fn run(flags: &Flags, knobs: spool::knobs::Knobs, reshape: bool) -> Result<u8, Error> {
-    let mut cfg = load(flags)?;
+    let (cfg, partition) = load(flags)?;
+    let cfg = Arc::new(cfg);
     let rt = runtime()?;
-    rt.block_on(spool::run::inputs::fetch_inputs(&mut cfg))?;
-    let cluster = spool::cluster::worker::is_cluster(&cfg);
+    let plan = JobPlan {
+        partition,
+        inputs: rt.block_on(spool::run::inputs::fetch_inputs(&cfg))?,
+        ..JobPlan::default()
+    };
+    let cluster = spool::cluster::worker::is_cluster(&cfg, &plan);
     let summary = if cluster {
         rt.block_on(spool::cluster::worker::run(
             cfg,
+            plan,
             knobs,
             first_signal(),
             reshape,
         ))
     } else {
-        rt.block_on(spool::run::job::run(cfg, knobs, first_signal()))
+        rt.block_on(spool::run::job::run_planned(
+            cfg,
+            plan,
+            knobs,
+            first_signal(),
+        ))
     };
     // A storage layer stuck after a disk error must not keep the process alive
     // (dropping the runtime would wait for its blocking tasks forever).
@@ -185,7 +206,7 @@ pub(crate) fn status(
         None => {
             let cfg = Config::load(&flags.config, &overrides(flags))?;
             let rt = runtime()?;
-            if let Some(job) = cluster_job(flags, &cfg, &rt, true)? {
+            if let Some(job) = cluster_job(flags, &cfg, &rt, true, false)? {
                 let datasets: Vec<_> = cfg
                     .datasets
                     .iter()
@@ -221,7 +242,7 @@ pub(crate) fn status(
 pub(crate) fn verify(flags: &Flags, knobs: &spool::knobs::Knobs) -> Result<u8, Error> {
     let cfg = Config::load(&flags.config, &overrides(flags))?;
     let rt = runtime()?;
-    if let Some(job) = cluster_job(flags, &cfg, &rt, true)? {
+    if let Some(job) = cluster_job(flags, &cfg, &rt, true, false)? {
         // Private, fresh, removed on every exit: shards are downloaded there.
         remove_on_signal();
         let scratch = scratch_removed_on_signal(|| spool::output::files::Scratch::new("verify"))
@@ -278,13 +299,10 @@ pub(crate) fn verify(flags: &Flags, knobs: &spool::knobs::Knobs) -> Result<u8, E
 
 /// `spool finalize`: a cluster job's committed shards published, with `_manifest.json`.
 pub(crate) fn finalize(flags: &Flags, partial: bool, json: bool, gc: bool) -> Result<u8, Error> {
-    let mut cfg = Config::load(&flags.config, &overrides(flags))?;
+    let cfg = Config::load(&flags.config, &overrides(flags))?;
     let rt = runtime()?;
-    if !spool::output::bucket::is_url(&cfg.output_dir.to_string_lossy()) {
-        // A shared folder: finalize is of a cluster job whatever the config says.
-        cfg.output_dir = PathBuf::from(spool::cluster::worker::output_url(&cfg));
-    }
-    let job = cluster_job(flags, &cfg, &rt, true)?
+    // A shared folder: finalize is of a cluster job whatever the config says.
+    let job = cluster_job(flags, &cfg, &rt, true, true)?
         .ok_or_else(|| Error::msg("finalize: not a cluster job's output"))?;
     let bucket = &job.bucket;
     let opts = spool::cluster::finalize::FinalizeOptions { partial, gc };
@@ -336,7 +354,7 @@ pub(crate) fn retry(
     if flags.partition.is_none() {
         let cfg = Config::load(&flags.config, &overrides(flags))?;
         let rt = runtime()?;
-        if let Some(job) = cluster_job(flags, &cfg, &rt, true)? {
+        if let Some(job) = cluster_job(flags, &cfg, &rt, true, false)? {
             let wanted: Vec<String> = dataset.iter().map(|d| d.to_string()).collect();
             let sent = rt.block_on(spool::cluster::status::retry(
                 &job.bucket,
@@ -355,7 +373,7 @@ pub(crate) fn retry(
         }
     }
     // A partition's queue: `--partition I` picks its data_dir.
-    let cfg = load(flags)?;
+    let (cfg, _) = load(flags)?;
     let queue = spool::store::queue::Queue::open_with(&cfg.data_dir, &knobs.faults)?;
     let mut total = 0;
     for s in queue.states() {
@@ -428,7 +446,7 @@ pub(crate) fn export(
         think_markers,
         end_of_turn,
     } = args;
-    let mut cfg = Config::load(&flags.config, &overrides(flags))?;
+    let cfg = Config::load(&flags.config, &overrides(flags))?;
     // What is at --out: an earlier export is replaced, anything else kept.
     let aside = spool::output::export::claim_out(out, *format, *force)?;
     if let Some(aside) = &aside {
@@ -455,6 +473,7 @@ pub(crate) fn export(
         },
         status: None,
         end_of_turn: end_of_turn.clone(),
+        shards: None,
     };
     for (tmp, _) in spool::output::export::outputs(&opts) {
         remove_on_signal_too(tmp);
@@ -463,7 +482,7 @@ pub(crate) fn export(
     // the manifest) into a private scratch folder beside --out (its file system),
     // read like an output folder, removed on every exit.
     let mut scratch = None;
-    if let Some(job) = cluster_job(flags, &cfg, &runtime()?, false)? {
+    if let Some(job) = cluster_job(flags, &cfg, &runtime()?, false, false)? {
         let bucket = job.bucket;
         spool::output::files::create_dir_all(&parent, spool::output::files::DIR_MODE)
             .with_context(|| format!("cannot create {}", parent.display()))?;
@@ -476,7 +495,7 @@ pub(crate) fn export(
             dir.path(),
             &wanted,
         ))?;
-        cfg.output_dir = dir.to_path_buf();
+        opts.shards = Some(dir.to_path_buf());
         scratch = Some(dir);
     }
     // A dataset the config does not name is the user's to fix; what export itself
@@ -659,7 +678,7 @@ pub(crate) async fn status_report(
         }
     }
     match spool::store::queue::Queue::open_with(&cfg.data_dir, faults) {
-        Ok(q) => Ok(StatusReport::from_queue(&q, cfg)?),
+        Ok(q) => Ok(StatusReport::from_queue(&q, cfg, &|d| d.token_budget)?),
         // Exit 1, not 2: the config is right, the endpoint does not answer.
         Err(spool::store::queue::QueueError::Locked { path }) => Err(Error::msg(format!(
             "a `spool run` holds the queue in {} and its metrics endpoint ({}) does not answer; \

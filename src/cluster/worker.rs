@@ -1,4 +1,5 @@
-//! One partition's worker: the ordinary run against a local staging folder, plus the
+//! One partition's worker: the ordinary run against a local staging folder (the plan's
+//! `output_dir`, with the partition's budgets and settled work: `run::plan`), plus the
 //! publisher that uploads each sealed shard and commits it to the partition's log, and the
 //! budget agent that takes the partition's part of each budget from the job's pool.
 //!
@@ -32,7 +33,7 @@ use crate::observe::status::StatusReport;
 use crate::output::bucket::Bucket;
 use crate::run::allowance::Allowance;
 use crate::run::job::RunSummary;
-use crate::run::plan::RunPlan;
+use crate::run::plan::JobPlan;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -45,9 +46,9 @@ use tokio_util::sync::CancellationToken;
 const FAILED_PER_RECORD: usize = 10_000;
 
 /// Whether `cfg` runs as a cluster worker: its output is an object-store URL, or the job
-/// is partitioned.
-pub fn is_cluster(cfg: &Config) -> bool {
-    cfg.partition.is_some() || crate::output::bucket::is_url(&cfg.output_dir.to_string_lossy())
+/// is partitioned (`plan`).
+pub fn is_cluster(cfg: &Config, plan: &JobPlan) -> bool {
+    plan.partition.is_some() || crate::output::bucket::is_url(&cfg.output_dir.to_string_lossy())
 }
 
 /// The object-store location of the output: the URL as given, or a local folder as
@@ -97,15 +98,18 @@ pub fn exit_code(summary: &RunSummary) -> u8 {
 }
 
 /// Runs this worker's partition to the end (or the signal) and publishes its shards;
-/// `reshape` lets it change the job record where that is safe (`job`).
+/// `reshape` lets it change the job record where that is safe (`job`). `plan` holds what
+/// the caller worked out (the partition, fetched inputs); the worker adds its staging
+/// folder, budgets and settled work.
 pub async fn run(
-    mut cfg: Config,
+    cfg: Arc<Config>,
+    mut plan: JobPlan,
     knobs: Knobs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     reshape: bool,
 ) -> Result<RunSummary, Error> {
-    let partition = cfg.partition.unwrap_or(Partition::WHOLE);
-    cfg.partition = Some(partition);
+    let partition = plan.partition.unwrap_or(Partition::WHOLE);
+    plan.partition = Some(partition);
     if let Some(d) = cfg
         .datasets
         .iter()
@@ -133,14 +137,16 @@ pub async fn run(
     )
     .await?;
     let inputs = {
-        let (datasets, cache) = (
-            cfg.datasets.clone(),
-            cfg.data_dir.join("input-fingerprints.json"),
-        );
+        let files: Vec<_> = cfg
+            .datasets
+            .iter()
+            .map(|d| (d.name.clone(), plan.input_path(d).to_path_buf()))
+            .collect();
+        let cache = cfg.data_dir.join("input-fingerprints.json");
         tokio::task::spawn_blocking(move || -> Result<BTreeMap<String, (String, u64)>, Error> {
             let mut out = BTreeMap::new();
-            for d in &datasets {
-                out.insert(d.name.clone(), job::fingerprint(&d.path, &cache)?);
+            for (name, path) in files {
+                out.insert(name, job::fingerprint(&path, &cache)?);
             }
             Ok(out)
         })
@@ -214,8 +220,7 @@ pub async fn run(
     retry_locally(&cfg.data_dir, &knobs, &retried)?;
     let shared = Arc::new(Mutex::new(log));
     let mut lanes = Vec::new();
-    let mut plan = RunPlan::default();
-    for d in &mut cfg.datasets {
+    for d in &cfg.datasets {
         let Some(total) = d.token_budget else {
             continue;
         };
@@ -236,7 +241,7 @@ pub async fn run(
             committed = log.committed_tokens(&d.name), pool = ledger.pool(total),
             "partition's budget: tickets from the job's pool as needed");
         plan.allowances.insert(d.name.clone(), allowance.clone());
-        d.token_budget = Some(granted);
+        plan.budgets.insert(d.name.clone(), granted);
         lanes.push(budget::Lane::new(&d.name, total, ledger, allowance));
     }
     {
@@ -247,14 +252,15 @@ pub async fn run(
         }
     }
     let data_dir = cfg.data_dir.clone();
-    cfg.output_dir = cfg.data_dir.join("out");
+    let staging = cfg.data_dir.join("out");
+    plan.output_dir = Some(staging.clone());
     let cancel_cap = cfg.run.budget_policy == crate::config::BudgetPolicy::Cancel;
     let publisher = Publisher {
         bucket: bucket.clone(),
         log: shared.clone(),
         writer: writer.clone(),
         partition,
-        staging: cfg.output_dir.clone(),
+        staging,
         scratch: cfg.data_dir.join("publish"),
         datasets: cfg.datasets.iter().map(|d| d.name.clone()).collect(),
         compression_level: cfg.shards.compression_level,

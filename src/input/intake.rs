@@ -150,6 +150,16 @@ pub struct IntakeOptions {
     pub filter: Option<ItemFilter>,
     /// `[tokenizer] source = "server"`: the server renders prompts instead of `builder`.
     pub server: Option<Arc<dyn RemoteRenderer>>,
+    /// The file read in place of the dataset's `path`: the local copy of an object-store
+    /// input (the run's plan).
+    pub file: Option<PathBuf>,
+}
+
+impl IntakeOptions {
+    /// The file dataset `d` is read from.
+    pub fn file_of<'a>(&'a self, d: &'a DatasetConfig) -> &'a Path {
+        self.file.as_deref().unwrap_or(&d.path)
+    }
 }
 
 /// Which rows of a dataset one partition takes in: those it owns
@@ -242,7 +252,7 @@ pub fn intake<S: IntakeSink>(
     let state = sink
         .progress()
         .ok_or_else(|| IntakeError::NotOpened(d.name.clone()))?;
-    let mut reader = DatasetReader::open(&d.path, &d.name)?;
+    let mut reader = DatasetReader::open(opts.file_of(d), &d.name)?;
     let (parser, render) = stage(&reader, d, opts, builder)?;
     let render = &render;
     // Restart fast path: an unchanged prefix (same bytes, by fingerprint) holds only rows

@@ -11,15 +11,14 @@
 //! At the end of a run the monitor waits (bounded) until every lease has ended, so the last
 //! gauges, the last progress line of each dataset and the final bars show final numbers.
 
-use crate::config::Config;
+use crate::config::DatasetConfig;
 use crate::estimate::speed::{SpeedCurve, SpeedLearner};
 use crate::observe::bars::{self, DatasetBar, RunLine};
 use crate::observe::metrics::Metrics;
 use crate::observe::progress::{format_line, LineClock, LineFields, Rate};
 use crate::observe::status::{DatasetPhase, ServerStatus, StatusReport};
-use crate::run::scheduler::{lane_etas, run_eta, LaneView, Scheduler};
+use crate::run::scheduler::{lane_etas, run_eta, LaneView};
 use crate::run::view::RunView;
-use crate::store::queue::Queue;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -37,13 +36,10 @@ const FINAL_WAIT: Duration = Duration::from_secs(3);
 /// The report of one moment: the queue's counts with the lanes' work in flight laid over
 /// them, so `pending` never counts an item in flight and `inflight` counts items (requests
 /// apart, as `requests_inflight`).
-fn report_now(
-    queue: &Queue,
-    cfg: &Config,
-    views: &[LaneView],
-    previous: Option<&StatusReport>,
-) -> StatusReport {
-    let mut r = StatusReport::from_queue_since(queue, cfg, previous).unwrap_or_default();
+fn report_now(view: &RunView, views: &[LaneView], previous: Option<&StatusReport>) -> StatusReport {
+    let budget = |d: &DatasetConfig| view.budget(d);
+    let mut r = StatusReport::from_queue_since(view.queue(), view.cfg(), &budget, previous)
+        .unwrap_or_default();
     r.running = true;
     for d in &mut r.datasets {
         if let Some(v) = views.iter().find(|v| v.name == d.name) {
@@ -60,19 +56,14 @@ fn report_now(
 
 /// `/status`: the last tick's report, its ETAs counted down since; before the first tick,
 /// the counts of this moment.
-pub(crate) fn live_status(
-    queue: &Queue,
-    cfg: &Config,
-    sched: &Scheduler,
-    live: &LiveRates,
-) -> StatusReport {
+pub(crate) fn live_status(view: &RunView, live: &LiveRates) -> StatusReport {
     let snapshot = live
         .snapshot
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
     let Some((mut r, at)) = snapshot else {
-        return report_now(queue, cfg, &sched.views(), None);
+        return report_now(view, &view.lanes(), None);
     };
     let since = at.elapsed().as_secs_f64();
     for d in &mut r.datasets {
@@ -159,7 +150,7 @@ impl Monitor {
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
             .map(|(r, _)| r.clone());
-        let mut report = report_now(view.queue(), view.cfg(), &views, previous.as_ref());
+        let mut report = report_now(view, &views, previous.as_ref());
         let dmetrics = view.dataset_metrics();
         let readings = view.servers();
         let bars = bars::active();

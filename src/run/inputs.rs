@@ -1,6 +1,7 @@
 //! Dataset files in object storage (`path = "s3://bucket/key.jsonl.zst"`): fetched once into
 //! `data_dir/inputs/<dataset>/` at the start of a run, through `output::bucket` (the one
-//! door to object storage), and read from there by `input` like any local file.
+//! door to object storage), and read from there by `input` like any local file (the run's
+//! plan names the copy: `JobPlan::inputs`; the config keeps the URL).
 //!
 //! Invariant: the local copy is the object's bytes — streamed to a temporary name, synced
 //! and renamed — and is fetched again only when the object's size or ETag changed, in which
@@ -10,6 +11,7 @@
 
 use crate::config::Config;
 use crate::output::bucket::{is_url, Bucket};
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 /// Why a dataset's object could not be fetched.
@@ -33,10 +35,11 @@ pub enum FetchError {
     },
 }
 
-/// Replaces every object-store dataset path by its local copy, fetching what is missing
-/// or changed.
-pub async fn fetch_inputs(cfg: &mut Config) -> Result<(), FetchError> {
-    for d in &mut cfg.datasets {
+/// The local copy of every object-store dataset, by dataset name, fetching what is missing
+/// or changed (the plan's [`crate::run::plan::JobPlan::inputs`]).
+pub async fn fetch_inputs(cfg: &Config) -> Result<HashMap<String, PathBuf>, FetchError> {
+    let mut copies = HashMap::new();
+    for d in &cfg.datasets {
         let url = d.path.to_string_lossy().into_owned();
         if !is_url(&url) {
             continue;
@@ -84,7 +87,7 @@ pub async fn fetch_inputs(cfg: &mut Config) -> Result<(), FetchError> {
             tracing::info!(dataset = %d.name, url = %url, bytes,
                 seconds = format!("{:.1}", t.elapsed().as_secs_f64()), "input fetched");
         }
-        d.path = local;
+        copies.insert(d.name.clone(), local);
     }
-    Ok(())
+    Ok(copies)
 }

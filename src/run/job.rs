@@ -41,7 +41,7 @@ use crate::prompt::{ChatTemplate, PromptBuilder, Tokenizer};
 use crate::run::archiver::{output_failure, Archiver, Archiving, ToArchive};
 use crate::run::committer::{self, CommitReceiver, Committer};
 use crate::run::dispatcher::dispatch;
-use crate::run::plan::RunPlan;
+use crate::run::plan::JobPlan;
 use crate::run::probe::Probed;
 use crate::run::scheduler::{LaneSpec, Scheduler};
 use crate::run::servers::Servers;
@@ -100,21 +100,22 @@ impl RunSummary {
 /// dispatch loop then spawns each request's task onto its own worker's queue instead of the
 /// runtime's shared one, which would wake a worker thread for nearly every request.
 pub async fn run(
-    cfg: Config,
+    cfg: Arc<Config>,
     knobs: Knobs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<RunSummary, Error> {
-    run_planned(cfg, RunPlan::default(), knobs, shutdown).await
+    run_planned(cfg, JobPlan::default(), knobs, shutdown).await
 }
 
-/// [`run`] with a plan beyond the config: a cluster partition's settled items and growing
-/// budgets ([`RunPlan`]).
+/// [`run`] with a plan beyond the config ([`JobPlan`]): its partition, fetched inputs, and
+/// a cluster partition's staging folder, settled items and growing budgets.
 pub async fn run_planned(
-    cfg: Config,
-    plan: RunPlan,
+    cfg: Arc<Config>,
+    plan: JobPlan,
     knobs: Knobs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<RunSummary, Error> {
+    let plan = Arc::new(plan);
     match tokio::spawn(run_job(cfg, plan, knobs, shutdown)).await {
         Ok(r) => r,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
@@ -133,8 +134,8 @@ pub fn check(cfg: &Config) -> Result<TrustRoots, Error> {
 
 /// The steps of a run, in order.
 async fn run_job(
-    cfg: Config,
-    plan: RunPlan,
+    cfg: Arc<Config>,
+    plan: Arc<JobPlan>,
     knobs: Knobs,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<RunSummary, Error> {
@@ -158,7 +159,7 @@ async fn run_job(
     let renderer = job
         .server_rendering(&upstream, &probed, &builder, context_length)
         .await?;
-    let metrics = Arc::new(Metrics::for_partition(job.cfg.partition));
+    let metrics = Arc::new(Metrics::for_partition(job.plan.partition));
     let intake = job
         .intake_all(
             &queue,
@@ -225,7 +226,7 @@ async fn run_job(
         faults: crate::run::worker::FaultPoints::new(&job.knobs.faults),
         renderer,
     });
-    let (monitor, http) = job.observe(&ctx, &metrics, &queue, &sched, endpoint);
+    let (monitor, http) = job.observe(&ctx, &metrics, endpoint);
     let concurrency = job.cfg.run.concurrency.fixed();
     if concurrency.is_none() {
         tokio::spawn(crate::run::concurrency::steer(
@@ -278,9 +279,10 @@ async fn run_job(
 
 /// What every step of a run reads.
 struct Job {
-    cfg: Config,
-    /// What the run takes besides the config (empty on one machine).
-    plan: RunPlan,
+    /// The config as loaded, never changed.
+    cfg: Arc<Config>,
+    /// What the run takes besides the config (empty for one machine's local inputs).
+    plan: Arc<JobPlan>,
     /// Test and benchmark switches, read once by the caller.
     knobs: Knobs,
     stop: Arc<Stop>,
@@ -308,7 +310,7 @@ impl Job {
 
     /// Creates the output folder and opens the queue.
     fn open_store(&self) -> Result<Arc<Queue>, Error> {
-        let out = &self.cfg.output_dir;
+        let out = self.plan.output_dir(&self.cfg);
         crate::store::blocks::create_dir_durably(out)
             .with_context(|| format!("cannot create output_dir {}", out.display()))?;
         Ok(Arc::new(Queue::open_with(
@@ -358,14 +360,15 @@ impl Job {
         tracing::warn!(
             "the last run stopped on a failed queue write; repairing the queue from its records and the shard files"
         );
-        let repaired = archive::repair_queue(queue, &self.cfg.output_dir).with_context(|| {
-            format!(
-                "cannot repair the queue in {} (left by a failed write, marker `{}`); \
+        let repaired =
+            archive::repair_queue(queue, self.plan.output_dir(&self.cfg)).with_context(|| {
+                format!(
+                    "cannot repair the queue in {} (left by a failed write, marker `{}`); \
                  `spool verify` lists what is inconsistent",
-                self.cfg.data_dir.display(),
-                crate::store::queue::REPAIR_MARKER
-            )
-        })?;
+                    self.cfg.data_dir.display(),
+                    crate::store::queue::REPAIR_MARKER
+                )
+            })?;
         for (name, r) in repaired {
             tracing::warn!(dataset = %name, changed = r.changed(), back_to_pending = r.back_to_pending,
                 marked_sharded = r.marked_sharded, extra_states_removed = r.extra_states_removed,
@@ -510,9 +513,10 @@ impl Job {
                 (ds, ArchiveDataset { name, metadata })
             })
             .collect();
+        let output_dir = self.plan.output_dir(cfg);
         let archive = Archive::new(
             queue.clone(),
-            &cfg.output_dir,
+            output_dir,
             limits,
             shard_datasets,
             &self.knobs.faults,
@@ -520,7 +524,7 @@ impl Job {
         for &ds in &datasets.ds {
             let rec = archive
                 .recover(ds)
-                .map_err(|e| output_failure(&e, &cfg.output_dir, &cfg.data_dir))?;
+                .map_err(|e| output_failure(&e, output_dir, &cfg.data_dir))?;
             if rec.temp_files_removed > 0 || rec.shards_adopted > 0 {
                 tracing::info!(dataset = %datasets.names[&ds], temp_files_removed = rec.temp_files_removed,
                     shards_adopted = rec.shards_adopted, rows_adopted = rec.rows_adopted, "recovered output folder");
@@ -566,7 +570,7 @@ impl Job {
             names: datasets.names.clone(),
             metrics: metrics.clone(),
             stop: self.stop.clone(),
-            output_dir: self.cfg.output_dir.clone(),
+            output_dir: self.plan.output_dir(&self.cfg).to_path_buf(),
             data_dir: self.cfg.data_dir.clone(),
         }
         .spawn()
@@ -604,7 +608,7 @@ impl Job {
             .map(|(d, &ds)| LaneSpec {
                 ds,
                 name: d.name.clone(),
-                budget: d.token_budget,
+                budget: self.plan.budget(d),
                 max_tokens: cfg.sampling_of(d).max_tokens,
                 policy: cfg.run.budget_policy,
                 samples: cfg.generation_of(d).samples,
@@ -645,7 +649,7 @@ impl Job {
         Ok(RunSummary {
             interrupted: self.stop.interrupted(),
             limited,
-            report: StatusReport::from_queue(queue, &self.cfg)?,
+            report: StatusReport::from_queue(queue, &self.cfg, &|d| self.plan.budget(d))?,
         })
     }
 }

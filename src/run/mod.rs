@@ -11,8 +11,8 @@
 //! `prompt_ids` (the prompt ids a row keeps, and who made them); `ending` (why a
 //! generation ended, from the server's answer); `pitfalls` (settings
 //! that do nothing, warned about at start); `inputs` (dataset files in object storage,
-//! fetched to a local copy before intake); `plan` (what a cluster partition's run takes
-//! besides its config).
+//! fetched to a local copy before intake); `plan` (what a run takes besides its config,
+//! which it never changes: its partition, staging folder, fetched inputs and budgets).
 //!
 //! Invariant: an item (or one sample of it) is leased to at most one request at a time,
 //! and a result is committed at most once.

@@ -1,9 +1,10 @@
-//! What observers may read of a running job: its config, queue counts, lanes and servers,
-//! through accessors only, so `observe/` shows the run and never steers it (routing,
-//! take-out and probe-in stay in [`crate::run::servers`]).
+//! What observers may read of a running job: its config and plan, queue counts, lanes and
+//! servers, through accessors only, so `observe/` shows the run and never steers it
+//! (routing, take-out and probe-in stay in [`crate::run::servers`]).
 
-use crate::config::Config;
+use crate::config::{Config, DatasetConfig};
 use crate::observe::metrics::DatasetMetrics;
+use crate::run::plan::JobPlan;
 use crate::run::scheduler::{LaneView, Scheduler};
 use crate::run::servers::Servers;
 use crate::store::queue::Queue;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct RunView {
     cfg: Arc<Config>,
+    plan: Arc<JobPlan>,
     queue: Arc<Queue>,
     sched: Arc<Scheduler>,
     servers: Arc<Servers>,
@@ -34,14 +36,16 @@ pub struct ServerReading {
 
 impl RunView {
     pub(crate) fn new(
-        cfg: &Config,
+        cfg: &Arc<Config>,
+        plan: &Arc<JobPlan>,
         queue: &Arc<Queue>,
         sched: &Arc<Scheduler>,
         servers: &Arc<Servers>,
         dmetrics: &[DatasetMetrics],
     ) -> RunView {
         RunView {
-            cfg: Arc::new(cfg.clone()),
+            cfg: cfg.clone(),
+            plan: plan.clone(),
             queue: queue.clone(),
             sched: sched.clone(),
             servers: servers.clone(),
@@ -52,6 +56,11 @@ impl RunView {
     /// The run's configuration.
     pub fn cfg(&self) -> &Config {
         &self.cfg
+    }
+
+    /// The budget dataset `d` is held to this run ([`JobPlan::budget`]).
+    pub fn budget(&self, d: &DatasetConfig) -> Option<u64> {
+        self.plan.budget(d)
     }
 
     /// The queue, for its durable counts.

@@ -62,7 +62,7 @@ pub(crate) struct Finished {
 
 /// Everything workers share.
 pub(crate) struct Ctx {
-    pub(crate) cfg: Config,
+    pub(crate) cfg: Arc<Config>,
     pub(crate) queue: Arc<Queue>,
     pub(crate) sched: Arc<Scheduler>,
     pub(crate) upstream: Upstream,

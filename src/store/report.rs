@@ -6,7 +6,7 @@
 //! flight and its rates over it (`observe::monitor`). Invariant: nothing here reads an
 //! item; the cost is one small record per dataset.
 
-use crate::config::Config;
+use crate::config::{Config, DatasetConfig};
 use crate::store::queue::{Queue, QueueError};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -134,9 +134,15 @@ pub struct StatusReport {
 }
 
 impl StatusReport {
-    /// From the queue alone (the process may have stopped).
-    pub fn from_queue(queue: &Queue, cfg: &Config) -> Result<StatusReport, QueueError> {
-        StatusReport::from_queue_since(queue, cfg, None)
+    /// From the queue alone (the process may have stopped). `budget` is the budget each
+    /// dataset is held to: a run's plan's (a cluster partition's tickets), else the
+    /// config's `token_budget`.
+    pub fn from_queue(
+        queue: &Queue,
+        cfg: &Config,
+        budget: &dyn Fn(&DatasetConfig) -> Option<u64>,
+    ) -> Result<StatusReport, QueueError> {
+        StatusReport::from_queue_since(queue, cfg, budget, None)
     }
 
     /// As [`Self::from_queue`], taking a dataset's first failures from `previous` while
@@ -144,15 +150,17 @@ impl StatusReport {
     pub fn from_queue_since(
         queue: &Queue,
         cfg: &Config,
+        budget: &dyn Fn(&DatasetConfig) -> Option<u64>,
         previous: Option<&StatusReport>,
     ) -> Result<StatusReport, QueueError> {
         let states = queue.states();
         let mut datasets = Vec::new();
         for d in &cfg.datasets {
+            let budget = budget(d);
             let Some(s) = states.iter().find(|s| s.name == d.name) else {
                 datasets.push(DatasetStatus {
                     name: d.name.clone(),
-                    budget: d.token_budget,
+                    budget,
                     state: DatasetPhase::NotStarted,
                     ..Default::default()
                 });
@@ -172,7 +180,7 @@ impl StatusReport {
             // Met, or (policy "cancel", which never crosses it) closer to it than one
             // average completion: nothing more will fit.
             let avg = s.completion_tokens.checked_div(s.done).unwrap_or(u64::MAX);
-            let budget_met = d.token_budget.is_some_and(|b| {
+            let budget_met = budget.is_some_and(|b| {
                 s.completion_tokens >= b || (s.wasted_tokens > 0 && b - s.completion_tokens < avg)
             });
             let state = if s.items == 0 && s.rejected > 0 {
@@ -197,9 +205,8 @@ impl StatusReport {
                 rejected: s.rejected,
                 completion_tokens: s.completion_tokens,
                 prompt_tokens: s.prompt_tokens,
-                budget: d.token_budget,
-                overshoot_tokens: d
-                    .token_budget
+                budget,
+                overshoot_tokens: budget
                     .map(|b| s.completion_tokens.saturating_sub(b))
                     .unwrap_or(0),
                 wasted_tokens: s.wasted_tokens,

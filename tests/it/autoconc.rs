@@ -70,7 +70,7 @@ fn start(
 ) {
     init_logs();
     let run = tokio::spawn(spool::run::job::run(
-        load(cfg),
+        load(cfg).into(),
         spool::knobs::Knobs::default(),
         std::future::pending(),
     ));

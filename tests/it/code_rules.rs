@@ -1,7 +1,8 @@
 //! The code's own rules, read from the source: which folder of `src/` may import which
-//! (ARCHITECTURE.md, "Dependency rules") and how long a module may grow. What does not keep
-//! them yet is listed below with its reason; the lists may only shrink (a debt that is
-//! paid must leave the list, or the test fails).
+//! (ARCHITECTURE.md, "Dependency rules"), how long a module may grow, and that nothing but
+//! `config` writes into a loaded `Config` (what a run learns rides in `run::plan::JobPlan`).
+//! What does not keep them yet is listed below with its reason; the lists may only shrink
+//! (a debt that is paid must leave the list, or the test fails).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -197,4 +198,92 @@ fn the_checker_finds_what_it_should() {
     .into_iter()
     .collect();
     assert_eq!(found, want);
+}
+
+/// `DatasetConfig`'s fields (`src/config/dataset.rs`).
+const DATASET_FIELDS: &str = "name|path|token_budget|max_prompts|sampling|reasoning|turns|\
+                              history_reasoning|samples|chat_template_kwargs|on_length|prompt_format";
+
+/// Where `code` writes into a loaded config: (line, what), for an assignment to a field of
+/// the config (`cfg.x = `, `self.cfg.x.y += `) or of a dataset's (`d.path = `,
+/// `cfg.datasets[0].token_budget = `), a mutable binding of one (`mut cfg: Config`, `&mut
+/// Config`, `let mut cfg`, `&mut cfg.datasets`, `cfg.datasets.iter_mut()`). Comparisons
+/// (`==`, `<=`, `=>`) are not writes.
+fn config_writes(code: &str) -> Vec<(usize, String)> {
+    let assign = r"(?:\.\w+|\[[^\]]*\])*\s*[-+*/|&^]?=(?:[^=>]|$)";
+    let patterns = [
+        format!(r"(?m)(?:^|[^\w.])(?:(?:self|job|ctx)\.)?(?:cfg|config)\.\w+{assign}"),
+        format!(
+            r"(?m)(?:^|[^\w.])(?:d|ds|dataset|\w*datasets\[[^\]]*\])\.(?:{}){assign}",
+            DATASET_FIELDS
+        ),
+        r"\bmut\s+\w+\s*:\s*(?:Arc<\s*)?(?:Config|DatasetConfig)\b|&\s*mut\s+(?:Config|DatasetConfig)\b|&\s*mut\s+(?:(?:self|job|ctx)\.)?(?:cfg|config)\b|\b(?:cfg|config)\.datasets\s*\.\s*iter_mut\b|\blet\s+mut\s+(?:cfg|config)\b"
+            .to_string(),
+    ];
+    let mut out = Vec::new();
+    for p in patterns {
+        for m in regex::Regex::new(&p).unwrap().find_iter(code) {
+            let line = code[..m.start()].matches('\n').count() + 1;
+            out.push((line, m.as_str().trim().to_string()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Nothing outside `config` writes into a loaded `Config`: the partition, a staging
+/// folder, fetched inputs and a partition's budgets are the run's plan.
+#[test]
+fn a_loaded_config_is_never_written() {
+    let mut found = Vec::new();
+    for p in sources() {
+        let rel = rel(&p);
+        if rel == "config.rs" || rel.starts_with("config/") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&p).unwrap();
+        for (line, what) in config_writes(&code(&text)) {
+            found.push(format!("src/{rel}:{line}: {what}"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "writes into a loaded Config (put what the run learns in run::plan::JobPlan): {found:#?}"
+    );
+}
+
+/// The write checker sees each way the code once changed a loaded config, and none of
+/// the reads, comparisons or other structs' fields that look alike.
+#[test]
+fn the_write_checker_finds_what_it_should() {
+    let writes = [
+        "cfg.partition = Some(partition);",
+        "    cfg.output_dir = cfg.data_dir.join(\"out\");",
+        "self.cfg.run.concurrency = c;",
+        "d.token_budget = Some(granted);",
+        "        d.path = local;",
+        "cfg.datasets[0].path = p;",
+        "pub async fn run(\n    mut cfg: Config,\n) {}",
+        "pub async fn fetch_inputs(cfg: &mut Config) {}",
+        "for d in &mut cfg.datasets {}",
+        "let mut cfg = Config::load(&p, &o)?;",
+        "cfg.datasets.iter_mut().for_each(|d| ());",
+    ];
+    for w in writes {
+        assert_eq!(config_writes(w).len(), 1, "missed: {w}");
+    }
+    let reads = [
+        "let out = cfg.output_dir.clone();",
+        "if cfg.partition == Some(p) {}",
+        "let ok = cfg.shards.max_rows <= 10 && cfg.shards.max_rows >= 1 && d.samples != None;",
+        "match x { y if y == cfg.run.budget_policy => 1, _ => 2 }",
+        "plan.output_dir = Some(staging);",
+        "report.datasets.iter_mut().for_each(|d| d.pending -= 1);",
+        "state.partition = 3; lane.budget = None; s.path = p;",
+        "let mut cfg_path = dir.join(\"spool.toml\");",
+        "fn f(cfg: &Config, plan: &mut JobPlan) {}",
+    ];
+    for r in reads {
+        assert_eq!(config_writes(r), Vec::new(), "not a write: {r}");
+    }
 }

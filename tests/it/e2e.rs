@@ -242,7 +242,7 @@ async fn a_changed_row_is_refused() {
         .replace("item 3 of", "item THREE of");
     std::fs::write(&file, text).unwrap();
     let err = spool::run::job::run(
-        load(&cfg),
+        load(&cfg).into(),
         spool::knobs::Knobs::default(),
         std::future::pending(),
     )

@@ -261,7 +261,7 @@ async fn openai_batch_export_answers_every_custom_id_in_vllms_schema() {
     let cfg = load(&cfg_path);
     // While the queue is held (as by a run), failed items cannot be read: left out.
     let held = Queue::open(&cfg.data_dir).unwrap();
-    let status = StatusReport::from_queue(&held, &cfg).unwrap();
+    let status = StatusReport::from_queue(&held, &cfg, &|d| d.token_budget).unwrap();
     let partial = dir.path().join("export/held.jsonl");
     export_batch(&cfg, &partial, Some(status.clone())).unwrap();
     drop(held);

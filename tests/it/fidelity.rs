@@ -464,9 +464,13 @@ async fn a_prompt_row_reaches_the_server_rendered_unless_raw() {
     let text = std::fs::read_to_string(&cfg).unwrap();
     std::fs::write(&cfg, format!("prompt_format = \"chat\"\n{text}")).unwrap();
     init_logs();
-    let err = spool::run::job::run(load(&cfg), Default::default(), std::future::pending())
-        .await
-        .unwrap_err();
+    let err = spool::run::job::run(
+        load(&cfg).into(),
+        Default::default(),
+        std::future::pending(),
+    )
+    .await
+    .unwrap_err();
     assert!(err.to_string().contains("prompt_format"), "{err}");
     assert_eq!(spool::error::exit_code(&err), 2, "{err}");
     // `"raw"` through the chat API: a config error naming the key.

@@ -869,7 +869,8 @@ fn last_turn_intake_is_unchanged_by_tools_support() {
 
 /// A dataset kept in object storage (here `file://`, the same door as `s3://`) is fetched
 /// into `data_dir/inputs/<dataset>/` under its own name, so a `.parquet` object reads as
-/// the file does; fetched once, and again when the object changes.
+/// the file does; fetched once, and again when the object changes; the config is left as
+/// loaded.
 #[tokio::test]
 async fn a_parquet_object_is_fetched_once_and_reads_like_the_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -889,24 +890,27 @@ async fn a_parquet_object_is_fetched_once_and_reads_like_the_file() {
         }],
         "",
     );
-    let mut cfg = crate::support::load(&cfg_path);
-    spool::run::inputs::fetch_inputs(&mut cfg).await.unwrap();
-    let local = cfg.datasets[0].path.clone();
+    let cfg = crate::support::load(&cfg_path);
+    let copies = spool::run::inputs::fetch_inputs(&cfg).await.unwrap();
+    let local = copies["d"].clone();
     assert_eq!(local, dir.path().join("data/inputs/d/prompts.parquet"));
+    // The copy is the run's plan; the config keeps the object's URL.
+    assert!(cfg.datasets[0]
+        .path
+        .to_string_lossy()
+        .starts_with("file://"));
     assert_eq!(
         summary(&read_all(&local, "d").unwrap()),
         summary(&read_all(&object, "d").unwrap())
     );
     // Unchanged: not fetched again (the copy's mtime stays).
     let t0 = std::fs::metadata(&local).unwrap().modified().unwrap();
-    let mut again = crate::support::load(&cfg_path);
-    spool::run::inputs::fetch_inputs(&mut again).await.unwrap();
+    let again = crate::support::load(&cfg_path);
+    spool::run::inputs::fetch_inputs(&again).await.unwrap();
     assert_eq!(std::fs::metadata(&local).unwrap().modified().unwrap(), t0);
     // Changed (other bytes): fetched again.
     write_parquet(&object, &specs()[..3], 2);
-    let mut changed = crate::support::load(&cfg_path);
-    spool::run::inputs::fetch_inputs(&mut changed)
-        .await
-        .unwrap();
+    let changed = crate::support::load(&cfg_path);
+    spool::run::inputs::fetch_inputs(&changed).await.unwrap();
     assert_eq!(read_all(&local, "d").unwrap().len(), 3);
 }

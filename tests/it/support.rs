@@ -221,7 +221,7 @@ pub fn init_logs() {
 pub async fn run_to_end(path: &Path) -> spool::run::job::RunSummary {
     init_logs();
     spool::run::job::run(
-        load(path),
+        load(path).into(),
         spool::knobs::Knobs::default(),
         std::future::pending(),
     )

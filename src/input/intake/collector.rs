@@ -250,7 +250,7 @@ impl<'a, S: IntakeSink> Collector<'a, S> {
                     if let Some((old_id, old_hash)) = old {
                         if old_hash != hash {
                             return Err(IntakeError::Changed {
-                                path: self.d.path.clone(),
+                                path: self.opts.file_of(self.d).to_path_buf(),
                                 line,
                                 id: old_id,
                             });
@@ -265,7 +265,7 @@ impl<'a, S: IntakeSink> Collector<'a, S> {
                 }
                 let dup = self.duplicate_of(&id)?;
                 let rejection = |reason| Rejection {
-                    file: self.d.path.display().to_string(),
+                    file: self.opts.file_of(self.d).display().to_string(),
                     line,
                     row,
                     reason,
@@ -355,7 +355,7 @@ impl<'a, S: IntakeSink> Collector<'a, S> {
     pub(super) fn finish(mut self, stopped_at_cap: bool) -> Result<IntakeReport, IntakeError> {
         if self.last_line < self.scanned && !stopped_at_cap && self.items < self.cap {
             return Err(IntakeError::Shrunk {
-                path: self.d.path.clone(),
+                path: self.opts.file_of(self.d).to_path_buf(),
                 lines: self.last_line,
                 scanned: self.scanned,
             });

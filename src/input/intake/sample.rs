@@ -38,7 +38,7 @@ pub fn sample_rows(
     builder: &PromptBuilder,
     opts: &IntakeOptions,
 ) -> Result<Vec<SampledRow>, IntakeError> {
-    let mut reader = DatasetReader::open(&d.path, &d.name)?;
+    let mut reader = DatasetReader::open(opts.file_of(d), &d.name)?;
     let (parser, render) = stage(&reader, d, opts, builder)?;
     let mut picked: Vec<SampledRow> = Vec::new();
     let mut covered = [false; 5];

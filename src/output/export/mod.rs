@@ -139,6 +139,9 @@ pub struct ExportOptions {
     /// `--end-of-turn ID|TOKEN`: the id a turn that ended without one gets, when the server
     /// named none (default: the model's, when spool can tell it).
     pub end_of_turn: Option<String>,
+    /// The folder the shards are read from in place of `output_dir` (a cluster job's
+    /// published shards, downloaded).
+    pub shards: Option<PathBuf>,
 }
 
 impl ExportOptions {
@@ -156,7 +159,13 @@ impl ExportOptions {
             gates: Gates::default(),
             status: None,
             end_of_turn: None,
+            shards: None,
         }
+    }
+
+    /// The folder the shards are read from.
+    pub fn shards_dir<'a>(&'a self, cfg: &'a Config) -> &'a Path {
+        self.shards.as_deref().unwrap_or(&cfg.output_dir)
     }
 }
 
@@ -450,7 +459,12 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
             }));
         }
     }
-    let ctx = rows::context(cfg, names.clone(), opts.end_of_turn.as_deref())?;
+    let ctx = rows::context(
+        cfg,
+        opts.shards_dir(cfg),
+        names.clone(),
+        opts.end_of_turn.as_deref(),
+    )?;
     let out = &opts.out;
     if let Some(dir) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         crate::output::files::create_dir_all(dir, crate::output::files::DIR_MODE)
@@ -482,7 +496,7 @@ pub fn export(cfg: &Config, opts: &ExportOptions) -> Result<ExportReport> {
         for name in &names {
             sink.begin_dataset(name)?;
             acc.begin_dataset(name);
-            for shard in rows::shards_of(&cfg.output_dir, name)? {
+            for shard in rows::shards_of(opts.shards_dir(cfg), name)? {
                 shards += 1;
                 let ending = rows::Ending {
                     ends: ctx

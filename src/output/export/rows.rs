@@ -286,9 +286,11 @@ fn family_of(cfg: &Config) -> Option<Family> {
 }
 
 /// The config's tokenizer and how its model ends a turn (`end_of_turn`: what
-/// `--end-of-turn` names instead), for the datasets `names`.
+/// `--end-of-turn` names instead), for the datasets `names` whose shards are in
+/// `output_dir`.
 pub fn context(
     cfg: &Config,
+    output_dir: &Path,
     names: Vec<String>,
     end_of_turn: Option<&str>,
 ) -> Result<ExportContext> {
@@ -337,7 +339,7 @@ pub fn context(
         end_of_turn: Some(ends),
         datasets: names,
         data_dir: cfg.data_dir.clone(),
-        output_dir: cfg.output_dir.clone(),
+        output_dir: output_dir.to_path_buf(),
         sampling,
         model: cfg.server.model.clone(),
         generation,

@@ -76,7 +76,7 @@ impl Job {
             max_tokens: cfg.sampling_of(d).max_tokens,
             threads: 0,
             generation: cfg.generation_of(d),
-            filter: cfg.partition.map(|partition| ItemFilter {
+            filter: self.plan.partition.map(|partition| ItemFilter {
                 partition,
                 committed: self
                     .plan
@@ -86,6 +86,7 @@ impl Job {
                     .unwrap_or_default(),
             }),
             server,
+            file: self.plan.inputs.get(&d.name).cloned(),
         }
     }
 
@@ -108,7 +109,7 @@ impl Job {
                 queue.clone(),
                 d.clone(),
                 builder.clone(),
-                cfg.output_dir.clone(),
+                self.plan.output_dir(cfg).to_path_buf(),
             );
             let opts = self.intake_options(d, context_length, renderer.clone());
             let o = opts.clone();
@@ -128,7 +129,7 @@ impl Job {
                 Err(e) => return Err(e.into()),
             };
             added += rep.added;
-            if let Some(p) = cfg.partition {
+            if let Some(p) = self.plan.partition {
                 tracing::info!(dataset = %d.name, partition = p.index, partitions = p.count,
                     taken = rep.added, elsewhere = rep.elsewhere, committed = rep.committed,
                     "partition's rows taken in");
@@ -146,15 +147,15 @@ impl Job {
             let dm = metrics.dataset(&d.name);
             dm.rejected.inc_by(s.rejected);
             dm.completion_tokens.inc_by(0);
-            if let Some(b) = d.token_budget {
+            let budget = self.plan.budget(d);
+            if let Some(b) = budget {
                 metrics
                     .token_budget
                     .with_label_values(&[&d.name])
                     .set(b as i64);
             }
             dmetrics.push(dm);
-            let budget_left = d
-                .token_budget
+            let budget_left = budget
                 .map(|b| {
                     format!(
                         "budget left {}",
@@ -176,7 +177,7 @@ impl Job {
                     String::new()
                 }
             );
-            if d.token_budget.is_some_and(|b| s.completion_tokens >= b) {
+            if budget.is_some_and(|b| s.completion_tokens >= b) {
                 tracing::info!(dataset = %d.name, "budget already met: skipping this dataset");
             }
             if s.items == 0 && rep.rejected > 0 {

@@ -11,11 +11,9 @@ use crate::error::{Context, Error, Kind};
 use crate::observe::http::Observed;
 use crate::observe::metrics::Metrics;
 use crate::observe::monitor::{live_status, monitor_loop, LiveRates};
-use crate::run::scheduler::Scheduler;
 use crate::run::servers::probe_in;
 use crate::run::view::RunView;
 use crate::run::worker::Ctx;
-use crate::store::queue::Queue;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
@@ -106,26 +104,25 @@ impl Job {
         &self,
         ctx: &Arc<Ctx>,
         metrics: &Arc<Metrics>,
-        queue: &Arc<Queue>,
-        sched: &Arc<Scheduler>,
         endpoint: Option<Endpoint>,
     ) -> (
         (CancellationToken, JoinHandle<()>),
         (CancellationToken, Option<JoinHandle<std::io::Result<()>>>),
     ) {
-        let cfg = &self.cfg;
+        let view = RunView::new(
+            &ctx.cfg,
+            &self.plan,
+            &ctx.queue,
+            &ctx.sched,
+            &ctx.servers,
+            &ctx.dmetrics,
+        );
         let live = Arc::new(LiveRates::default());
         let monitor_stop = CancellationToken::new();
         // The monitor watches through a read-only view; putting servers back in rotation
         // is the run's own job, stopped with it.
         let monitor = {
-            let view = RunView::new(
-                &ctx.cfg,
-                &ctx.queue,
-                &ctx.sched,
-                &ctx.servers,
-                &ctx.dmetrics,
-            );
+            let view = view.clone();
             let probe = probe_in(
                 ctx.servers.clone(),
                 ctx.upstream.clone(),
@@ -141,10 +138,7 @@ impl Job {
             let observed = Arc::new(Observed {
                 metrics: metrics.clone(),
                 ready: AtomicBool::new(true),
-                status: {
-                    let (queue, cfg, sched) = (queue.clone(), cfg.clone(), sched.clone());
-                    Box::new(move || live_status(&queue, &cfg, &sched, &live))
-                },
+                status: Box::new(move || live_status(&view, &live)),
                 token: Some(e.token),
             });
             if let Ok(addr) = e.listener.local_addr() {
