@@ -54,8 +54,19 @@ impl JobPlan {
         self.inputs.get(&d.name).map_or(&d.path, PathBuf::as_path)
     }
 
-    /// The budget dataset `d` is held to this run: the plan's, else its `token_budget`.
+    /// The budget dataset `d` is held to now: a growing allowance's grant so far, else the
+    /// plan's, else its `token_budget` (so a partition's outcome and status name what it
+    /// was granted, not what it started with).
     pub fn budget(&self, d: &DatasetConfig) -> Option<u64> {
-        self.budgets.get(&d.name).copied().or(d.token_budget)
+        match self.allowances.get(&d.name) {
+            Some(a) => Some(a.granted()),
+            None => self.budgets.get(&d.name).copied().or(d.token_budget),
+        }
+    }
+
+    /// Whether `d`'s budget may still grow (a partition's allowance before the job's pool
+    /// is empty): a budget it has reached is then no reason to stop.
+    pub fn budget_grows(&self, d: &DatasetConfig) -> bool {
+        self.allowances.get(&d.name).is_some_and(|a| !a.is_last())
     }
 }

@@ -462,6 +462,24 @@ async fn a_dead_partitions_unused_budget_goes_back_to_the_pool() {
         "{}",
         p1.stderr()
     );
+    // Its outcome names what it was granted (the tickets it took and took back), not the
+    // nothing it started with; what its queue holds past that is capped at publishing.
+    let stderr = p1.stderr();
+    let outcome = stderr
+        .lines()
+        .find(|l| l.contains("budget outcome") && l.contains("dataset=beta"))
+        .unwrap_or_else(|| panic!("no budget outcome for beta: {stderr}"));
+    let field = |k: &str| -> u64 {
+        let v = outcome
+            .split(&format!(" {k}="))
+            .nth(1)
+            .unwrap_or_else(|| panic!("{outcome}"));
+        v.split(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(
+        field("budget") > 0 && field("overshoot") < field("completion_tokens") / 10,
+        "{outcome}"
+    );
     ok(&cfg, &["finalize", "--partial"], &[]);
     let tokens = manifest(&shared)["datasets"]["beta"]["completion_tokens"]
         .as_u64()

@@ -155,11 +155,17 @@ impl Job {
                     .set(b as i64);
             }
             dmetrics.push(dm);
+            let grows = self.plan.budget_grows(d);
             let budget_left = budget
                 .map(|b| {
                     format!(
-                        "budget left {}",
-                        grouped(b.saturating_sub(s.completion_tokens))
+                        "budget left {}{}",
+                        grouped(b.saturating_sub(s.completion_tokens)),
+                        if grows {
+                            ", more from the job's pool as needed"
+                        } else {
+                            ""
+                        }
                     )
                 })
                 .unwrap_or_else(|| "no budget".into());
@@ -177,7 +183,7 @@ impl Job {
                     String::new()
                 }
             );
-            if budget.is_some_and(|b| s.completion_tokens >= b) {
+            if !grows && budget.is_some_and(|b| s.completion_tokens >= b) {
                 tracing::info!(dataset = %d.name, "budget already met: skipping this dataset");
             }
             if s.items == 0 && rep.rejected > 0 {
