@@ -169,6 +169,21 @@ impl LengthModel {
         }
     }
 
+    /// Variance of the final length of a request that has streamed `streamed` tokens: how
+    /// far its [`Self::expected_final`] may be off. Zero without a fit (the prior is the
+    /// cap itself) and for a request at the cap.
+    pub fn variance_final(&self, streamed: u32) -> f64 {
+        let cap = f64::from(self.max_tokens);
+        let s = f64::from(streamed.min(self.max_tokens));
+        match self.fit {
+            Some(d) if streamed < self.max_tokens => {
+                let m = d.conditional_mean(s, cap).clamp(s, cap);
+                (d.conditional_second_moment(s, cap) - m * m).max(0.0)
+            }
+            _ => 0.0,
+        }
+    }
+
     /// Expected length of a request not yet started.
     pub fn expected_new(&self) -> f64 {
         self.expected_final(0)
@@ -261,6 +276,18 @@ impl LogNormal {
 
     /// E[min(L, cap) | L > s].
     pub fn conditional_mean(&self, s: f64, cap: f64) -> f64 {
+        self.conditional_moment(1.0, s, cap)
+    }
+
+    /// E[min(L, cap)² | L > s]: with [`Self::conditional_mean`], the spread of a request's
+    /// final length.
+    pub fn conditional_second_moment(&self, s: f64, cap: f64) -> f64 {
+        self.conditional_moment(2.0, s, cap)
+    }
+
+    /// E[min(L, cap)^k | L > s], from the log-normal's truncated moments
+    /// (E[L^k; a < L < b] = e^{kμ + k²σ²/2} (Φ(β − kσ) − Φ(α − kσ))).
+    fn conditional_moment(&self, k: f64, s: f64, cap: f64) -> f64 {
         let sig = self.sigma;
         let phi = |z: f64| 0.5 * erfc(-z / std::f64::consts::SQRT_2);
         let alpha = if s <= 0.0 {
@@ -271,10 +298,11 @@ impl LogNormal {
         let beta = (cap.ln() - self.mu) / sig;
         let p_more = 1.0 - phi(alpha);
         if p_more < 1e-12 {
-            return s;
+            return s.powf(k);
         }
-        let mean_part = (self.mu + sig * sig / 2.0).exp() * (phi(beta - sig) - phi(alpha - sig));
-        (mean_part + cap * (1.0 - phi(beta))) / p_more
+        let part = (k * self.mu + k * k * sig * sig / 2.0).exp()
+            * (phi(beta - k * sig) - phi(alpha - k * sig));
+        (part + cap.powf(k) * (1.0 - phi(beta))) / p_more
     }
 }
 
@@ -491,6 +519,32 @@ mod tests {
         assert!((c0 - (7.5f64).exp()).abs() / c0 < 1e-3);
         assert!(d.conditional_mean(5000.0, 10_240.0) <= 10_240.0);
         assert!(d.conditional_mean(5000.0, 10_240.0) > 5000.0);
+    }
+
+    /// The conditional second moment is the lognormal's own (E[L²] = e^{2μ+2σ²}) without a
+    /// cap, and a request's variance shrinks to nothing at the cap and without a fit.
+    #[test]
+    fn variance_of_a_final_length() {
+        let d = LogNormal {
+            mu: 5.0,
+            sigma: 1.0,
+        };
+        let m2 = d.conditional_second_moment(0.0, 1e12);
+        assert!((m2 - (12.0f64).exp()).abs() / m2 < 1e-3, "{m2}");
+        let mut m = LengthModel::new(4096);
+        assert_eq!(m.variance_final(10), 0.0);
+        m.set_fit_for_tests(5.0, 1.0);
+        let v0 = m.variance_final(0);
+        // Var of a lognormal (μ 5, σ 1) is e^{11}(e − 1), less with the cap at 4096.
+        assert!(
+            v0 > 0.5 * (11.0f64).exp() * (1f64.exp() - 1.0) && v0 < (11.0f64).exp() * 1.72,
+            "{v0}"
+        );
+        assert!(
+            m.variance_final(1000) > v0,
+            "a long request's end is less certain"
+        );
+        assert_eq!(m.variance_final(4096), 0.0);
     }
 
     /// The expected longest remaining completion grows with the number in flight and stays

@@ -3,7 +3,7 @@
 //!
 //! The scheduler reads `granted` where a one-process run reads its fixed budget, and
 //! reports what the lane wants (its completed tokens plus the expected final tokens of its
-//! requests in flight); the partition's budget agent grants more while the pool lasts and
+//! requests in flight, and a margin for how far those may run over); the partition's budget agent grants more while the pool lasts and
 //! says when it is the last (`is_last`: the pool is empty). Until then a lane whose gate is
 //! shut waits instead of finishing, and policy "cancel" does not close it.
 //!
@@ -19,7 +19,8 @@ use tokio::sync::Notify;
 pub struct Allowance {
     granted: AtomicU64,
     last: AtomicBool,
-    /// Completed tokens plus the expected final tokens of the requests in flight.
+    /// Completed tokens plus the expected final tokens of the requests in flight and the
+    /// gate's margin for their spread.
     demand: AtomicU64,
     /// Completed tokens.
     completed: AtomicU64,
@@ -85,7 +86,8 @@ impl Allowance {
         self.completed.load(Ordering::Relaxed)
     }
 
-    /// Completed tokens plus the expected final tokens in flight, as last reported.
+    /// Completed tokens plus the expected final tokens in flight (and the margin), as last
+    /// reported.
     pub fn demand(&self) -> u64 {
         self.demand.load(Ordering::Relaxed)
     }

@@ -224,7 +224,7 @@ impl Scheduler {
             }
             if let Some(a) = &lane.spec.allowance {
                 a.report(
-                    lane.committed_estimate(true),
+                    lane.held_estimate(),
                     lane.completed_tokens,
                     lane.lengths.expected_new(),
                     !lane.closed && lane.has_rows(),

@@ -3,8 +3,8 @@
 //!
 //! Invariants: a (row, sample) is in at most one of `buffer`, `returned`, `ready` and
 //! `inflight`; the gate counts completed tokens plus the expected final tokens of every
-//! request in flight (waiting conversations too, when asked), so a lane stops before its
-//! budget rather than after.
+//! request in flight (waiting conversations too, when asked) and a margin for their spread,
+//! so a lane stops before its budget rather than after.
 
 use super::LaneSpec;
 use crate::config::BudgetPolicy;
@@ -14,6 +14,10 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
+
+/// Standard deviations of the in-flight sum the gate holds back ([`Lane::margin`]): three,
+/// because the sum of a few heavy-tailed lengths is skewed well past a normal's two.
+const MARGIN_SD: f64 = 3.0;
 
 /// A lease in flight: its streamed tokens and whether it waits between turns.
 pub(super) type Flight = (Arc<AtomicU32>, Arc<AtomicBool>);
@@ -82,8 +86,35 @@ impl Lane {
         self.completed_tokens as f64 + inflight
     }
 
+    /// The tokens the gate holds back beyond the expected finals in flight: [`MARGIN_SD`]
+    /// standard deviations of their sum. Completion lengths are heavy-tailed; once the gate
+    /// shuts, what the requests in flight make beyond their expectation cannot be undone,
+    /// while anything below is filled by the next dispatches. This matters most for a
+    /// cluster partition: its allowance is cut when the job's pool runs out, and with N
+    /// partitions N pipelines are cut, each one's overrun adding up while their shortfalls
+    /// are filled. The margin shrinks with the work in flight, so a lane still fills to its
+    /// budget, and it is zero with nothing in flight or no fit yet (the prior is the cap).
+    pub(super) fn margin(&self) -> f64 {
+        if self.naive_budget {
+            return 0.0;
+        }
+        let var: f64 = self
+            .inflight
+            .values()
+            .map(|(a, _)| self.lengths.variance_final(a.load(Ordering::Relaxed)))
+            .sum();
+        MARGIN_SD * var.sqrt()
+    }
+
+    /// What the lane needs to hold: completed tokens, the expected finals in flight and the
+    /// margin (what it reports to a partition's budget agent).
+    pub(super) fn held_estimate(&self) -> f64 {
+        self.committed_estimate(true) + self.margin()
+    }
+
     /// Whether one more request may start: dispatching stops as soon as completed tokens
-    /// plus the expected final tokens of the work in flight reach the budget.
+    /// plus the expected final tokens of the work in flight (and the margin) reach the
+    /// budget.
     pub(super) fn budget_allows(&self) -> bool {
         self.gate_open(true)
     }
@@ -95,7 +126,7 @@ impl Lane {
         match self.budget() {
             None => true,
             Some(b) if self.naive_budget => self.completed_tokens < b,
-            Some(b) => self.committed_estimate(count_waiting) < b as f64,
+            Some(b) => self.committed_estimate(count_waiting) + self.margin() < b as f64,
         }
     }
 

@@ -278,3 +278,57 @@ fn a_growing_allowance_waits_for_more_and_finishes_on_the_last() {
     // 420 completed ≥ the last allowance: finished, nothing more dispatched.
     assert!(matches!(s.next().unwrap(), Next::Done));
 }
+
+/// The gate holds back a margin for how far the requests in flight may run past their
+/// expected lengths (heavy tails: an overrun cannot be undone once the gate shuts), fewer
+/// requests start than the expectation alone allows; as they finish the margin shrinks and
+/// the lane fills to its budget, one request at a time at the end.
+#[test]
+fn the_gate_holds_a_margin_for_the_spread_in_flight() {
+    let (_d, q) = queue_with(&(0..200).collect::<Vec<_>>());
+    let s = Scheduler::new(q, vec![spec(0, Some(1000))], Bench::default());
+    let seen = [5u32, 10, 20, 40, 80, 15, 30, 60, 25, 50];
+    s.seed_lengths(0, seen.iter().cycle().take(100).copied());
+    let mut first = Vec::new();
+    while let Next::Lease(l) = s.next().unwrap() {
+        first.push(l);
+    }
+    let (expected, margin) = {
+        let lanes = s.lock();
+        (lanes[0].lengths.expected_new(), lanes[0].margin())
+    };
+    let without_margin = (1000.0 / expected).ceil() as usize;
+    assert!(
+        margin > 0.0 && first.len() + 3 <= without_margin,
+        "{} leases with the margin, {without_margin} on the expectation alone",
+        first.len()
+    );
+    // A partition's agent is told what the lane holds, margin included.
+    let a = Arc::new(Allowance::new(1000));
+    let mut sp = spec(1, Some(0));
+    sp.allowance = Some(a.clone());
+    // Each finishes at its expected length: the lane fills the room the margin kept.
+    let mut done = 0u64;
+    let mut started = first.len();
+    let mut flight: std::collections::VecDeque<_> = first.into();
+    while let Some(l) = flight.pop_front() {
+        s.completed(&l, expected.round() as u32);
+        done += expected.round() as u64;
+        while let Next::Lease(l) = s.next().unwrap() {
+            started += 1;
+            flight.push_back(l);
+        }
+    }
+    assert!(
+        started >= without_margin - 1 && done < 1000 + expected as u64 + 1,
+        "{started} started, {done} tokens"
+    );
+    let s2 = Scheduler::new(queue_with(&[0, 1]).1, vec![sp], Bench::default());
+    s2.seed_lengths(0, seen.iter().cycle().take(100).copied());
+    let _l = lease(&s2);
+    a.set(0, false);
+    assert!(matches!(s2.next().unwrap(), Next::Wait));
+    let lanes = s2.lock();
+    assert!(a.demand() as f64 >= lanes[0].committed_estimate(true) + lanes[0].margin() - 1.0);
+    assert!(lanes[0].margin() > 0.0);
+}
