@@ -126,7 +126,21 @@ impl Lane {
         match self.budget() {
             None => true,
             Some(b) if self.naive_budget => self.completed_tokens < b,
-            Some(b) => self.committed_estimate(count_waiting) + self.margin() < b as f64,
+            Some(b) => {
+                self.committed_estimate(count_waiting) + self.margin() + self.half_next() < b as f64
+            }
+        }
+    }
+
+    /// Half the expected length of the request about to start, once lengths are fitted: it
+    /// starts only if the expected total with it passes the budget by at most half a
+    /// request, so a dataset ends within about half a completion either side of its budget
+    /// rather than up to a whole one over (N partitions end N times). Before a fit (the
+    /// prior is the cap) nothing is added, so a budget under one completion still runs.
+    fn half_next(&self) -> f64 {
+        match self.lengths.fitted() {
+            Some(_) => 0.5 * self.lengths.expected_new(),
+            None => 0.0,
         }
     }
 

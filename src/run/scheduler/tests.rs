@@ -282,7 +282,8 @@ fn a_growing_allowance_waits_for_more_and_finishes_on_the_last() {
 /// The gate holds back a margin for how far the requests in flight may run past their
 /// expected lengths (heavy tails: an overrun cannot be undone once the gate shuts), fewer
 /// requests start than the expectation alone allows; as they finish the margin shrinks and
-/// the lane fills to its budget, one request at a time at the end.
+/// the lane fills to its budget, one request at a time at the end, ending within half a
+/// request of it.
 #[test]
 fn the_gate_holds_a_margin_for_the_spread_in_flight() {
     let (_d, q) = queue_with(&(0..200).collect::<Vec<_>>());
@@ -319,9 +320,10 @@ fn the_gate_holds_a_margin_for_the_spread_in_flight() {
             flight.push_back(l);
         }
     }
+    // It ends within half a request of the budget, either side.
     assert!(
-        started >= without_margin - 1 && done < 1000 + expected as u64 + 1,
-        "{started} started, {done} tokens"
+        started >= without_margin - 1 && (done as f64 - 1000.0).abs() <= expected / 2.0 + 1.0,
+        "{started} started, {done} tokens of 1000 ({expected} expected each)"
     );
     let s2 = Scheduler::new(queue_with(&[0, 1]).1, vec![sp], Bench::default());
     s2.seed_lengths(0, seen.iter().cycle().take(100).copied());
