@@ -1,5 +1,5 @@
 # spool: the two commands that do everything are `make demo` and `make test`.
-.PHONY: demo test lint build soak test-llama-server bench bench-eta bench-autoconc bench-tokenize bench-tokenize-kimi clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions bench-bombs bench-cluster-scale
+.PHONY: demo test lint build soak test-llama-server bench bench-all bench-eta bench-autoconc bench-tokenize bench-tokenize-kimi clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions bench-bombs bench-cluster-scale
 
 build:
 	cargo build
@@ -53,6 +53,12 @@ soak:
 bench:
 	@echo "Benchmarks (by hand, not in make test; results in BENCHMARKS.md):"
 	@grep -E '^bench-[a-z-]+:' Makefile | cut -d: -f1 | sed 's/^/  make /'
+
+## Every benchmark in turn against one release build, each one's output in
+## bench/results/<target>.md with the commit, date and machine it was measured on (hours;
+## an idle machine). BENCH_ONLY="bench-partitions bench-shard" for a subset.
+bench-all:
+	bash scripts/bench_all.sh
 
 ## Budget overshoot (finish / cancel / naive), ETA error over the run against the naive
 ## "remaining requests / req/s", and server utilisation across the dataset boundary, in a
