@@ -241,7 +241,6 @@ pub async fn run(
             committed = log.committed_tokens(&d.name), pool = ledger.pool(total),
             "partition's budget: tickets from the job's pool as needed");
         plan.allowances.insert(d.name.clone(), allowance.clone());
-        plan.budgets.insert(d.name.clone(), granted);
         lanes.push(budget::Lane::new(&d.name, total, ledger, allowance));
     }
     {

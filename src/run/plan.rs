@@ -1,8 +1,8 @@
 //! What a run takes besides its config ([`JobPlan`]): what it learns at start from outside
 //! the file — the partition it is (flags, the scheduler's environment), the folder its
 //! shards go to (a cluster worker's local staging folder), the local copies of fetched
-//! object-store inputs, and a cluster partition's budgets, its settled work and the
-//! allowances that grow while it runs. The CLI and `run::inputs` fill the first part, the
+//! object-store inputs, and a cluster partition's settled work and the allowances
+//! (its budgets) that grow while it runs. The CLI and `run::inputs` fill the first part, the
 //! cluster layer (`cluster::worker`) the rest; a one-machine run of a local config has the
 //! empty plan.
 //!
@@ -32,9 +32,6 @@ pub struct JobPlan {
     pub output_dir: Option<PathBuf>,
     /// Per dataset, the local copy read in place of an object-store `path`.
     pub inputs: HashMap<String, PathBuf>,
-    /// Per dataset, the budget this run starts with in place of `token_budget` (a cluster
-    /// partition's tickets when it started).
-    pub budgets: HashMap<String, u64>,
     /// Per dataset, the ids already committed to the object store (or failed for good
     /// there), which intake skips.
     pub committed: HashMap<String, Arc<HashSet<String>>>,
@@ -54,13 +51,12 @@ impl JobPlan {
         self.inputs.get(&d.name).map_or(&d.path, PathBuf::as_path)
     }
 
-    /// The budget dataset `d` is held to now: a growing allowance's grant so far, else the
-    /// plan's, else its `token_budget` (so a partition's outcome and status name what it
-    /// was granted, not what it started with).
+    /// The budget dataset `d` is held to now: a growing allowance's grant so far, else its
+    /// `token_budget` (so a partition's outcome and status name what it was granted).
     pub fn budget(&self, d: &DatasetConfig) -> Option<u64> {
         match self.allowances.get(&d.name) {
             Some(a) => Some(a.granted()),
-            None => self.budgets.get(&d.name).copied().or(d.token_budget),
+            None => d.token_budget,
         }
     }
 
