@@ -11,8 +11,10 @@
 //! empty. Each claim is also recorded in the claiming partition's log (a `claim` record),
 //! where its allowance is claims less releases: a restart, on its volume or an empty one,
 //! keeps it. A `release` is written to the partition's log first, ordered with its
-//! commits, then returned to the pool. A worker that stops gives back what it did not use;
-//! a partition whose worker is gone (no heartbeat for [`STALE_AFTER`]) has its unused
+//! commits, then returned to the pool. A worker that stops gives back what it did not use,
+//! unless a twin of its partition still runs and items are left (the twin may have them
+//! in flight and settles when it stops; the done marker says so); a partition whose
+//! worker is gone (no heartbeat for [`STALE_AFTER`]) has its unused
 //! allowance taken back by a worker that needs it, by a release in the dead partition's
 //! log, so a worker that was only slow sees it before it commits again. A worker that
 //! finds rows it made committed first by a twin (another worker of its partition) takes
@@ -414,6 +416,25 @@ pub async fn release(
     }
 }
 
+/// Records in the partition's log a ticket its writer took from the budget log.
+async fn record_claim(
+    log: &mut CommitLog,
+    dataset: &str,
+    writer: &str,
+    ticket: u64,
+    tokens: u64,
+) -> Result<(), CommitError> {
+    let head = Head::new("claim", log.partition(), writer);
+    log.append_anyway(Record::Claim(Claim {
+        head,
+        dataset: dataset.into(),
+        ticket,
+        tokens,
+    }))
+    .await?;
+    Ok(())
+}
+
 /// What a partition holds and has not used: its allowance less its committed tokens.
 pub fn unused(log: &CommitLog, dataset: &str) -> u64 {
     let d = log.dataset(dataset);
@@ -572,7 +593,11 @@ impl Agent {
         let floor = a.request_tokens();
         if !a.wants_more() {
             // Out of rows (or closed): what the lane holds beyond its requests in flight
-            // (kept twice over) goes back now, for the partitions still going.
+            // (kept twice over) goes back now, for the partitions still going — unless a
+            // twin shares the partition: what it has in flight is counted nowhere here.
+            if a.duplicates() > 0 {
+                return Ok(());
+            }
             let inflight = a.demand().saturating_sub(a.completed());
             let keep = a.demand() + inflight + floor;
             if granted > keep {
@@ -673,19 +698,70 @@ impl Agent {
             lane.marked = false;
         }
         let mut log = self.log.lock().await;
-        log.append_anyway(Record::Claim(Claim {
-            head: Head::new("claim", partition, &writer),
-            dataset: lane.dataset.clone(),
-            ticket,
-            tokens,
-        }))
-        .await?;
+        record_claim(&mut log, &lane.dataset, &writer, ticket, tokens).await?;
         let granted = Agent::granted(&log, &lane.dataset, &writer, &a);
         drop(log);
         tracing::debug!(dataset = %lane.dataset, ticket, tokens, granted, pool = pool - tokens,
             "budget ticket claimed");
         a.set(granted, false);
         Ok(())
+    }
+
+    /// At the end of a run: a lane past its allowance (policy "finish") takes what it used
+    /// from the pool; each lane's unused allowance goes back to the pool, unless `twins`
+    /// of this partition still run and this worker did not make every item of the lane's
+    /// dataset (`made_all`) — what is unused is then what a twin may have in flight, and
+    /// it settles the partition when it stops (true is returned: the done marker says
+    /// so, and a twin that dies instead has it taken back as a dead partition's). Ask for
+    /// the twins after this worker's presence says it stopped, so twins stopping together
+    /// never both leave it to the other.
+    pub async fn settle(
+        &mut self,
+        twins: &[String],
+        made_all: &HashSet<String>,
+    ) -> Result<bool, CommitError> {
+        let (p, writer) = (self.partition, self.writer.clone());
+        let mut left = false;
+        let mut log = self.log.lock().await;
+        log.catch_up().await?;
+        for lane in &mut self.lanes {
+            lane.ledger.catch_up().await?;
+            let d = log.dataset(&lane.dataset);
+            let (allowance, spent) = (d.allowance(), d.tokens);
+            drop(d);
+            if spent > allowance {
+                let want = spent - allowance;
+                if let Some((ticket, tokens)) =
+                    lane.ledger.claim(lane.budget, p, &writer, want).await?
+                {
+                    record_claim(&mut log, &lane.dataset, &writer, ticket, tokens).await?;
+                }
+            }
+            // Every item made and committed: a twin can only make duplicates.
+            if !twins.is_empty() && !made_all.contains(&lane.dataset) {
+                left = true;
+                tracing::info!(dataset = %lane.dataset, twins = ?twins, unused = allowance.saturating_sub(spent),
+                    "another worker of this partition still runs: leaving it the partition's unused budget to settle");
+                continue;
+            }
+            if allowance > spent {
+                tracing::info!(dataset = %lane.dataset, tokens = allowance - spent,
+                    "giving unused budget back to the job's pool");
+                release(
+                    &mut log,
+                    &mut lane.ledger,
+                    &lane.dataset,
+                    &writer,
+                    allowance - spent,
+                )
+                .await?;
+            }
+            // Stopped: it gives nothing more back, so no one waits for it.
+            self.bucket
+                .put(&waiting_key(&lane.dataset, p.index), "stopped".into())
+                .await?;
+        }
+        Ok(left)
     }
 
     /// Brings each lane's allowance in step with the partition's log (a twin's commits and
@@ -719,7 +795,11 @@ async fn reclaim(
             index,
             count: me.count,
         };
-        if commits::read_done(bucket, p).await?.is_some() {
+        // A done partition gave back what it did not use, unless it left it to a twin.
+        if commits::read_done(bucket, p)
+            .await?
+            .is_some_and(|d| !d.twin_settles)
+        {
             continue;
         }
         let heartbeat = crate::cluster::heartbeat::read(bucket, p)
@@ -754,6 +834,18 @@ async fn reclaim(
 mod tests {
     use super::*;
     use crate::output::bucket::BucketOptions;
+
+    /// Partition 0's agent of writer `w0` with one lane of `d` (job budget 1,000).
+    fn agent_of(b: &Arc<Bucket>, log: CommitLog, ledger: BudgetLog, a: &Arc<Allowance>) -> Agent {
+        Agent {
+            log: Arc::new(Mutex::new(log)),
+            lanes: vec![Lane::new("d", 1_000, ledger, a.clone())],
+            writer: "w0".into(),
+            partition: Partition { index: 0, count: 2 },
+            bucket: b.clone(),
+            stale_after: STALE_AFTER,
+        }
+    }
 
     /// Tickets shrink with the pool, never go below one request or above what is left;
     /// claims never pass the budget, returns refill it once each; a partition's ticket it
@@ -876,14 +968,7 @@ mod tests {
                     let a = Arc::new(Allowance::new(0));
                     a.report(500.0, 0, 50.0, true);
                     a.add_duplicates(duplicates);
-                    let mut agent = Agent {
-                        log: Arc::new(Mutex::new(log)),
-                        lanes: vec![Lane::new("d", 1_000, ledger, a.clone())],
-                        writer: "w0".into(),
-                        partition: p0,
-                        bucket: b.clone(),
-                        stale_after: STALE_AFTER,
-                    };
+                    let mut agent = agent_of(&b, log, ledger, &a);
                     agent.tick(0, &mut None).await.unwrap();
                     agent.tick(0, &mut None).await.unwrap();
                     let taken = BudgetLog::load(b.clone(), "d", 2).await.unwrap().out();
@@ -892,6 +977,138 @@ mod tests {
                     } else {
                         assert_eq!(taken, 0, "a worker behind a twin took budget");
                         assert!(a.is_last(), "it must finish on what it holds");
+                    }
+                }
+            });
+    }
+
+    /// A worker that stops while a twin of its partition still runs leaves the partition's
+    /// unused allowance to it (the twin may have it in flight) and does not mark the
+    /// partition stopped; once the twin has stopped, or its heartbeat is stale, the same
+    /// settle gives the unused allowance back to the pool. A lane out of rows behind a
+    /// twin keeps what it holds too.
+    #[test]
+    fn a_worker_leaves_its_unused_budget_to_a_live_twin() {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let now = crate::cluster::job::now_unix();
+                // (twin says running, its heartbeat's age, this worker's age, this worker
+                // made every item, gives back): a worker whose last beat came before this
+                // one started was killed before; with every item made, a twin can only
+                // make duplicates.
+                for (twin_running, twin_age, my_age, made_all, gives_back) in [
+                    (true, 0, 5, false, false),
+                    (true, 10, 30, false, false),
+                    (true, 0, 5, true, true),
+                    (false, 0, 5, false, true),
+                    (true, 3_600, 5, false, true),
+                    (true, 55, 50, false, true),
+                ] {
+                    let b = Arc::new(Bucket::open("memory://", &BucketOptions::default()).unwrap());
+                    let p0 = Partition { index: 0, count: 2 };
+                    let mut ledger = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
+                    let mut log = CommitLog::load(b.clone(), p0, commits::LoadOptions::WORKER)
+                        .await
+                        .unwrap();
+                    let (ticket, tokens) =
+                        ledger.claim(1_000, p0, "w0", 600).await.unwrap().unwrap();
+                    log.append_anyway(Record::Claim(Claim {
+                        head: Head::new("claim", p0, "w0"),
+                        dataset: "d".into(),
+                        ticket,
+                        tokens,
+                    }))
+                    .await
+                    .unwrap();
+                    let twin = crate::cluster::heartbeat::WorkerStatus {
+                        format: commits::FORMAT,
+                        partition: 0,
+                        partitions: 2,
+                        writer: "w1".into(),
+                        heartbeat_unix: now - twin_age,
+                        running: twin_running,
+                        report: None,
+                    };
+                    b.put(
+                        &crate::cluster::heartbeat::presence_key(0, "w1"),
+                        serde_json::to_vec(&twin).unwrap().into(),
+                    )
+                    .await
+                    .unwrap();
+                    let a = Arc::new(Allowance::new(600));
+                    a.report(100.0, 100, 50.0, false);
+                    a.add_duplicates(40);
+                    let mut agent = agent_of(&b, log, ledger, &a);
+                    agent.tick(0, &mut None).await.unwrap();
+                    let pool = BudgetLog::load(b.clone(), "d", 2)
+                        .await
+                        .unwrap()
+                        .pool(1_000);
+                    assert_eq!(pool, 400, "out of rows behind a twin, it gave budget back");
+                    let twins = crate::cluster::heartbeat::live_twins(&b, p0, "w0", now - my_age)
+                        .await
+                        .unwrap();
+                    let made: HashSet<String> =
+                        made_all.then(|| "d".to_string()).into_iter().collect();
+                    let left = agent.settle(&twins, &made).await.unwrap();
+                    assert_eq!(left, !gives_back);
+                    let pool = BudgetLog::load(b.clone(), "d", 2)
+                        .await
+                        .unwrap()
+                        .pool(1_000);
+                    let stopped = b.get(&waiting_key("d", 0)).await.unwrap().is_some();
+                    if gives_back {
+                        assert_eq!(pool, 1_000, "twin running={twin_running} age={twin_age}s");
+                        assert!(stopped);
+                    } else {
+                        assert_eq!(pool, 400, "gave back what a live twin may have in flight");
+                        assert!(
+                            !stopped,
+                            "marked stopped while its twin may give budget back"
+                        );
+                        // The twin dies instead: once the partition's heartbeat is stale,
+                        // another partition takes the budget back though it is done — only
+                        // because the done marker says a twin was to settle it.
+                        let status = crate::cluster::heartbeat::WorkerStatus {
+                            heartbeat_unix: now - 3_600,
+                            ..twin.clone()
+                        };
+                        b.put(
+                            &commits::status_key(0),
+                            serde_json::to_vec(&status).unwrap().into(),
+                        )
+                        .await
+                        .unwrap();
+                        let p1 = Partition { index: 1, count: 2 };
+                        for twin_settles in [false, true] {
+                            let done = commits::Done {
+                                partition: 0,
+                                partitions: 2,
+                                writer: "w0".into(),
+                                commits: 2,
+                                failed: 0,
+                                twin_settles,
+                                spool_version: "0".into(),
+                            };
+                            b.put(
+                                &commits::done_key(0),
+                                serde_json::to_vec(&done).unwrap().into(),
+                            )
+                            .await
+                            .unwrap();
+                            let mut other = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
+                            reclaim(&b, p1, "w9", "d", &mut other, Duration::from_secs(60))
+                                .await
+                                .unwrap();
+                            let pool = BudgetLog::load(b.clone(), "d", 2)
+                                .await
+                                .unwrap()
+                                .pool(1_000);
+                            assert_eq!(pool, if twin_settles { 1_000 } else { 400 });
+                        }
                     }
                 }
             });

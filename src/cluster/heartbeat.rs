@@ -3,9 +3,13 @@
 //! the budget agent takes back a dead partition's unused budget.
 //!
 //! A running worker writes it at start and every [`EVERY`] (with its live `/status`
-//! when its metrics endpoint is on), and once more when it stops. Invariant: a status
-//! object is shown or used only if it is filed under its own partition of this job's
-//! count, with a writer id and dataset names; it is read up to `commits::RECORD_BYTES`.
+//! when its metrics endpoint is on), and once more when it stops. Beside it each worker
+//! keeps its own presence (`_spool/pNNNN/writers/<writer>.json`, the same record without
+//! the report), since two workers of one partition (twins) overwrite each other's status:
+//! a worker that stops asks it whether a twin still runs before giving budget back.
+//! Invariant: a status object is shown or used only if it is filed under its own
+//! partition of this job's count (and a presence under its own writer), with a writer id
+//! and dataset names; it is read up to `commits::RECORD_BYTES`.
 
 use crate::cluster::commits::{self, untrusted, CommitError};
 use crate::cluster::partition::Partition;
@@ -36,7 +40,7 @@ pub struct WorkerStatus {
     pub report: Option<StatusReport>,
 }
 
-/// Writes partition `p`'s status.
+/// Writes partition `p`'s status and `writer`'s presence.
 pub async fn write(
     bucket: &Bucket,
     p: Partition,
@@ -44,7 +48,27 @@ pub async fn write(
     running: bool,
     report: Option<StatusReport>,
 ) -> Result<(), BucketError> {
-    let s = WorkerStatus {
+    write_presence(bucket, p, writer, running).await?;
+    let body = serde_json::to_vec_pretty(&status(p, writer, running, report)).unwrap_or_default();
+    bucket.put(&commits::status_key(p.index), body.into()).await
+}
+
+/// Writes `writer`'s presence alone: a worker stopping while a twin runs leaves the
+/// partition's status to the twin, which is still running it.
+pub async fn write_presence(
+    bucket: &Bucket,
+    p: Partition,
+    writer: &str,
+    running: bool,
+) -> Result<(), BucketError> {
+    let body = serde_json::to_vec_pretty(&status(p, writer, running, None)).unwrap_or_default();
+    bucket
+        .put(&presence_key(p.index, writer), body.into())
+        .await
+}
+
+fn status(p: Partition, writer: &str, running: bool, report: Option<StatusReport>) -> WorkerStatus {
+    WorkerStatus {
         format: commits::FORMAT,
         partition: p.index,
         partitions: p.count,
@@ -52,9 +76,62 @@ pub async fn write(
         heartbeat_unix: crate::cluster::job::now_unix(),
         running,
         report,
-    };
-    let body = serde_json::to_vec_pretty(&s).unwrap_or_default();
-    bucket.put(&commits::status_key(p.index), body.into()).await
+    }
+}
+
+/// The key of `writer`'s presence in partition `p`.
+pub fn presence_key(p: u32, writer: &str) -> String {
+    format!("{}/writers/{writer}.json", commits::partition_prefix(p))
+}
+
+/// The other workers of partition `p` (twins of `me`, running since `since_unix`) that
+/// say they are running, with a heartbeat within [`STALE_S`] and — once `me` has run
+/// longer than a heartbeat's period — since `me` started: a worker killed just before
+/// `me` took over is not a twin. A presence filed under another name, or that is not a
+/// worker's of this partition, is [`CommitError::Untrusted`], naming it.
+pub async fn live_twins(
+    bucket: &Bucket,
+    p: Partition,
+    me: &str,
+    since_unix: u64,
+) -> Result<Vec<String>, CommitError> {
+    let prefix = format!("{}/writers/", commits::partition_prefix(p.index));
+    let now = crate::cluster::job::now_unix();
+    let mut live = Vec::new();
+    for (key, _) in bucket.list(&prefix).await? {
+        let Some(name) = key
+            .strip_prefix(&prefix)
+            .and_then(|n| n.strip_suffix(".json"))
+            .filter(|n| crate::config::valid_name(n))
+        else {
+            return Err(untrusted(
+                &key,
+                "not a worker's presence (they are named writers/<writer id>.json)",
+            ));
+        };
+        if name == me {
+            continue;
+        }
+        let Some(body) = bucket.get_capped(&key, commits::RECORD_BYTES).await? else {
+            continue;
+        };
+        let s: WorkerStatus = serde_json::from_slice(&body)
+            .map_err(|e| untrusted(&key, format!("not a worker's presence: {e}")))?;
+        if s.partition != p.index || s.partitions != p.count || s.writer != name {
+            return Err(untrusted(
+                &key,
+                format!(
+                    "it says writer {:?} of partition {} of {}, but is filed under writer {name:?} of partition {} of {}",
+                    s.writer, s.partition, s.partitions, p.index, p.count
+                ),
+            ));
+        }
+        let fresh = now.saturating_sub(s.heartbeat_unix) <= STALE_S;
+        if s.running && fresh && s.heartbeat_unix > since_unix {
+            live.push(s.writer);
+        }
+    }
+    Ok(live)
 }
 
 /// Reads partition `p`'s status: `None` when there is none; one that is not a worker's of

@@ -358,7 +358,7 @@ impl Publisher {
 
     /// Records that this partition finished (with `failed` items failed for good):
     /// `finalize` waits for every partition's.
-    pub(super) async fn mark_done(&self, failed: u64) -> Result<(), Error> {
+    pub(super) async fn mark_done(&self, failed: u64, twin_settles: bool) -> Result<(), Error> {
         let mut log = self.log.lock().await;
         log.catch_up().await?;
         log.refuse_sealed()?;
@@ -368,6 +368,7 @@ impl Publisher {
             writer: self.writer.clone(),
             commits: log.len(),
             failed,
+            twin_settles,
             spool_version: env!("CARGO_PKG_VERSION").to_string(),
         };
         drop(log);

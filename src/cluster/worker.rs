@@ -205,6 +205,7 @@ pub async fn run(
         Ok(bucket.delete(&commits::done_key(partition.index)).await?)
     })
     .await?;
+    let started_unix = crate::cluster::job::now_unix();
     if let Err(e) = heartbeat::write(&bucket, partition, &writer, true, None).await {
         tracing::warn!(error = %e, "cannot write the partition's status yet");
     }
@@ -311,14 +312,32 @@ pub async fn run(
         record_failures(&data_dir, &knobs, &shared, &writer).await
     })
     .await?;
-    persevere("give back unused budget", async || {
-        settle_budgets(&shared, &mut agent, &writer).await
+    // This worker has stopped: a twin settling the budget sees it gone. Where the
+    // partition stood goes to its status for `spool status`, unless a twin still runs it.
+    persevere("write this worker's presence", async || {
+        Ok(heartbeat::write_presence(&bucket, partition, &writer, false).await?)
     })
     .await?;
-    // Where the partition stood when its worker stopped: `spool status` shows it.
-    let report = summary.report.clone();
-    persevere("write the partition's status", async || {
-        Ok(heartbeat::write(&bucket, partition, &writer, false, Some(report.clone())).await?)
+    let twins = persevere("look for a twin of this partition", async || {
+        Ok(heartbeat::live_twins(&bucket, partition, &writer, started_unix).await?)
+    })
+    .await?;
+    if twins.is_empty() {
+        let report = summary.report.clone();
+        persevere("write the partition's status", async || {
+            Ok(heartbeat::write(&bucket, partition, &writer, false, Some(report.clone())).await?)
+        })
+        .await?;
+    }
+    let made_all: std::collections::HashSet<String> = summary
+        .report
+        .datasets
+        .iter()
+        .filter(|d| d.pending == 0 && d.inflight == 0)
+        .map(|d| d.name.clone())
+        .collect();
+    let twin_settles = persevere("give back unused budget", async || {
+        Ok(agent.settle(&twins, &made_all).await?)
     })
     .await?;
     if matches!(
@@ -326,7 +345,7 @@ pub async fn run(
         None | Some(crate::error::Kind::ItemsFailed)
     ) {
         persevere("mark the partition done", async || {
-            publisher.mark_done(failed).await
+            publisher.mark_done(failed, twin_settles).await
         })
         .await?;
         if failed > 0 {
@@ -441,56 +460,6 @@ async fn record_failures(
         }
     }
     Ok(log.datasets().map(|(_, d)| d.failed.len() as u64).sum())
-}
-
-/// At the end of a run: each budget's unused allowance goes back to the pool; a partition
-/// that finished past its allowance (policy "finish") takes what it used from the pool.
-async fn settle_budgets(
-    shared: &Arc<Mutex<CommitLog>>,
-    agent: &mut Agent,
-    writer: &str,
-) -> Result<(), Error> {
-    let mut log = shared.lock().await;
-    log.catch_up().await?;
-    for lane in &mut agent.lanes {
-        lane.ledger.catch_up().await?;
-        let d = log.dataset(&lane.dataset);
-        let (allowance, spent) = (d.allowance(), d.tokens);
-        drop(d);
-        let p = log.partition();
-        if spent > allowance {
-            let want = spent - allowance;
-            if let Some((ticket, tokens)) = lane.ledger.claim(lane.budget, p, writer, want).await? {
-                log.append_anyway(Record::Claim(commits::Claim {
-                    head: commits::Head::new("claim", p, writer),
-                    dataset: lane.dataset.clone(),
-                    ticket,
-                    tokens,
-                }))
-                .await?;
-            }
-        } else if allowance > spent {
-            tracing::info!(dataset = %lane.dataset, tokens = allowance - spent,
-                "giving unused budget back to the job's pool");
-            budget::release(
-                &mut log,
-                &mut lane.ledger,
-                &lane.dataset,
-                writer,
-                allowance - spent,
-            )
-            .await?;
-        }
-        // Stopped: it gives nothing more back, so no one waits for it.
-        agent
-            .bucket
-            .put(
-                &budget::waiting_key(&lane.dataset, p.index),
-                "stopped".into(),
-            )
-            .await?;
-    }
-    Ok(())
 }
 
 /// The writer id of a `data_dir`: made once, kept in `data_dir/writer-id`. A new volume is

@@ -442,6 +442,8 @@ pub(crate) fn assert_chaos_outcome(
                         || l.contains("would pass the partition's allowance")
                         || l.contains("budget reached")
                         || l.contains("taking back")
+                        || l.contains("finishes on what it holds")
+                        || l.contains("leaving it the partition's unused budget")
                 })
                 .collect();
             assert!(

@@ -189,6 +189,10 @@ pub struct Done {
     /// Items recorded as failed for good (done with failures).
     #[serde(default)]
     pub failed: u64,
+    /// Its worker left the partition's unused budget to a twin still running: a dead
+    /// partition's budget is taken back even though it is done.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub twin_settles: bool,
     pub spool_version: String,
 }
 

@@ -207,6 +207,7 @@ fn the_log_refuses_overlaps_strays_and_giants() {
             writer: "w".into(),
             commits: 1,
             failed: 0,
+            twin_settles: false,
             spool_version: "0".into(),
         };
         b.put(&done_key(0), serde_json::to_vec(&done).unwrap().into())
