@@ -263,7 +263,12 @@ async fn chaos_round(seed: u64, kills: usize, per_dataset: usize) -> Figures {
     }
     all_rows += beta.len();
     let beta_tokens: u64 = beta.iter().map(|r| u64::from(r.completion_tokens)).sum();
-    assert!(beta_tokens >= budget, "budget reached: {beta_tokens}");
+    // The gate ends a dataset within about half a completion either side of its budget
+    // (docs/guarantees.md); the mock's completions average 50 tokens.
+    assert!(
+        beta_tokens + 50 >= budget,
+        "budget reached within a completion: {beta_tokens} of {budget}"
+    );
     assert!(
         beta_tokens < budget + 16 * 200,
         "overshoot bounded: {beta_tokens} for a budget of {budget}"
