@@ -445,6 +445,15 @@ mod tests {
     use crate::run::allowance::Allowance;
     use tokio::sync::Mutex;
 
+    /// Runs `f` to its end on a runtime of its own.
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
     /// Partition 0's agent of writer `w0` with one lane of `d` (job budget 1,000).
     fn agent_of(b: &Arc<Bucket>, log: CommitLog, ledger: BudgetLog, a: &Arc<Allowance>) -> Agent {
         Agent {
@@ -467,53 +476,49 @@ mod tests {
         assert_eq!(ticket_size(80, 4, 10), 10);
         assert_eq!(ticket_size(5, 4, 10), 5);
         assert_eq!(ticket_size(0, 4, 10), 0);
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async {
-                let b = Arc::new(Bucket::open("memory://", &BucketOptions::default()).unwrap());
-                let p0 = Partition { index: 0, count: 2 };
-                let p1 = Partition { index: 1, count: 2 };
-                let mut a = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
-                let mut c = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
-                assert_eq!(a.claim(1_000, p0, "w0", 700).await.unwrap(), Some((0, 700)));
-                // The other reader learns of it before it claims: only 300 are left.
-                assert_eq!(c.claim(1_000, p1, "w1", 700).await.unwrap(), Some((1, 300)));
-                assert_eq!(a.claim(1_000, p0, "w0", 1).await.unwrap(), None);
-                let mut log = CommitLog::load(b.clone(), p0, commits::LoadOptions::WORKER)
-                    .await
-                    .unwrap();
-                reconcile(&mut log, &mut a, "d", "w0").await.unwrap();
-                assert_eq!(log.dataset("d").allowance(), 700);
-                release(&mut log, &mut a, "d", "w0", 200).await.unwrap();
-                // Returned once, whoever reconciles again.
-                reconcile(&mut log, &mut a, "d", "w0").await.unwrap();
-                let fresh = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
-                assert_eq!(fresh.pool(1_000), 200);
-                assert_eq!(log.dataset("d").allowance(), 500);
-                // A claim in the partition's log that the budget log does not give.
-                let mut forged = Head::new("claim", p0, "w0");
-                forged.seq = log.len();
-                let body = serde_json::to_vec(&Claim {
-                    head: forged,
-                    dataset: "d".into(),
-                    ticket: 1,
-                    tokens: 300,
-                })
+        block_on(async {
+            let b = Arc::new(Bucket::open("memory://", &BucketOptions::default()).unwrap());
+            let p0 = Partition { index: 0, count: 2 };
+            let p1 = Partition { index: 1, count: 2 };
+            let mut a = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
+            let mut c = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
+            assert_eq!(a.claim(1_000, p0, "w0", 700).await.unwrap(), Some((0, 700)));
+            // The other reader learns of it before it claims: only 300 are left.
+            assert_eq!(c.claim(1_000, p1, "w1", 700).await.unwrap(), Some((1, 300)));
+            assert_eq!(a.claim(1_000, p0, "w0", 1).await.unwrap(), None);
+            let mut log = CommitLog::load(b.clone(), p0, commits::LoadOptions::WORKER)
+                .await
                 .unwrap();
-                b.put(&commits::commit_key(0, log.len()), body.into())
-                    .await
-                    .unwrap();
-                let log = CommitLog::load(b.clone(), p0, commits::LoadOptions::READER)
-                    .await
-                    .unwrap();
-                let e = check_claims(&log, "d", &fresh).unwrap_err().to_string();
-                assert!(
-                    e.contains("ticket 1") && e.contains("does not give it"),
-                    "{e}"
-                );
-            });
+            reconcile(&mut log, &mut a, "d", "w0").await.unwrap();
+            assert_eq!(log.dataset("d").allowance(), 700);
+            release(&mut log, &mut a, "d", "w0", 200).await.unwrap();
+            // Returned once, whoever reconciles again.
+            reconcile(&mut log, &mut a, "d", "w0").await.unwrap();
+            let fresh = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
+            assert_eq!(fresh.pool(1_000), 200);
+            assert_eq!(log.dataset("d").allowance(), 500);
+            // A claim in the partition's log that the budget log does not give.
+            let mut forged = Head::new("claim", p0, "w0");
+            forged.seq = log.len();
+            let body = serde_json::to_vec(&Claim {
+                head: forged,
+                dataset: "d".into(),
+                ticket: 1,
+                tokens: 300,
+            })
+            .unwrap();
+            b.put(&commits::commit_key(0, log.len()), body.into())
+                .await
+                .unwrap();
+            let log = CommitLog::load(b.clone(), p0, commits::LoadOptions::READER)
+                .await
+                .unwrap();
+            let e = check_claims(&log, "d", &fresh).unwrap_err().to_string();
+            assert!(
+                e.contains("ticket 1") && e.contains("does not give it"),
+                "{e}"
+            );
+        });
     }
 
     /// A worker whose budget log was read before a twin of its partition took and
@@ -521,41 +526,37 @@ mod tests {
     /// twin's start-up lost on a slow store).
     #[test]
     fn reconcile_reads_on_past_a_twins_newer_ticket() {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async {
-                let b = Arc::new(Bucket::open("memory://", &BucketOptions::default()).unwrap());
-                let p0 = Partition { index: 0, count: 2 };
-                let mut twin = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
-                let mut twin_log = CommitLog::load(b.clone(), p0, commits::LoadOptions::WORKER)
+        block_on(async {
+            let b = Arc::new(Bucket::open("memory://", &BucketOptions::default()).unwrap());
+            let p0 = Partition { index: 0, count: 2 };
+            let mut twin = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
+            let mut twin_log = CommitLog::load(b.clone(), p0, commits::LoadOptions::WORKER)
+                .await
+                .unwrap();
+            // The twin takes ticket 0 and has not recorded it yet.
+            let (t0, n0) = twin.claim(1_000, p0, "w1", 300).await.unwrap().unwrap();
+            let mut log = CommitLog::load(b.clone(), p0, commits::LoadOptions::WORKER)
+                .await
+                .unwrap();
+            let mut mine = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
+            // Then it takes ticket 1 and records both, after this worker read the
+            // budget log.
+            let (t1, n1) = twin.claim(1_000, p0, "w1", 200).await.unwrap().unwrap();
+            for (ticket, tokens) in [(t0, n0), (t1, n1)] {
+                twin_log
+                    .append_anyway(Record::Claim(Claim {
+                        head: Head::new("claim", p0, "w1"),
+                        dataset: "d".into(),
+                        ticket,
+                        tokens,
+                    }))
                     .await
                     .unwrap();
-                // The twin takes ticket 0 and has not recorded it yet.
-                let (t0, n0) = twin.claim(1_000, p0, "w1", 300).await.unwrap().unwrap();
-                let mut log = CommitLog::load(b.clone(), p0, commits::LoadOptions::WORKER)
-                    .await
-                    .unwrap();
-                let mut mine = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
-                // Then it takes ticket 1 and records both, after this worker read the
-                // budget log.
-                let (t1, n1) = twin.claim(1_000, p0, "w1", 200).await.unwrap().unwrap();
-                for (ticket, tokens) in [(t0, n0), (t1, n1)] {
-                    twin_log
-                        .append_anyway(Record::Claim(Claim {
-                            head: Head::new("claim", p0, "w1"),
-                            dataset: "d".into(),
-                            ticket,
-                            tokens,
-                        }))
-                        .await
-                        .unwrap();
-                }
-                reconcile(&mut log, &mut mine, "d", "w0").await.unwrap();
-                assert_eq!(log.dataset("d").allowance(), 500);
-                assert_eq!(mine.pool(1_000), 500);
-            });
+            }
+            reconcile(&mut log, &mut mine, "d", "w0").await.unwrap();
+            assert_eq!(log.dataset("d").allowance(), 500);
+            assert_eq!(mine.pool(1_000), 500);
+        });
     }
 
     /// A worker whose rows a twin of its partition committed first takes no more tickets
@@ -563,33 +564,29 @@ mod tests {
     /// come back only when it ends); the same lane without a twin takes one.
     #[test]
     fn a_worker_behind_a_twin_takes_no_more_budget() {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async {
-                for duplicates in [0u64, 120] {
-                    let b = Arc::new(Bucket::open("memory://", &BucketOptions::default()).unwrap());
-                    let p0 = Partition { index: 0, count: 2 };
-                    let ledger = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
-                    let log = CommitLog::load(b.clone(), p0, commits::LoadOptions::WORKER)
-                        .await
-                        .unwrap();
-                    let a = Arc::new(Allowance::new(0));
-                    a.report(500.0, 0, 50.0, true);
-                    a.add_duplicates(duplicates);
-                    let mut agent = agent_of(&b, log, ledger, &a);
-                    agent.tick(0, &mut None).await.unwrap();
-                    agent.tick(0, &mut None).await.unwrap();
-                    let taken = BudgetLog::load(b.clone(), "d", 2).await.unwrap().out();
-                    if duplicates == 0 {
-                        assert!(taken > 0 && !a.is_last(), "took {taken}");
-                    } else {
-                        assert_eq!(taken, 0, "a worker behind a twin took budget");
-                        assert!(a.is_last(), "it must finish on what it holds");
-                    }
+        block_on(async {
+            for duplicates in [0u64, 120] {
+                let b = Arc::new(Bucket::open("memory://", &BucketOptions::default()).unwrap());
+                let p0 = Partition { index: 0, count: 2 };
+                let ledger = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
+                let log = CommitLog::load(b.clone(), p0, commits::LoadOptions::WORKER)
+                    .await
+                    .unwrap();
+                let a = Arc::new(Allowance::new(0));
+                a.report(500.0, 0, 50.0, true);
+                a.add_duplicates(duplicates);
+                let mut agent = agent_of(&b, log, ledger, &a);
+                agent.tick(0, &mut None).await.unwrap();
+                agent.tick(0, &mut None).await.unwrap();
+                let taken = BudgetLog::load(b.clone(), "d", 2).await.unwrap().out();
+                if duplicates == 0 {
+                    assert!(taken > 0 && !a.is_last(), "took {taken}");
+                } else {
+                    assert_eq!(taken, 0, "a worker behind a twin took budget");
+                    assert!(a.is_last(), "it must finish on what it holds");
                 }
-            });
+            }
+        });
     }
 
     /// A worker that stops while a twin of its partition still runs leaves the partition's
@@ -599,128 +596,122 @@ mod tests {
     /// twin keeps what it holds too.
     #[test]
     fn a_worker_leaves_its_unused_budget_to_a_live_twin() {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async {
-                let now = crate::cluster::job::now_unix();
-                // (twin says running, its heartbeat's age, this worker's age, this worker
-                // made every item, gives back): a worker whose last beat came before this
-                // one started was killed before; with every item made, a twin can only
-                // make duplicates.
-                for (twin_running, twin_age, my_age, made_all, gives_back) in [
-                    (true, 0, 5, false, false),
-                    (true, 10, 30, false, false),
-                    (true, 0, 5, true, true),
-                    (false, 0, 5, false, true),
-                    (true, 3_600, 5, false, true),
-                    (true, 55, 50, false, true),
-                ] {
-                    let b = Arc::new(Bucket::open("memory://", &BucketOptions::default()).unwrap());
-                    let p0 = Partition { index: 0, count: 2 };
-                    let mut ledger = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
-                    let mut log = CommitLog::load(b.clone(), p0, commits::LoadOptions::WORKER)
-                        .await
-                        .unwrap();
-                    let (ticket, tokens) =
-                        ledger.claim(1_000, p0, "w0", 600).await.unwrap().unwrap();
-                    log.append_anyway(Record::Claim(Claim {
-                        head: Head::new("claim", p0, "w0"),
-                        dataset: "d".into(),
-                        ticket,
-                        tokens,
-                    }))
+        block_on(async {
+            let now = crate::cluster::job::now_unix();
+            // (twin says running, its heartbeat's age, this worker's age, this worker
+            // made every item, gives back): a worker whose last beat came before this
+            // one started was killed before; with every item made, a twin can only
+            // make duplicates.
+            for (twin_running, twin_age, my_age, made_all, gives_back) in [
+                (true, 0, 5, false, false),
+                (true, 10, 30, false, false),
+                (true, 0, 5, true, true),
+                (false, 0, 5, false, true),
+                (true, 3_600, 5, false, true),
+                (true, 55, 50, false, true),
+            ] {
+                let b = Arc::new(Bucket::open("memory://", &BucketOptions::default()).unwrap());
+                let p0 = Partition { index: 0, count: 2 };
+                let mut ledger = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
+                let mut log = CommitLog::load(b.clone(), p0, commits::LoadOptions::WORKER)
                     .await
                     .unwrap();
-                    let twin = crate::cluster::heartbeat::WorkerStatus {
-                        format: commits::FORMAT,
-                        partition: 0,
-                        partitions: 2,
-                        writer: "w1".into(),
-                        heartbeat_unix: now - twin_age,
-                        running: twin_running,
-                        report: None,
+                let (ticket, tokens) = ledger.claim(1_000, p0, "w0", 600).await.unwrap().unwrap();
+                log.append_anyway(Record::Claim(Claim {
+                    head: Head::new("claim", p0, "w0"),
+                    dataset: "d".into(),
+                    ticket,
+                    tokens,
+                }))
+                .await
+                .unwrap();
+                let twin = crate::cluster::heartbeat::WorkerStatus {
+                    format: commits::FORMAT,
+                    partition: 0,
+                    partitions: 2,
+                    writer: "w1".into(),
+                    heartbeat_unix: now - twin_age,
+                    running: twin_running,
+                    report: None,
+                };
+                b.put(
+                    &crate::cluster::heartbeat::presence_key(0, "w1"),
+                    serde_json::to_vec(&twin).unwrap().into(),
+                )
+                .await
+                .unwrap();
+                let a = Arc::new(Allowance::new(600));
+                a.report(100.0, 100, 50.0, false);
+                a.add_duplicates(40);
+                let mut agent = agent_of(&b, log, ledger, &a);
+                agent.tick(0, &mut None).await.unwrap();
+                let pool = BudgetLog::load(b.clone(), "d", 2)
+                    .await
+                    .unwrap()
+                    .pool(1_000);
+                assert_eq!(pool, 400, "out of rows behind a twin, it gave budget back");
+                let twins = crate::cluster::heartbeat::live_twins(&b, p0, "w0", now - my_age)
+                    .await
+                    .unwrap();
+                let made: HashSet<String> = made_all.then(|| "d".to_string()).into_iter().collect();
+                let left = agent.settle(&twins, &made).await.unwrap();
+                assert_eq!(left, !gives_back);
+                let pool = BudgetLog::load(b.clone(), "d", 2)
+                    .await
+                    .unwrap()
+                    .pool(1_000);
+                let stopped = b.get(&waiting_key("d", 0)).await.unwrap().is_some();
+                if gives_back {
+                    assert_eq!(pool, 1_000, "twin running={twin_running} age={twin_age}s");
+                    assert!(stopped);
+                } else {
+                    assert_eq!(pool, 400, "gave back what a live twin may have in flight");
+                    assert!(
+                        !stopped,
+                        "marked stopped while its twin may give budget back"
+                    );
+                    // The twin dies instead: once the partition's heartbeat is stale,
+                    // another partition takes the budget back though it is done — only
+                    // because the done marker says a twin was to settle it.
+                    let status = crate::cluster::heartbeat::WorkerStatus {
+                        heartbeat_unix: now - 3_600,
+                        ..twin.clone()
                     };
                     b.put(
-                        &crate::cluster::heartbeat::presence_key(0, "w1"),
-                        serde_json::to_vec(&twin).unwrap().into(),
+                        &commits::status_key(0),
+                        serde_json::to_vec(&status).unwrap().into(),
                     )
                     .await
                     .unwrap();
-                    let a = Arc::new(Allowance::new(600));
-                    a.report(100.0, 100, 50.0, false);
-                    a.add_duplicates(40);
-                    let mut agent = agent_of(&b, log, ledger, &a);
-                    agent.tick(0, &mut None).await.unwrap();
-                    let pool = BudgetLog::load(b.clone(), "d", 2)
-                        .await
-                        .unwrap()
-                        .pool(1_000);
-                    assert_eq!(pool, 400, "out of rows behind a twin, it gave budget back");
-                    let twins = crate::cluster::heartbeat::live_twins(&b, p0, "w0", now - my_age)
-                        .await
-                        .unwrap();
-                    let made: HashSet<String> =
-                        made_all.then(|| "d".to_string()).into_iter().collect();
-                    let left = agent.settle(&twins, &made).await.unwrap();
-                    assert_eq!(left, !gives_back);
-                    let pool = BudgetLog::load(b.clone(), "d", 2)
-                        .await
-                        .unwrap()
-                        .pool(1_000);
-                    let stopped = b.get(&waiting_key("d", 0)).await.unwrap().is_some();
-                    if gives_back {
-                        assert_eq!(pool, 1_000, "twin running={twin_running} age={twin_age}s");
-                        assert!(stopped);
-                    } else {
-                        assert_eq!(pool, 400, "gave back what a live twin may have in flight");
-                        assert!(
-                            !stopped,
-                            "marked stopped while its twin may give budget back"
-                        );
-                        // The twin dies instead: once the partition's heartbeat is stale,
-                        // another partition takes the budget back though it is done — only
-                        // because the done marker says a twin was to settle it.
-                        let status = crate::cluster::heartbeat::WorkerStatus {
-                            heartbeat_unix: now - 3_600,
-                            ..twin.clone()
+                    let p1 = Partition { index: 1, count: 2 };
+                    for twin_settles in [false, true] {
+                        let done = commits::Done {
+                            partition: 0,
+                            partitions: 2,
+                            writer: "w0".into(),
+                            commits: 2,
+                            failed: 0,
+                            twin_settles,
+                            spool_version: "0".into(),
                         };
                         b.put(
-                            &commits::status_key(0),
-                            serde_json::to_vec(&status).unwrap().into(),
+                            &commits::done_key(0),
+                            serde_json::to_vec(&done).unwrap().into(),
                         )
                         .await
                         .unwrap();
-                        let p1 = Partition { index: 1, count: 2 };
-                        for twin_settles in [false, true] {
-                            let done = commits::Done {
-                                partition: 0,
-                                partitions: 2,
-                                writer: "w0".into(),
-                                commits: 2,
-                                failed: 0,
-                                twin_settles,
-                                spool_version: "0".into(),
-                            };
-                            b.put(
-                                &commits::done_key(0),
-                                serde_json::to_vec(&done).unwrap().into(),
-                            )
+                        let mut other = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
+                        reclaim(&b, p1, "w9", "d", &mut other, Duration::from_secs(60))
                             .await
                             .unwrap();
-                            let mut other = BudgetLog::load(b.clone(), "d", 2).await.unwrap();
-                            reclaim(&b, p1, "w9", "d", &mut other, Duration::from_secs(60))
-                                .await
-                                .unwrap();
-                            let pool = BudgetLog::load(b.clone(), "d", 2)
-                                .await
-                                .unwrap()
-                                .pool(1_000);
-                            assert_eq!(pool, if twin_settles { 1_000 } else { 400 });
-                        }
+                        let pool = BudgetLog::load(b.clone(), "d", 2)
+                            .await
+                            .unwrap()
+                            .pool(1_000);
+                        assert_eq!(pool, if twin_settles { 1_000 } else { 400 });
                     }
                 }
-            });
+            }
+        });
     }
 }

@@ -85,9 +85,9 @@ pub fn presence_key(p: u32, writer: &str) -> String {
 }
 
 /// The other workers of partition `p` (twins of `me`, running since `since_unix`) that
-/// say they are running, with a heartbeat within [`STALE_S`] and — once `me` has run
-/// longer than a heartbeat's period — since `me` started: a worker killed just before
-/// `me` took over is not a twin. A presence filed under another name, or that is not a
+/// say they are running, with a heartbeat within [`STALE_S`] and after `me` started: a
+/// worker killed before `me` took over is not a twin (a twin beats every [`EVERY`], so
+/// only a worker stopping within its first beat's period can miss one). A presence filed under another name, or that is not a
 /// worker's of this partition, is [`CommitError::Untrusted`], naming it.
 pub async fn live_twins(
     bucket: &Bucket,
