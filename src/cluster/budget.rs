@@ -650,9 +650,15 @@ mod tests {
                     .unwrap()
                     .pool(1_000);
                 assert_eq!(pool, 400, "out of rows behind a twin, it gave budget back");
-                let twins = crate::cluster::heartbeat::live_twins(&b, p0, "w0", now - my_age)
-                    .await
-                    .unwrap();
+                let twins = crate::cluster::heartbeat::live_twins(
+                    &b,
+                    p0,
+                    "w0",
+                    now - my_age,
+                    Duration::ZERO,
+                )
+                .await
+                .unwrap();
                 let made: HashSet<String> = made_all.then(|| "d".to_string()).into_iter().collect();
                 let left = agent.settle(&twins, &made).await.unwrap();
                 assert_eq!(left, !gives_back);

@@ -85,19 +85,49 @@ pub fn presence_key(p: u32, writer: &str) -> String {
 }
 
 /// The other workers of partition `p` (twins of `me`, running since `since_unix`) that
-/// say they are running, with a heartbeat within [`STALE_S`] and after `me` started: a
-/// worker killed before `me` took over is not a twin (a twin beats every [`EVERY`], so
-/// only a worker stopping within its first beat's period can miss one). A presence filed under another name, or that is not a
-/// worker's of this partition, is [`CommitError::Untrusted`], naming it.
+/// say they are running, with a heartbeat within [`STALE_S`] and after `me` started. A
+/// running presence whose last beat is not after `me` started may be a worker killed
+/// before `me` took over (it says running until it goes stale) or a twin that started
+/// with `me` and has not beaten since (beats come every [`EVERY`], later when a sweep
+/// holds them up): it is read again, up to `patience`, and counts once it beats. A
+/// presence filed under another name, or that is not a worker's of this partition, is
+/// [`CommitError::Untrusted`], naming it.
 pub async fn live_twins(
     bucket: &Bucket,
     p: Partition,
     me: &str,
     since_unix: u64,
+    patience: Duration,
 ) -> Result<Vec<String>, CommitError> {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        let now = crate::cluster::job::now_unix();
+        let (mut live, mut doubtful) = (Vec::new(), false);
+        for s in presences(bucket, p, me).await? {
+            if !s.running || now.saturating_sub(s.heartbeat_unix) > STALE_S {
+                continue;
+            }
+            if s.heartbeat_unix > since_unix {
+                live.push(s.writer);
+            } else {
+                doubtful = true;
+            }
+        }
+        if !doubtful || tokio::time::Instant::now() >= deadline {
+            return Ok(live);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The presences of partition `p`'s workers other than `me`.
+async fn presences(
+    bucket: &Bucket,
+    p: Partition,
+    me: &str,
+) -> Result<Vec<WorkerStatus>, CommitError> {
     let prefix = format!("{}/writers/", commits::partition_prefix(p.index));
-    let now = crate::cluster::job::now_unix();
-    let mut live = Vec::new();
+    let mut out = Vec::new();
     for (key, _) in bucket.list(&prefix).await? {
         let Some(name) = key
             .strip_prefix(&prefix)
@@ -126,12 +156,9 @@ pub async fn live_twins(
                 ),
             ));
         }
-        let fresh = now.saturating_sub(s.heartbeat_unix) <= STALE_S;
-        if s.running && fresh && s.heartbeat_unix > since_unix {
-            live.push(s.writer);
-        }
+        out.push(s);
     }
-    Ok(live)
+    Ok(out)
 }
 
 /// Reads partition `p`'s status: `None` when there is none; one that is not a worker's of
@@ -170,4 +197,64 @@ pub async fn read(bucket: &Bucket, p: Partition) -> Result<Option<WorkerStatus>,
         ));
     }
     Ok(Some(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::bucket::BucketOptions;
+    use std::sync::Arc;
+
+    fn presence(writer: &str, heartbeat_unix: u64, running: bool) -> bytes::Bytes {
+        let mut s = status(Partition { index: 0, count: 2 }, writer, running, None);
+        s.heartbeat_unix = heartbeat_unix;
+        serde_json::to_vec(&s).unwrap().into()
+    }
+
+    /// A twin that started in the same second as this worker and has not beaten since
+    /// counts once it beats while this worker watches it; without the watch (or one that
+    /// never beats again, a worker killed before) it does not.
+    #[test]
+    fn a_twin_not_seen_beating_since_this_worker_started_is_watched_for_a_beat() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let b = Arc::new(Bucket::open("memory://", &BucketOptions::default()).unwrap());
+            let p = Partition { index: 0, count: 2 };
+            let since = crate::cluster::job::now_unix();
+            b.put(&presence_key(0, "w1"), presence("w1", since, true))
+                .await
+                .unwrap();
+            let at_once = live_twins(&b, p, "w0", since, Duration::ZERO)
+                .await
+                .unwrap();
+            assert!(at_once.is_empty(), "{at_once:?}");
+            // It never beats again: dropped once the patience is spent.
+            let dead = live_twins(&b, p, "w0", since, Duration::from_millis(1500))
+                .await
+                .unwrap();
+            assert!(dead.is_empty(), "{dead:?}");
+            // It beats once the watch has read it.
+            let before = b.requests();
+            let beat = {
+                let b = b.clone();
+                tokio::spawn(async move {
+                    while b.requests() < before + 2 {
+                        tokio::task::yield_now().await;
+                    }
+                    b.put(&presence_key(0, "w1"), presence("w1", since + 1, true))
+                        .await
+                        .unwrap();
+                })
+            };
+            let live = live_twins(&b, p, "w0", since, Duration::from_secs(30))
+                .await
+                .unwrap();
+            beat.await.unwrap();
+            assert_eq!(live, vec!["w1".to_string()]);
+        });
+    }
 }

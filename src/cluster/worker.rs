@@ -313,22 +313,16 @@ pub async fn run(
     })
     .await?;
     // This worker has stopped: a twin settling the budget sees it gone. Where the
-    // partition stood goes to its status for `spool status`, unless a twin still runs it.
+    // partition stood goes to its status for `spool status` (below), unless a twin still
+    // runs it.
     persevere("write this worker's presence", async || {
         Ok(heartbeat::write_presence(&bucket, partition, &writer, false).await?)
     })
     .await?;
     let twins = persevere("look for a twin of this partition", async || {
-        Ok(heartbeat::live_twins(&bucket, partition, &writer, started_unix).await?)
+        Ok(heartbeat::live_twins(&bucket, partition, &writer, started_unix, TWIN_PATIENCE).await?)
     })
     .await?;
-    if twins.is_empty() {
-        let report = summary.report.clone();
-        persevere("write the partition's status", async || {
-            Ok(heartbeat::write(&bucket, partition, &writer, false, Some(report.clone())).await?)
-        })
-        .await?;
-    }
     let made_all: std::collections::HashSet<String> = summary
         .report
         .datasets
@@ -340,6 +334,15 @@ pub async fn run(
         Ok(agent.settle(&twins, &made_all).await?)
     })
     .await?;
+    // After the settling: until its budget is back in the pool (and its marker says it
+    // stopped), the others see this partition running and wait for it.
+    if twins.is_empty() {
+        let report = summary.report.clone();
+        persevere("write the partition's status", async || {
+            Ok(heartbeat::write(&bucket, partition, &writer, false, Some(report.clone())).await?)
+        })
+        .await?;
+    }
     if matches!(
         summary.ending(),
         None | Some(crate::error::Kind::ItemsFailed)
@@ -355,6 +358,10 @@ pub async fn run(
     }
     Ok(summary)
 }
+
+/// How long a stopping worker watches a presence that says running but has not beaten
+/// since this worker started, for a beat: two of a twin's periods.
+const TWIN_PATIENCE: Duration = Duration::from_secs(2 * heartbeat::EVERY.as_secs());
 
 /// Tries of a step against the store at the edges of a run.
 const STEP_TRIES: u32 = 8;
