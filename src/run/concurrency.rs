@@ -10,19 +10,21 @@
 //! The [`Controller`] of one server:
 //! - **Server signals first** (its `/metrics`, when it exports vLLM's or SGLang's gauges):
 //!   slow start doubles no further than the KV usage allows and ends at the first
-//!   preemption; preemptions that outnumber completions (thrashing) cut the limit to 85 %
-//!   of what is in flight, once per cut (the next cut waits until the last has taken
-//!   effect: requests in flight only leave as they end); while the server preempts at all,
-//!   probes alternate down and up; a queue at the server two seconds running, with the
-//!   cache full, brings the limit down to what it runs plus a little headroom.
+//!   preemption; preemptions that outnumber completions over a few seconds, or twice over
+//!   in one (thrashing), cut the limit to 85 % of what is in flight, once per cut (the
+//!   next cut waits until the last has taken effect: requests in flight only leave as they
+//!   end); while the server preempts at all, probes alternate down and up; a queue at the
+//!   server two seconds running brings the limit down to what it runs plus a quarter when
+//!   its cache is full (requests to admit as running ones end), plus 3 % when not.
 //! - **Then throughput** (tokens/s from this server): slow start doubles the limit each
 //!   settled interval while throughput follows (elasticity `d ln T / d ln n` ≥ 0.5), ends
 //!   a tenth past where linear growth from the last level would have met the throughput
-//!   of the first level that did not follow (the knee of a roofline), then steady probes of +10 % every few seconds are kept only if throughput follows by at
-//!   least a quarter of the step (else the limit goes back), so the limit stays near the
-//!   knee. A throughput that falls 20 % at the same limit (a server thrashing without
-//!   saying so) triggers a probe down of 10 %, kept while throughput does not follow it
-//!   down (gradient, as Envoy's adaptive concurrency and Netflix's concurrency-limits do
+//!   of the first level that did not follow (the knee of a roofline), then steady probes
+//!   of +10 % every few seconds, judged on three seconds against the level's average, are
+//!   kept only if throughput follows by at least a quarter of the step (else the limit
+//!   goes back), so the limit stays near the knee. A throughput that falls 20 % at the
+//!   same limit (a server thrashing without saying so) triggers a probe down of 10 %, kept
+//!   while throughput does not follow it down (gradient, as Envoy's adaptive concurrency and Netflix's concurrency-limits do
 //!   with latency; here throughput is what the job is after).
 //! - The limit grows only while it is binding (the client filled it), never passes
 //!   `max_concurrency`, and never goes below 1: a server is never starved to zero.
@@ -80,6 +82,13 @@ const PROBE_EVERY: u32 = 5;
 const KV_TARGET: f64 = 0.95;
 /// Preemptions per completed request past which the server thrashes.
 const THRASH: f64 = 1.0;
+/// Requests waiting at a server whose KV cache is full, as a share of those it runs, that
+/// the limit allows…
+const QUEUE_FULL: f64 = 0.25;
+/// …and at a server capped by its batch size.
+const QUEUE_CAPPED: f64 = 0.03;
+/// Intervals over which preemptions are weighed against completions.
+const THRASH_OVER: usize = 3;
 /// Intervals a preemption's level caps the probes.
 const CEILING_KEPT: u32 = 60;
 /// KV usage under which a server cut by its signals is taken to have room again…
@@ -101,7 +110,15 @@ struct Probe {
     from_n: f64,
     from_tps: f64,
     waited: u32,
+    /// In steady state, the intervals seen at the new level and their sums of in-flight
+    /// and throughput: a verdict on one noisy second would keep a level by chance.
+    seen: u32,
+    sum_n: f64,
+    sum_tps: f64,
 }
+
+/// Intervals a steady probe is judged over.
+const JUDGE_OVER: u32 = 3;
 
 /// Intervals a probe waits for in-flight to reach its limit before it is judged anyway.
 const PROBE_WAIT: u32 = 20;
@@ -120,6 +137,8 @@ pub struct Controller {
     /// Throughput at the current limit (moving average), for detecting a fall.
     level_tps: Option<f64>,
     last_preemptions: Option<f64>,
+    /// Preemptions and completions of the last [`THRASH_OVER`] intervals.
+    recent: std::collections::VecDeque<(f64, f64)>,
     queue_streak: u32,
     /// In-flight the last cut aimed at: the next cut waits until in-flight is down there.
     cut_to: Option<f64>,
@@ -134,6 +153,9 @@ pub struct Controller {
     /// The server's last KV usage: slow start's doubling is capped where it would pass
     /// [`KV_TARGET`] (usage grows about in step with the requests running).
     kv: Option<f64>,
+    /// Requests the server runs, averaged over the last seconds: what a full cache holds
+    /// moves with the lengths of the requests in it.
+    running: Option<f64>,
     /// Intervals since the server last reported a preemption.
     since_preemption: u32,
     /// While it preempts, probes alternate down and up (throughput decides which stays).
@@ -155,12 +177,14 @@ impl Controller {
             probe: None,
             level_tps: None,
             last_preemptions: None,
+            recent: std::collections::VecDeque::new(),
             queue_streak: 0,
             cut_to: None,
             ceiling: None,
             cut_by_signal: false,
             roomy: 0,
             kv: None,
+            running: None,
             since_preemption: u32::MAX,
             down_next: true,
             reason: "start",
@@ -227,6 +251,16 @@ impl Controller {
                 p.waited += 1;
                 self.probe = Some(p);
             }
+            Some(mut p) if self.phase == Phase::Steady && p.seen + 1 < JUDGE_OVER => {
+                p.seen += 1;
+                p.sum_n += n;
+                p.sum_tps += tps;
+                self.probe = Some(p);
+            }
+            Some(p) if self.phase == Phase::Steady => {
+                let k = f64::from(p.seen + 1);
+                self.judge(p, (p.sum_n + n) / k, (p.sum_tps + tps) / k);
+            }
             Some(p) => self.judge(p, n, tps),
             None if !binding => {}
             None => self.grow_or_watch(n, tps),
@@ -247,11 +281,27 @@ impl Controller {
             self.since_preemption.saturating_add(1)
         };
         // Thrashing: more preemptions than completions (each costs a recomputation).
-        let thrashing = preempted_n > THRASH * completions.max(1.0);
+        // Over a few intervals (a burst of preemptions at the cache's edge is not a
+        // thrash), or at once when one interval is twice over.
+        self.recent.push_back((preempted_n, completions.max(0.0)));
+        if self.recent.len() > THRASH_OVER {
+            self.recent.pop_front();
+        }
+        let (p_sum, c_sum) = self
+            .recent
+            .iter()
+            .fold((0.0, 0.0), |(p, c), (dp, dc)| (p + dp, c + dc));
+        let thrashing = preempted_n > 2.0 * THRASH * completions.max(1.0)
+            || (preempted && p_sum > THRASH * c_sum.max(1.0));
         if let Some(p) = sig.preemptions {
             self.last_preemptions = Some(p);
         }
         self.kv = sig.kv_usage;
+        let running = match self.running {
+            Some(r) => 0.8 * r + 0.2 * sig.running,
+            None => sig.running,
+        };
+        self.running = Some(running);
         // A request waits a step or two before a server admits it: only a queue that a
         // full cache holds back, or one too long to be arrivals, is a queue.
         let full = sig.kv_usage.is_some_and(|u| u >= 0.8);
@@ -279,6 +329,7 @@ impl Controller {
             if self.cut_to.is_none() {
                 let to = (self.limit.min(n.max(1.0)) * CUT).floor();
                 self.set(to, "preemptions");
+                self.recent.clear();
                 self.cut_to = Some(self.limit);
                 self.phase = Phase::Steady;
                 self.probe = None;
@@ -288,7 +339,15 @@ impl Controller {
             return true;
         }
         if self.queue_streak >= 2 && self.cut_to.is_none() {
-            let to = sig.running + (0.03 * sig.running).ceil().max(1.0);
+            // A full cache admits from the queue as the requests it runs end: a quarter
+            // of what it runs, waiting, keeps it fed. A server capped by its batch size
+            // (room in its cache) gains nothing from a queue.
+            let (base, headroom) = if full {
+                (running.max(sig.running), QUEUE_FULL)
+            } else {
+                (sig.running, QUEUE_CAPPED)
+            };
+            let to = base + (headroom * base).ceil().max(1.0);
             if to < self.limit {
                 self.cut_by_signal = true;
                 self.set(to, "server queue");
@@ -362,6 +421,8 @@ impl Controller {
                     None => tps,
                 });
                 if fell {
+                    // Judged against the fallen throughput, not the level before.
+                    self.level_tps = None;
                     self.probe_up(n, tps, 0.9, "probe down");
                     return;
                 }
@@ -409,11 +470,19 @@ impl Controller {
         if (to - from).abs() < 0.5 {
             return;
         }
+        // In steady state the level's average, not its last second.
+        let from_tps = match (self.phase, self.level_tps) {
+            (Phase::Steady, Some(l)) => l,
+            _ => tps,
+        };
         self.probe = Some(Probe {
             from_limit: from,
             from_n: n,
-            from_tps: tps,
+            from_tps,
             waited: 0,
+            seen: 0,
+            sum_n: 0.0,
+            sum_tps: 0.0,
         });
         self.set(to, reason);
         self.settle = 1;
@@ -662,8 +731,9 @@ mod tests {
         };
         let mut n = 0.0;
         let limits = s.run(&mut c, 120, &mut n, 10.0);
+        // Within a probe's tenth of the knee on either side.
         let mut tail = limits[30..].to_vec();
-        assert!(tail.iter().all(|&l| (55..=80).contains(&l)), "{limits:?}");
+        assert!(tail.iter().all(|&l| (55..=82).contains(&l)), "{limits:?}");
         tail.sort_unstable();
         assert!((62..=76).contains(&tail[tail.len() / 2]), "{limits:?}");
         assert!(
@@ -697,6 +767,72 @@ mod tests {
         assert!((128..=140).contains(&last), "{limits:?}");
     }
 
+    /// A full cache admits from the server's queue as its requests end: the limit keeps a
+    /// quarter of what it runs waiting there (at a server capped by its batch size, the
+    /// test above, it keeps almost none).
+    #[test]
+    fn a_full_cache_keeps_a_queue_to_admit_from() {
+        let mut c = Controller::new(1024);
+        let mut s = Scripted {
+            server: |n: f64| {
+                (
+                    60.0 * n.min(80.0),
+                    Some(Signals {
+                        running: n.min(80.0),
+                        waiting: (n - 80.0).max(0.0),
+                        kv_usage: Some(if n > 80.0 { 0.97 } else { 0.3 }),
+                        preemptions: Some(0.0),
+                    }),
+                )
+            },
+            demand: 1e9,
+        };
+        let mut n = 0.0;
+        let limits = s.run(&mut c, 60, &mut n, 20.0);
+        // 80 running and 20 waiting, or a probe's tenth above.
+        assert!(
+            limits[40..].iter().all(|&l| (95..=112).contains(&l)),
+            "{limits:?}"
+        );
+    }
+
+    /// One second of preemptions at the cache's edge does not cut the limit; the same
+    /// preemptions for a few seconds running (a thrash) do.
+    #[test]
+    fn a_burst_of_preemptions_is_weighed_over_seconds() {
+        let sample = |limit: usize, preemptions: f64| Sample {
+            dt: 1.0,
+            inflight: limit as f64,
+            tokens: 60.0 * limit as f64,
+            completions: 0.6 * limit as f64,
+            signals: Some(Signals {
+                running: limit as f64,
+                waiting: 0.0,
+                kv_usage: Some(0.5),
+                preemptions: Some(preemptions),
+            }),
+        };
+        let mut c = Controller::new(128);
+        for _ in 0..20 {
+            c.observe(&sample(c.limit(), 0.0));
+        }
+        assert_eq!(c.limit(), 128);
+        // 1.5 preemptions per completion, for one second.
+        let burst = 1.5 * 0.6 * 128.0;
+        c.observe(&sample(128, burst));
+        for _ in 0..3 {
+            c.observe(&sample(128, burst));
+        }
+        assert_eq!(c.limit(), 128, "cut by one second: {}", c.reason());
+        let mut total = burst;
+        for _ in 0..3 {
+            total += burst;
+            c.observe(&sample(c.limit(), total));
+        }
+        assert!(c.limit() < 128, "not cut by a thrash");
+        assert_eq!(c.reason(), "preemptions");
+    }
+
     /// A step in the server (its knee halves: half its KV taken) is followed down, and its
     /// recovery followed back up; the limit never reaches zero.
     #[test]
@@ -725,7 +861,10 @@ mod tests {
         };
         let mut n = 0.0;
         let before = s.run(&mut c, 60, &mut n, 10.0);
-        assert!((70..=125).contains(before.last().unwrap()), "{before:?}");
+        let mut tail = before[40..].to_vec();
+        tail.sort_unstable();
+        assert!((70..=125).contains(&tail[tail.len() / 2]), "{before:?}");
+        assert!(tail.iter().all(|&l| l <= 140), "{before:?}");
         knee.set(50.0);
         let slowed = s.run(&mut c, 60, &mut n, 10.0);
         let mut tail = slowed[36..].to_vec();
