@@ -89,9 +89,9 @@ pub fn presence_key(p: u32, writer: &str) -> String {
 /// running presence whose last beat is not after `me` started may be a worker killed
 /// before `me` took over (it says running until it goes stale) or a twin that started
 /// with `me` and has not beaten since (beats come every [`EVERY`], later when a sweep
-/// holds them up): it is read again, up to `patience`, and counts once it beats. A
-/// presence filed under another name, or that is not a worker's of this partition, is
-/// [`CommitError::Untrusted`], naming it.
+/// holds them up): it is read again until `patience` after that beat, and counts once it
+/// beats. A presence filed under another name, or that is not a worker's of this
+/// partition, is [`CommitError::Untrusted`], naming it.
 pub async fn live_twins(
     bucket: &Bucket,
     p: Partition,
@@ -99,9 +99,11 @@ pub async fn live_twins(
     since_unix: u64,
     patience: Duration,
 ) -> Result<Vec<String>, CommitError> {
-    let deadline = tokio::time::Instant::now() + patience;
     loop {
         let now = crate::cluster::job::now_unix();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
         let (mut live, mut doubtful) = (Vec::new(), false);
         for s in presences(bucket, p, me).await? {
             if !s.running || now.saturating_sub(s.heartbeat_unix) > STALE_S {
@@ -109,11 +111,11 @@ pub async fn live_twins(
             }
             if s.heartbeat_unix > since_unix {
                 live.push(s.writer);
-            } else {
+            } else if now_ms < u128::from(s.heartbeat_unix) * 1000 + patience.as_millis() {
                 doubtful = true;
             }
         }
-        if !doubtful || tokio::time::Instant::now() >= deadline {
+        if !doubtful {
             return Ok(live);
         }
         tokio::time::sleep(Duration::from_secs(1)).await;

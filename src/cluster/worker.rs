@@ -359,8 +359,9 @@ pub async fn run(
     Ok(summary)
 }
 
-/// How long a stopping worker watches a presence that says running but has not beaten
-/// since this worker started, for a beat: two of a twin's periods.
+/// How long after its last beat a stopping worker watches a presence that says running
+/// but has not beaten since this worker started: two of a twin's periods (a worker killed
+/// longer ago is not waited for).
 const TWIN_PATIENCE: Duration = Duration::from_secs(2 * heartbeat::EVERY.as_secs());
 
 /// Tries of a step against the store at the edges of a run.
