@@ -13,9 +13,11 @@
 //!   preemption; preemptions that outnumber completions over a few seconds, or twice over
 //!   in one (thrashing), cut the limit to 85 % of what is in flight, once per cut (the
 //!   next cut waits until the last has taken effect: requests in flight only leave as they
-//!   end); while the server preempts at all, probes alternate down and up; a queue at the
-//!   server two seconds running brings the limit down to what it runs plus a quarter when
-//!   its cache is full (requests to admit as running ones end), plus 3 % when not.
+//!   end, and preemptions until then are the last level's); while the server preempts
+//!   more than once per two completions, or a probe up bought nothing, probes alternate
+//!   down and up; a queue at the server two seconds running brings the limit down to
+//!   what it runs plus a quarter when its cache is full (requests to admit as running ones
+//!   end), plus 3 % when not.
 //! - **Then throughput** (tokens/s from this server): slow start doubles the limit each
 //!   settled interval while throughput follows (elasticity `d ln T / d ln n` ≥ 0.5), ends
 //!   a tenth past where linear growth from the last level would have met the throughput
