@@ -170,7 +170,9 @@ async fn a_twin_committing_after_finalize_is_stopped_by_the_seal() {
     let mut t = Proc::spawn(
         &cfg,
         &["run", "--partition", "0", "--data-dir", &twin],
-        &[("SPOOL_FAULT_PUBLISH_PAUSE_MS", "15000")],
+        // Longer than the other worker may watch it for a beat when it stops (30 s): it
+        // beats only between its sweeps, and this one holds its sweep.
+        &[("SPOOL_FAULT_PUBLISH_PAUSE_MS", "40000")],
     );
     t.wait_for(
         "fault injection: pausing publication",
