@@ -99,6 +99,7 @@ pub async fn live_twins(
     since_unix: u64,
     patience: Duration,
 ) -> Result<Vec<String>, CommitError> {
+    let mut told = false;
     loop {
         let now = crate::cluster::job::now_unix();
         let now_ms = std::time::SystemTime::now()
@@ -117,6 +118,11 @@ pub async fn live_twins(
         }
         if !doubtful {
             return Ok(live);
+        }
+        if !told {
+            told = true;
+            tracing::info!(partition = p.index, patience_s = patience.as_secs(),
+                "another worker of this partition says it runs but has not beaten since this one started: watching it for a beat");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
