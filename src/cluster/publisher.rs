@@ -1,6 +1,6 @@
 //! A partition's publisher: uploads each sealed local shard of a worker's staging folder
-//! and commits it to the partition's log, keeps the heartbeat, and publishes the rejected
-//! rows and the done marker when the worker finishes.
+//! and commits it to the partition's log, and publishes the rejected rows and the done
+//! marker when the worker finishes; beside it, the worker's heartbeat.
 //!
 //! Invariants: a shard is acknowledged to the cluster only by its commit record, created
 //! after the object is wholly uploaded; a shard leaves out the items an earlier record
@@ -12,6 +12,7 @@ use crate::cluster::commits::{self, Appended, Commit, CommitLog, Done, Record};
 use crate::cluster::heartbeat;
 use crate::cluster::partition::Partition;
 use crate::error::{Context, Error};
+use crate::observe::status::StatusReport;
 use crate::output::bucket::Bucket;
 use crate::output::reader;
 use crate::output::shard::{self, ShardLimits};
@@ -27,6 +28,72 @@ use tokio_util::sync::CancellationToken;
 /// How often the publisher looks for newly sealed local shards (a local listing: the
 /// store is asked only when there is one).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// A worker's heartbeat: its partition's status and its presence, written every
+/// [`heartbeat::EVERY`] from a second after start until the worker stops, and what
+/// others appended read into the allowances.
+pub(super) struct Heartbeat {
+    bucket: Arc<Bucket>,
+    log: Arc<Mutex<CommitLog>>,
+    writer: String,
+    partition: Partition,
+    allowances: Vec<(String, Arc<Allowance>)>,
+    data_dir: PathBuf,
+}
+
+impl Heartbeat {
+    /// Beats until `stop`; the caller writes the last status once this has returned.
+    pub(super) async fn run(self, stop: CancellationToken) {
+        // The first beat a second in, once the run's endpoint is up.
+        let mut wait = SWEEP_EVERY;
+        let mut last = None;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            self.beat(&mut last).await;
+            wait = heartbeat::EVERY;
+        }
+    }
+
+    /// Writes the heartbeat (with the run's live `/status` when its metrics endpoint is
+    /// on), then reads records others appended (a twin's commits, a release written for
+    /// this partition) into the allowances. Best effort: the run does not depend on it.
+    async fn beat(&self, last: &mut Option<StatusReport>) {
+        let report =
+            match std::fs::read_to_string(self.data_dir.join(crate::run::job::ENDPOINT_FILE)) {
+                Ok(addr) => crate::observe::status::fetch(
+                    &format!("http://{}", addr.trim()),
+                    Duration::from_secs(2),
+                )
+                .await
+                .ok(),
+                Err(_) => None,
+            };
+        // Once the run has ended (its endpoint gone), the last report it gave stands.
+        if report.is_some() {
+            *last = report;
+        }
+        if let Err(e) = heartbeat::write(
+            &self.bucket,
+            self.partition,
+            &self.writer,
+            true,
+            last.clone(),
+        )
+        .await
+        {
+            tracing::debug!(error = %e, "cannot write the heartbeat");
+        }
+        let mut log = self.log.lock().await;
+        if log.catch_up().await.is_ok() {
+            for (dataset, a) in &self.allowances {
+                a.set(Agent::granted(&log, dataset, &self.writer, a), a.is_last());
+            }
+        }
+    }
+}
 
 /// Uploads sealed local shards and commits them, in local index order per dataset.
 pub(super) struct Publisher {
@@ -52,11 +119,8 @@ pub(super) struct Publisher {
 
 impl Publisher {
     /// Sweeps every [`SWEEP_EVERY`] until `stop` (a failed sweep is logged and tried
-    /// again: the shards stay on the local disk, and the final sweep must succeed); every
-    /// [`heartbeat::EVERY`] writes the partition's status and reads what others appended.
+    /// again: the shards stay on the local disk, and the final sweep must succeed).
     pub(super) async fn run(self, stop: CancellationToken) -> Self {
-        // The first beat a second in, once the run's endpoint is up.
-        let mut last_beat: Option<std::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return self,
@@ -66,37 +130,19 @@ impl Publisher {
                 tracing::warn!(partition = self.partition.index, error = %e,
                     "publishing shards failed; trying again");
             }
-            if last_beat.is_none_or(|t| t.elapsed() >= heartbeat::EVERY) {
-                last_beat = Some(std::time::Instant::now());
-                self.beat().await;
-            }
         }
     }
 
-    /// Writes the heartbeat (with the run's live `/status` when its metrics endpoint is
-    /// on), then reads records others appended (a twin's commits, a release written for
-    /// this partition) into the allowances. Best effort: the run does not depend on it.
-    async fn beat(&self) {
-        let report =
-            match std::fs::read_to_string(self.data_dir.join(crate::run::job::ENDPOINT_FILE)) {
-                Ok(addr) => crate::observe::status::fetch(
-                    &format!("http://{}", addr.trim()),
-                    Duration::from_secs(2),
-                )
-                .await
-                .ok(),
-                Err(_) => None,
-            };
-        if let Err(e) =
-            heartbeat::write(&self.bucket, self.partition, &self.writer, true, report).await
-        {
-            tracing::debug!(error = %e, "cannot write the heartbeat");
-        }
-        let mut log = self.log.lock().await;
-        if log.catch_up().await.is_ok() {
-            for (dataset, a) in &self.allowances {
-                a.set(Agent::granted(&log, dataset, &self.writer, a), a.is_last());
-            }
+    /// The worker's heartbeat, kept apart from the sweeps so that a slow upload, or the
+    /// publishing after the run, does not make a live worker look dead to a twin.
+    pub(super) fn heartbeat(&self) -> Heartbeat {
+        Heartbeat {
+            bucket: self.bucket.clone(),
+            log: self.log.clone(),
+            writer: self.writer.clone(),
+            partition: self.partition,
+            allowances: self.allowances.clone(),
+            data_dir: self.data_dir.clone(),
         }
     }
 

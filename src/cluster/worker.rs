@@ -281,6 +281,10 @@ pub async fn run(
         stale_after: knobs.faults.stale_after.unwrap_or(budget::STALE_AFTER),
     };
     let stop = CancellationToken::new();
+    // Beats until this worker writes that it stopped, whatever the sweeps are doing.
+    let beats_end = CancellationToken::new();
+    let beating = tokio::spawn(publisher.heartbeat().run(beats_end.clone()));
+    let _beats_on_error = beats_end.clone().drop_guard();
     let sweeping = tokio::spawn(publisher.run(stop.clone()));
     let granting = tokio::spawn(agent.run(stop.clone()));
     let summary = crate::run::job::run_planned(cfg, plan, knobs.clone(), shutdown).await;
@@ -312,6 +316,12 @@ pub async fn run(
         record_failures(&data_dir, &knobs, &shared, &writer).await
     })
     .await?;
+    // A beat landing after the presence below would say this worker still runs.
+    beats_end.cancel();
+    beating
+        .await
+        .map_err(Error::runtime)
+        .context("the heartbeat panicked")?;
     // This worker has stopped: a twin settling the budget sees it gone. Where the
     // partition stood goes to its status for `spool status` (below), unless a twin still
     // runs it.

@@ -152,7 +152,8 @@ async fn a_rerun_of_a_finished_job_is_not_done_until_it_is_and_a_published_one_i
 /// A twin worker (a zombie pod, a requeued task) holding a shard between its upload and
 /// its commit while the job is finalized: its commit meets the seal and stops with an
 /// error saying the job is published (exit 2); nothing is committed after the seal, and
-/// the published output stays as the manifest says.
+/// the published output stays as the manifest says. While its sweep is held it still
+/// beats, so the other worker sees it alive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_twin_committing_after_finalize_is_stopped_by_the_seal() {
     let dir = tempfile::tempdir().unwrap();
@@ -170,8 +171,8 @@ async fn a_twin_committing_after_finalize_is_stopped_by_the_seal() {
     let mut t = Proc::spawn(
         &cfg,
         &["run", "--partition", "0", "--data-dir", &twin],
-        // Longer than the other worker may watch it for a beat when it stops (30 s): it
-        // beats only between its sweeps, and this one holds its sweep.
+        // Longer than the other worker's run, its wait for this one's next beat (up to
+        // 15 s) and the finalize.
         &[("SPOOL_FAULT_PUBLISH_PAUSE_MS", "40000")],
     );
     t.wait_for(
@@ -180,8 +181,20 @@ async fn a_twin_committing_after_finalize_is_stopped_by_the_seal() {
         Duration::from_secs(60),
     )
     .await;
+    let paused_at = spool::cluster::job::now_unix();
     ok(&cfg, &["run", "-q", "--partition", "0"], &[]);
     ok(&cfg, &["finalize"], &[]);
+    // The twin kept beating while its sweep was held: the other worker saw it alive.
+    let beats: Vec<serde_json::Value> = std::fs::read_dir(shared.join("_spool/p0000/writers"))
+        .unwrap()
+        .map(|e| serde_json::from_slice(&std::fs::read(e.unwrap().path()).unwrap()).unwrap())
+        .collect();
+    assert!(
+        beats
+            .iter()
+            .any(|b| b["running"] == true && b["heartbeat_unix"].as_u64() > Some(paused_at)),
+        "no beat of the held twin since {paused_at}: {beats:?}"
+    );
     let published = manifest(&shared);
     let records = std::fs::read_dir(shared.join("_spool/p0000/commits"))
         .unwrap()
