@@ -267,6 +267,12 @@ async fn run_job(
                 "chat answers whose prompt differs from spool's rendering this run (spool_prompt_token_disagreements_total)");
         }
     }
+    if servers.limited() {
+        for s in &servers.list {
+            tracing::info!(server = %s.url, limit = s.limit.load(std::sync::atomic::Ordering::Relaxed),
+                "concurrency limit at the end (concurrency = \"auto\")");
+        }
+    }
     let summary = job.summary(&queue, limited)?;
     for d in &summary.report.datasets {
         if let Some(b) = d.budget {

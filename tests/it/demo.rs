@@ -8,7 +8,7 @@ use std::process::Command;
 /// `scripts/demo.sh` (what `make demo` runs) starts the mock server on a free loopback
 /// port, runs the example config to completion, prints the resume lines, the status table
 /// with the budget-bound dataset, a clean verify and the first rows of a shard, stops the
-/// mock server, and exits 0; its second run requests nothing.
+/// mock server, and exits 0; its second run requests nothing. It runs `concurrency = "auto"`.
 #[test]
 fn make_demo_runs_end_to_end() {
     let out = tempfile::tempdir().unwrap();
@@ -74,6 +74,15 @@ fn make_demo_runs_end_to_end() {
     // The mock answers in the [tokenizer]'s real tokens: the self-check finds its ids
     // decode to its text, and so do the rows' ids (what the id exports carry).
     assert!(stderr.contains("self-check: "), "{stderr}");
+    // The example runs with `concurrency = "auto"`: the server's own limit, found by the run.
+    let limit: usize = stderr
+        .lines()
+        .find(|l| l.contains("concurrency limit at the end"))
+        .and_then(|l| l.split("limit=").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no closing limit line: {stderr}"));
+    assert!(limit >= 1, "{stderr}");
     assert!(!stderr.contains("do not decode to its text"), "{stderr}");
     let tok = spool::prompt::tokenizer::Tokenizer::from_file(
         &crate::support::fixtures().join("tokenizers/qwen3/tokenizer.json"),
