@@ -1,5 +1,5 @@
 # spool: the two commands that do everything are `make demo` and `make test`.
-.PHONY: demo test lint build soak test-llama-server bench bench-all bench-eta bench-autoconc bench-tokenize bench-tokenize-kimi clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions bench-bombs bench-cluster-scale
+.PHONY: demo test lint build soak test-llama-server bench bench-all bench-eta bench-autoconc bench-prefix bench-tokenize bench-tokenize-kimi clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions bench-bombs bench-cluster-scale
 
 build:
 	cargo build
@@ -75,6 +75,12 @@ bench-eta:
 ## BENCH_AUTOCONC_ARGS="--profiles kv-bound" for one.
 bench-autoconc:
 	BIN=$${SPOOL_BENCH_BIN:-$$(bash scripts/spool_bin.sh --release)} && python3 bench/autoconc.py --bin "$$BIN" $(BENCH_AUTOCONC_ARGS)
+
+## Routing for the prefix cache on four mock servers (KV model, radix-style prefix cache):
+## prompts sharing long blocks, 4 samples each, under prefix, least_requests and round_robin
+## routing and on one server: hit rates, throughput, utilisation. About 5 minutes.
+bench-prefix:
+	BIN=$${SPOOL_BENCH_BIN:-$$(bash scripts/spool_bin.sh --release)} && python3 bench/prefix.py --bin "$$BIN" $(BENCH_PREFIX_ARGS)
 
 ## spool's enqueue path (render + tokenize + queue) vs transformers + tokenizers, on
 ## generated chat prompts (needs `pip install transformers`; no model download). By hand, not

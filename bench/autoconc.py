@@ -53,6 +53,18 @@ def mock_counters(url):
     return out
 
 
+def config_head(urls):
+    """The start of a bench run's spool.toml: local folders, the mocks' completions API."""
+    return f"""
+data_dir = "data"
+output_dir = "out"
+[server]
+api = "completions"
+urls = [{", ".join(f'"{u}"' for u in urls)}]
+stream = true
+"""
+
+
 def tokens_and_preemptions(urls):
     t = p = 0.0
     for u in urls:
@@ -71,14 +83,7 @@ def run_one(bin_, profile, setting, args):
         for i in range(args.prompts):
             f.write(json.dumps({"id": i, "prompt": f"prompt {i}: write at length about topic {i}"}) + "\n")
     conc = '"auto"\nmax_concurrency = 512' if setting == "auto" else str(setting)
-    (d / "spool.toml").write_text(f"""
-data_dir = "data"
-output_dir = "out"
-[server]
-api = "completions"
-urls = [{", ".join(f'"{u}"' for u in urls)}]
-stream = true
-request_timeout_s = 36000
+    (d / "spool.toml").write_text(config_head(urls) + f"""request_timeout_s = 36000
 self_check = false
 [run]
 concurrency = {conc}

@@ -211,8 +211,9 @@ async fn a_server_dying_mid_run_loses_nothing() {
 
 /// Prompts sharing long prefixes, with 4 samples each, across 4 servers: prefix routing
 /// keeps the prefix-cache hit rate at ≥ 90 % of what one server reaches, where
-/// least-requests and round-robin routing spread each prefix over every server; and no
-/// server is left with much less than its share of the work.
+/// least-requests and round-robin routing spread each prefix over every server; no
+/// server is left with much less than its share of the work, and the servers stay about
+/// as busy as under least-requests routing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefix_routing_keeps_the_cache_hits_of_one_server() {
     let cache_mock = || MockConfig {
@@ -270,26 +271,38 @@ async fn prefix_routing_keeps_the_cache_hits_of_one_server() {
             .unwrap()
             .replace("path = \"p.jsonl\"\n", "path = \"p.jsonl\"\nsamples = 4\n");
         std::fs::write(&cfg, text).unwrap();
+        let began = std::time::Instant::now();
         run_to_end(&cfg).await;
+        let wall = began.elapsed().as_secs_f64();
         let rows = shard_rows(&dir.path().join("out"), "d");
         assert_eq!(rows.len(), 320 * 4, "every sample of every prompt");
-        let (mut prompt, mut cached) = (0u64, 0u64);
+        let (mut prompt, mut cached, mut busy) = (0u64, 0u64, 0.0f64);
         let mut served = Vec::new();
         for m in &mocks {
             let (s, _) = m.state.kv().unwrap();
             prompt += s.prompt_tokens;
             cached += s.cached_tokens;
+            busy += s.busy_s;
             served.push(m.stats().requests);
         }
         let hit = cached as f64 / prompt as f64;
+        // Utilisation: the share of the run the servers spent executing steps (simulated
+        // seconds ÷ the run's wall time at the time scale), averaged over the servers.
+        let utilisation = busy / (wall * cache_mock().time_scale * servers as f64);
         eprintln!(
-            "{servers} server(s), {routing}: hit rate {:.3}, requests per server {served:?}",
-            hit
+            "{servers} server(s), {routing}: hit rate {hit:.3}, utilisation {utilisation:.3}, \
+             {wall:.1} s, requests per server {served:?}"
         );
-        results.push((hit, served));
+        results.push((hit, served, utilisation));
     }
     let one = results[0].0;
-    let (prefix, ref served) = results[1];
+    let (prefix, ref served, used) = results[1];
+    // Loose (a debug build on a shared machine; the figure is in BENCHMARKS): prefix
+    // routing keeps the servers about as busy as least-requests routing does.
+    assert!(
+        used >= 0.85 * results[2].2,
+        "utilisation {used:.3} vs {results:?}"
+    );
     assert!(
         prefix >= 0.9 * one,
         "prefix routing {prefix:.3} vs one server {one:.3}"
