@@ -223,12 +223,10 @@ impl Scheduler {
                 });
             }
             if let Some(a) = &lane.spec.allowance {
-                // A request's tokens for the agent: at least the room the gate asks to start
-                // one, so a ticket of that size always opens it.
                 a.report(
                     lane.held_estimate(),
                     lane.completed_tokens,
-                    lane.lengths.expected_new().max(lane.start_room() + 1.0),
+                    lane.lengths.expected_new(),
                     !lane.closed && lane.has_rows(),
                 );
             }

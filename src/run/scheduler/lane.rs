@@ -127,30 +127,21 @@ impl Lane {
             None => true,
             Some(b) if self.naive_budget => self.completed_tokens < b,
             Some(b) => {
-                self.committed_estimate(count_waiting) + self.margin() + self.start_room()
-                    < b as f64
+                self.committed_estimate(count_waiting) + self.margin() + self.half_next() < b as f64
             }
         }
     }
 
-    /// The room a request needs beyond the expected total before it (once lengths are
-    /// fitted): half its expected length, and under "finish" half its variance over its
-    /// mean. The last requests start one at a time, and the one in flight when the budget
-    /// is crossed is size-biased (a long one is likelier to be it: its mean overshoot is
-    /// E[L²] / 2E[L]), so with half a request alone a dataset ended about one mean request
-    /// over on average, and N partitions N times. Under "cancel" a crossing result is not
-    /// committed, so half a request stands. Before a fit (the prior is the cap) nothing is
-    /// added, so a budget under one completion still runs.
-    pub(super) fn start_room(&self) -> f64 {
-        if self.lengths.fitted().is_none() {
-            return 0.0;
+    /// Half the expected length of the request about to start, once lengths are fitted: it
+    /// starts only if the expected total with it passes the budget by at most half a
+    /// request, so a dataset ends within about half a completion either side of its budget
+    /// rather than up to a whole one over (N partitions end N times). Before a fit (the
+    /// prior is the cap) nothing is added, so a budget under one completion still runs.
+    fn half_next(&self) -> f64 {
+        match self.lengths.fitted() {
+            Some(_) => 0.5 * self.lengths.expected_new(),
+            None => 0.0,
         }
-        let mean = self.lengths.expected_new();
-        let spread = match self.spec.policy {
-            BudgetPolicy::Finish if mean > 0.0 => self.lengths.variance_final(0) / mean,
-            _ => 0.0,
-        };
-        0.5 * (mean + spread)
     }
 
     /// Requests an item makes: its samples times the turns its conversations have had.

@@ -282,8 +282,8 @@ fn a_growing_allowance_waits_for_more_and_finishes_on_the_last() {
 /// The gate holds back a margin for how far the requests in flight may run past their
 /// expected lengths (heavy tails: an overrun cannot be undone once the gate shuts), fewer
 /// requests start than the expectation alone allows; as they finish the margin shrinks and
-/// the lane fills to its budget, one request at a time at the end, ending within the room
-/// the last one needs to start (or a request less that) of it.
+/// the lane fills to its budget, one request at a time at the end, ending within half a
+/// request of it.
 #[test]
 fn the_gate_holds_a_margin_for_the_spread_in_flight() {
     let (_d, q) = queue_with(&(0..200).collect::<Vec<_>>());
@@ -294,13 +294,9 @@ fn the_gate_holds_a_margin_for_the_spread_in_flight() {
     while let Next::Lease(l) = s.next().unwrap() {
         first.push(l);
     }
-    let (expected, margin, room) = {
+    let (expected, margin) = {
         let lanes = s.lock();
-        (
-            lanes[0].lengths.expected_new(),
-            lanes[0].margin(),
-            lanes[0].start_room(),
-        )
+        (lanes[0].lengths.expected_new(), lanes[0].margin())
     };
     let without_margin = (1000.0 / expected).ceil() as usize;
     assert!(
@@ -324,11 +320,10 @@ fn the_gate_holds_a_margin_for_the_spread_in_flight() {
             flight.push_back(l);
         }
     }
-    // It ends short by at most the room the next one needs, or over by a request less it.
-    let gap = done as f64 - 1000.0;
+    // It ends within half a request of the budget, either side.
     assert!(
-        started >= without_margin - 1 && gap >= -room - 1.0 && gap <= expected - room + 1.0,
-        "{started} started, {done} tokens of 1000 ({expected} expected each, room {room})"
+        started >= without_margin - 1 && (done as f64 - 1000.0).abs() <= expected / 2.0 + 1.0,
+        "{started} started, {done} tokens of 1000 ({expected} expected each)"
     );
     let s2 = Scheduler::new(queue_with(&[0, 1]).1, vec![sp], Bench::default());
     s2.seed_lengths(0, seen.iter().cycle().take(100).copied());
@@ -338,79 +333,4 @@ fn the_gate_holds_a_margin_for_the_spread_in_flight() {
     let lanes = s2.lock();
     assert!(a.demand() as f64 >= lanes[0].committed_estimate(true) + lanes[0].margin() - 1.0);
     assert!(lanes[0].margin() > 0.0);
-}
-
-/// Under "finish" the last requests start one at a time, and the one in flight when the
-/// budget is crossed is size-biased (a long request is likelier to be it): a lane that
-/// started one whenever the expected total passed the budget by at most half a request
-/// ended about one mean request over on average (+300 tokens here; N partitions, N times).
-/// The room the gate asks for counts that bias: over 400 runs with heavy-tailed lengths
-/// (log-normal, σ 1, mean 300) the mean final total is within a fraction of a request of
-/// the budget.
-#[test]
-fn the_last_request_starts_so_that_the_budget_is_met_on_average() {
-    use rand::SeedableRng;
-    use rand_distr::Distribution;
-    let (_d, q) = queue_with(&(0..400).collect::<Vec<_>>());
-    let lengths = rand_distr::LogNormal::new(300f64.ln() - 0.5, 1.0).unwrap();
-    let draw = |rng: &mut rand::rngs::SmallRng| (lengths.sample(rng).round() as u32).clamp(1, 4000);
-    let (budget, runs) = (20_000i64, 400);
-    let mut over = 0i64;
-    for seed in 0..runs {
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
-        let mut sp = spec(0, Some(budget as u64));
-        sp.max_tokens = 4000;
-        let s = Scheduler::new(q.clone(), vec![sp], Bench::default());
-        s.seed_lengths(0, (0..200).map(|_| draw(&mut rng)));
-        let mut done = 0i64;
-        let mut flight = std::collections::VecDeque::new();
-        loop {
-            while let Next::Lease(l) = s.next().unwrap() {
-                flight.push_back(l);
-            }
-            let Some(l) = flight.pop_front() else {
-                break;
-            };
-            let n = draw(&mut rng);
-            s.completed(&l, n);
-            done += i64::from(n);
-        }
-        over += done - budget;
-    }
-    let mean = over as f64 / f64::from(runs as u32);
-    assert!(
-        (-200.0..200.0).contains(&mean),
-        "mean final total − budget: {mean:.0} tokens (a request is about 300)"
-    );
-}
-
-/// A partition's agent tops its allowance up to what the lane holds plus one request's
-/// tokens as the lane reports them: that is room enough for the gate to start one, even
-/// with heavy-tailed lengths where the room the gate asks for passes a mean request (a
-/// lane reporting the mean alone would wait for a ticket that never comes).
-#[test]
-fn a_ticket_of_one_request_opens_the_gate() {
-    let (_d, q) = queue_with(&(0..50).collect::<Vec<_>>());
-    let a = Arc::new(Allowance::new(0));
-    let mut sp = spec(0, Some(0));
-    sp.max_tokens = 10_000;
-    sp.allowance = Some(a.clone());
-    let s = Scheduler::new(q, vec![sp], Bench::default());
-    // Lengths with a spread well past their mean (coefficient of variation about 2).
-    s.seed_lengths(
-        0,
-        [20u32, 30, 40, 60, 100, 200, 500, 2000]
-            .iter()
-            .cycle()
-            .take(80)
-            .copied(),
-    );
-    assert!(matches!(s.next().unwrap(), Next::Wait));
-    let room = s.lock()[0].start_room();
-    assert!(
-        room > s.lock()[0].lengths.expected_new(),
-        "the room passes a mean request"
-    );
-    a.set(a.demand() + a.request_tokens(), false);
-    assert!(matches!(s.next().unwrap(), Next::Lease(_)));
 }
