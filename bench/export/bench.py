@@ -152,7 +152,10 @@ def generate(base, rows):
 
 def measure(spool, cfg, fmt, out):
     shutil.rmtree(out, ignore_errors=True) if os.path.isdir(out) else None
-    cmd = ["/usr/bin/time", "-v", spool, "export", "-q", "-c", cfg, "--format", fmt, "--out", out]
+    # No [tokenizer]: the end-of-turn id appended to a completion that ended its turn is
+    # named (Qwen's <|im_end|>), as a user without one must.
+    cmd = ["/usr/bin/time", "-v", spool, "export", "-q", "-c", cfg, "--format", fmt, "--out", out,
+           "--end-of-turn", "151645"]
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.time() - t0
