@@ -4,8 +4,9 @@
 //! The scheduler reads `granted` where a one-process run reads its fixed budget, and
 //! reports what the lane wants (its completed tokens plus the expected final tokens of its
 //! requests in flight, and a margin for how far those may run over); the partition's budget agent grants more while the pool lasts and
-//! says when it is the last (`is_last`: the pool is empty). Until then a lane whose gate is
-//! shut waits instead of finishing, and policy "cancel" does not close it.
+//! says when it is the last (`is_last`: the pool is spent). Until then the lane starts a
+//! request only with room for it and its margin (`next_need`), a lane whose gate is shut
+//! waits instead of finishing, and policy "cancel" does not close it.
 //!
 //! Invariant: `granted` is set only by the agent, from the partition's log (its tickets
 //! less what it gave back and what other writers of the partition committed); the
@@ -34,6 +35,12 @@ pub struct Allowance {
     /// the lane's completed tokens and in the partition's, so counted once by adding them
     /// back.
     duplicates: AtomicU64,
+    /// What the lane must hold to start one more request with the margin (the gate of a
+    /// budget that may still grow), as last reported.
+    next_need: AtomicU64,
+    /// Nothing generating (conversations may wait between turns): what the lane holds
+    /// beyond its completed tokens is idle.
+    idle: AtomicBool,
     /// Woken when `granted` or `last` change (the dispatcher then looks again).
     pub changed: Notify,
 }
@@ -74,6 +81,24 @@ impl Allowance {
             .store(request_tokens.max(1.0).ceil() as u64, Ordering::Relaxed);
         self.wants.store(wants, Ordering::Relaxed);
         self.reported.store(true, Ordering::Relaxed);
+    }
+
+    /// What the lane must hold to start its next request, and whether nothing is
+    /// generating (the scheduler, with [`Self::report`]).
+    pub fn report_next(&self, need: f64, idle: bool) {
+        self.next_need
+            .store(need.max(0.0).ceil() as u64, Ordering::Relaxed);
+        self.idle.store(idle, Ordering::Relaxed);
+    }
+
+    /// What the lane must hold to start its next request (0 until reported).
+    pub fn next_need(&self) -> u64 {
+        self.next_need.load(Ordering::Relaxed)
+    }
+
+    /// Whether the lane had nothing generating, as last reported.
+    pub fn idle(&self) -> bool {
+        self.idle.load(Ordering::Relaxed)
     }
 
     /// Whether the scheduler has reported yet (before, `wants_more` means nothing).

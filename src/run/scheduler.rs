@@ -229,6 +229,7 @@ impl Scheduler {
                     lane.lengths.expected_new(),
                     !lane.closed && lane.has_rows(),
                 );
+                a.report_next(lane.next_need(true), lane.generating() == 0);
             }
             if lane.budget_met() || !lane.budget_allows() {
                 if !lane.closing.is_empty() {
@@ -260,6 +261,10 @@ impl Scheduler {
                     let waiting = Arc::new(AtomicBool::new(false));
                     lane.inflight
                         .insert((row, sample), (streamed.clone(), waiting.clone()));
+                    // The budget agent must not take the lane for idle with this in flight.
+                    if let Some(a) = &lane.spec.allowance {
+                        a.report_next(lane.next_need(true), false);
+                    }
                     let server = match lane.open.get_mut(&row) {
                         Some(o) => {
                             o.live += 1;

@@ -10,6 +10,7 @@ use crate::cluster::commits::{self, untrusted, CommitError, CommitLog};
 use crate::cluster::partition::Partition;
 use crate::output::bucket::Bucket;
 use crate::run::allowance::Allowance;
+use futures_util::StreamExt;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +39,8 @@ pub struct Lane {
     /// Another worker of this partition (a twin) committed rows this one had made too:
     /// the lane takes no more tickets and finishes on what it holds.
     yielded: bool,
+    /// The lane had nothing in flight at the last look.
+    was_idle: bool,
 }
 
 impl Lane {
@@ -53,12 +56,27 @@ impl Lane {
             marked: false,
             empty_since: None,
             yielded: false,
+            was_idle: false,
         }
+    }
+
+    /// With nothing to take from the pool, the next look at it comes later and later (up to
+    /// [`MAX_BACKOFF`]), so a lane waiting on others does not poll the store.
+    fn back_off(&mut self) {
+        self.backoff = (self.backoff * 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
+        self.quiet_until = Some(std::time::Instant::now() + self.backoff);
     }
 }
 
-/// The longest wait between looks at an empty pool.
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// The first wait between looks at a pool that cannot start a request here.
+const MIN_BACKOFF: Duration = Duration::from_millis(250);
+
+/// The longest wait between looks at a pool that cannot start a request here: short,
+/// because a job's last partitions wait on each other this way (the job ends that much
+/// later) until one takes the last of the pool. A look is two listings and the heartbeats
+/// of partitions not yet waiting: at 256 partitions, under a thousand requests a second
+/// for the minutes of a budget's tail.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The longest a partition waits, with the pool empty, for others to give budget back.
 const MAX_WAIT: Duration = Duration::from_secs(600);
@@ -118,6 +136,47 @@ async fn others_may_return(
     }
     Ok(false)
 }
+
+/// The tokens that partitions other than `me` waiting for `dataset`'s budget completed
+/// past their allowance, as their markers say. A marker is a neighbour's word: one that
+/// does not parse owes nothing, and the sum only holds back the last of the pool (at
+/// worst it is left unused), never grants anything.
+pub(super) async fn debts(
+    bucket: &Bucket,
+    me: Partition,
+    dataset: &str,
+) -> Result<u64, CommitError> {
+    let prefix = format!("_spool/waiting/{dataset}/");
+    let mine = waiting_key(dataset, me.index);
+    let keys: Vec<String> = bucket
+        .list(&prefix)
+        .await?
+        .into_iter()
+        .map(|(k, _)| k)
+        .filter(|k| *k != mine)
+        .collect();
+    let owed = futures_util::stream::iter(keys)
+        .map(|k| async move { bucket.get_capped(&k, MARKER_BYTES).await })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    let mut total = 0u64;
+    for body in owed {
+        let body = match body {
+            Err(crate::output::bucket::BucketError::TooLarge { .. }) => None,
+            other => other?,
+        };
+        let debt = body
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v.get("debt").and_then(|d| d.as_u64()))
+            .unwrap_or(0);
+        total = total.saturating_add(debt);
+    }
+    Ok(total)
+}
+
+/// The most bytes of a waiting marker read.
+const MARKER_BYTES: u64 = 4 << 10;
 
 /// Claims tickets for a worker's lanes as they need them, and keeps each lane's allowance
 /// in step with the partition's log.
@@ -208,11 +267,20 @@ impl Agent {
             a.set(granted, true);
             return Ok(());
         }
-        // Room for at least one more request, or a ticket of what the pool had last seen.
-        let want = a.demand()
-            + ticket_size(lane.ledger.pool(lane.budget), partition.count, floor).max(floor);
+        // Room for the next request with its margin, or a ticket of what the pool had last
+        // seen.
+        let need = a.next_need().max(a.demand() + floor);
+        let want = (a.demand()
+            + ticket_size(lane.ledger.pool(lane.budget), partition.count, floor).max(floor))
+        .max(need);
         if granted >= want && !a.is_last() {
             return Ok(());
+        }
+        // A lane whose last request just ended looks at once: what it holds may be needed
+        // elsewhere, or it may be the one to take the last of the pool.
+        if a.idle() != lane.was_idle {
+            lane.was_idle = a.idle();
+            lane.quiet_until = None;
         }
         if lane
             .quiet_until
@@ -223,44 +291,86 @@ impl Agent {
         // The lane's gate is about to shut (or is shut and the pool may have refilled).
         lane.ledger.catch_up().await?;
         let pool = lane.ledger.pool(lane.budget);
-        if pool == 0 {
-            let (bucket, ds) = (self.bucket.clone(), lane.dataset.clone());
-            if !lane.marked {
-                bucket
-                    .put(&waiting_key(&ds, partition.index), "waiting".into())
-                    .await?;
-                lane.marked = true;
-                lane.empty_since = Some(std::time::Instant::now());
-            }
-            // A dead partition's unused tickets come back before this one decides it is the
-            // last: otherwise it could finish on what it holds while they are returned.
-            let due = last_reclaim.is_none_or(|t| t.elapsed() >= RECLAIM_EVERY);
-            if due && granted < a.demand() + floor {
-                *last_reclaim = Some(std::time::Instant::now());
-                let stale = self.stale_after;
-                reclaim(&bucket, partition, &writer, &ds, &mut lane.ledger, stale).await?;
-                if lane.ledger.pool(lane.budget) > 0 {
-                    // Claimed on the next tick, as any refill is.
-                    return Ok(());
-                }
-            }
-            // The last of the pool only once no partition still running could give some
-            // back (or after waiting long enough).
-            let waited = lane.empty_since.is_some_and(|t| t.elapsed() >= MAX_WAIT);
-            if !a.is_last()
-                && (waited || !others_may_return(&bucket, partition, &ds, &lane.ledger).await?)
-            {
-                tracing::info!(dataset = %ds, granted, "the job's budget is all taken: this partition finishes on what it holds");
-                a.set(granted, true);
-            }
-            lane.backoff = (lane.backoff * 2).clamp(Duration::from_secs(1), MAX_BACKOFF);
-            lane.quiet_until = Some(std::time::Instant::now() + lane.backoff);
+        // Tokens completed past the allowance (requests in flight that ran long): paid
+        // from the pool before anyone takes the last of it.
+        let debt = a.completed().saturating_sub(granted);
+        if pool > 0 && granted + pool >= need {
+            let size = want
+                .saturating_sub(granted)
+                .max(ticket_size(pool, partition.count, floor))
+                .min(pool);
+            return self.take(i, size, false).await;
+        }
+        if pool > 0 && debt > 0 {
+            return self.take(i, debt.min(pool), false).await;
+        }
+        // The pool cannot start another request here. With requests generating the lane
+        // waits for them: they may leave room, or end it short.
+        if !a.idle() {
+            lane.back_off();
             return Ok(());
         }
-        let size = want
-            .saturating_sub(granted)
-            .max(ticket_size(pool, partition.count, floor))
-            .min(pool);
+        let (bucket, ds) = (self.bucket.clone(), lane.dataset.clone());
+        // Idle and short of one more request: what it holds goes to the pool, where a
+        // partition that can start a request with it, or the one that takes the last of
+        // the pool, finds it. Gambled here instead, N partitions would each end one
+        // size-biased request over the budget.
+        if !a.is_last() {
+            let mut log = self.log.lock().await;
+            let tokens = granted.saturating_sub(a.completed()).min(unused(&log, &ds));
+            if tokens > 0 {
+                tracing::debug!(dataset = %ds, tokens, need, "short of one more request: holding budget in the job's pool");
+                release(&mut log, &mut lane.ledger, &ds, &writer, tokens).await?;
+                a.set(Agent::granted(&log, &ds, &writer, &a), false);
+            }
+        }
+        if !lane.marked {
+            let marker = serde_json::json!({ "state": "waiting", "debt": debt }).to_string();
+            bucket
+                .put(&waiting_key(&ds, partition.index), marker.into())
+                .await?;
+            lane.marked = true;
+            lane.empty_since = Some(std::time::Instant::now());
+        }
+        // A dead partition's unused tickets come back before this one decides it is the
+        // last: otherwise it could finish on what it holds while they are returned.
+        let due = last_reclaim.is_none_or(|t| t.elapsed() >= RECLAIM_EVERY);
+        if due {
+            *last_reclaim = Some(std::time::Instant::now());
+            let stale = self.stale_after;
+            reclaim(&bucket, partition, &writer, &ds, &mut lane.ledger, stale).await?;
+            if lane.ledger.pool(lane.budget) + a.granted() >= need {
+                // Claimed on the next tick, as any refill is.
+                return Ok(());
+            }
+        }
+        // The last of the pool once no partition still running could start a request with
+        // it or give some back (or after waiting long enough): taken whole by the first
+        // partition to see it, which finishes on it; the others finish on what they hold.
+        let waited = lane.empty_since.is_some_and(|t| t.elapsed() >= MAX_WAIT);
+        if !a.is_last()
+            && (waited || !others_may_return(&bucket, partition, &ds, &lane.ledger).await?)
+        {
+            lane.ledger.catch_up().await?;
+            // What waiting partitions ran past their allowance stays in the pool for them.
+            let owed = debts(&bucket, partition, &ds).await?;
+            let pool = lane.ledger.pool(lane.budget).saturating_sub(owed);
+            if pool > 0 {
+                return self.take(i, pool, true).await;
+            }
+            tracing::info!(dataset = %ds, granted = a.granted(), "the job's budget is all taken: this partition finishes on what it holds");
+            a.set(a.granted(), true);
+        }
+        self.lanes[i].back_off();
+        Ok(())
+    }
+
+    /// Claims a ticket of `size` tokens for lane `i`, records it in the partition's log and
+    /// grants it (`last`: it is the last of the pool, and the lane finishes on it).
+    async fn take(&mut self, i: usize, size: u64, last: bool) -> Result<(), CommitError> {
+        let (partition, writer) = (self.partition, self.writer.clone());
+        let lane = &mut self.lanes[i];
+        let a = lane.allowance.clone();
         let Some((ticket, tokens)) = lane
             .ledger
             .claim(lane.budget, partition, &writer, size)
@@ -271,7 +381,8 @@ impl Agent {
         lane.backoff = Duration::ZERO;
         lane.quiet_until = None;
         lane.empty_since = None;
-        if lane.marked {
+        // The last of the pool leaves the marker up: the others finish on what they hold.
+        if lane.marked && !last {
             self.bucket
                 .delete(&waiting_key(&lane.dataset, partition.index))
                 .await?;
@@ -281,9 +392,12 @@ impl Agent {
         record_claim(&mut log, &lane.dataset, &writer, ticket, tokens).await?;
         let granted = Agent::granted(&log, &lane.dataset, &writer, &a);
         drop(log);
-        tracing::debug!(dataset = %lane.dataset, ticket, tokens, granted, pool = pool - tokens,
+        tracing::debug!(dataset = %lane.dataset, ticket, tokens, granted, last,
             "budget ticket claimed");
-        a.set(granted, false);
+        if last {
+            tracing::info!(dataset = %lane.dataset, granted, "the job's budget is all taken: this partition takes the last of it and finishes on what it holds");
+        }
+        a.set(granted, last);
         Ok(())
     }
 

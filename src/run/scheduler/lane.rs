@@ -74,14 +74,29 @@ impl Lane {
             .collect()
     }
 
+    /// Requests generating now (conversations waiting between turns are not).
+    pub(super) fn generating(&self) -> usize {
+        self.inflight
+            .values()
+            .filter(|(_, w)| !w.load(Ordering::Relaxed))
+            .count()
+    }
+
+    /// The streamed tokens of the requests in flight, with conversations waiting between
+    /// turns or without.
+    fn streamed(&self, count_waiting: bool) -> impl Iterator<Item = u32> + '_ {
+        self.inflight
+            .values()
+            .filter(move |(_, w)| count_waiting || !w.load(Ordering::Relaxed))
+            .map(|(a, _)| a.load(Ordering::Relaxed))
+    }
+
     /// Completed tokens plus what the requests in flight are expected to produce in all;
     /// conversations waiting between turns count as a new request each, or not at all.
     pub(super) fn committed_estimate(&self, count_waiting: bool) -> f64 {
         let inflight: f64 = self
-            .inflight
-            .values()
-            .filter(|(_, w)| count_waiting || !w.load(Ordering::Relaxed))
-            .map(|(a, _)| self.lengths.expected_final(a.load(Ordering::Relaxed)))
+            .streamed(count_waiting)
+            .map(|s| self.lengths.expected_final(s))
             .sum();
         self.completed_tokens as f64 + inflight
     }
@@ -112,9 +127,26 @@ impl Lane {
         self.committed_estimate(true) + self.margin()
     }
 
+    /// What the lane must hold to start one more request on a budget that may still grow:
+    /// the new request counted as in flight, margin included. A cluster partition's lane
+    /// gambles on a request that may not fit only once the job's pool is spent and it holds
+    /// the last of it ([`Self::gate_open`]); before that it asks for more, so N partitions
+    /// do not each end one size-biased request over.
+    pub(super) fn next_need(&self, count_waiting: bool) -> f64 {
+        let var: f64 = self
+            .streamed(count_waiting)
+            .map(|s| self.lengths.variance_final(s))
+            .sum::<f64>()
+            + self.lengths.variance_final(0);
+        self.committed_estimate(count_waiting)
+            + self.lengths.expected_new()
+            + MARGIN_SD * var.sqrt()
+    }
+
     /// Whether one more request may start: dispatching stops as soon as completed tokens
     /// plus the expected final tokens of the work in flight (and the margin) reach the
-    /// budget.
+    /// budget; on a budget that may still grow, as soon as the next request and its
+    /// margin do not fit ([`Self::next_need`]).
     pub(super) fn budget_allows(&self) -> bool {
         self.gate_open(true)
     }
@@ -126,6 +158,7 @@ impl Lane {
         match self.budget() {
             None => true,
             Some(b) if self.naive_budget => self.completed_tokens < b,
+            Some(b) if !self.budget_final() => self.next_need(count_waiting) <= b as f64,
             Some(b) => {
                 self.committed_estimate(count_waiting) + self.margin() + self.half_next() < b as f64
             }

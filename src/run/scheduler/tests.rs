@@ -263,17 +263,19 @@ fn a_growing_allowance_waits_for_more_and_finishes_on_the_last() {
     assert!(a.wants_more());
     assert_eq!(a.demand(), 0);
     a.set(250, false);
-    let l: Vec<_> = (0..3).map(|_| lease(&s)).collect();
-    // 3 × 100 expected ≥ 250: the gate shuts, and the lane waits for more.
+    let l: Vec<_> = (0..2).map(|_| lease(&s)).collect();
+    // A third request (100 expected, the prior) does not fit in 250: the gate shuts, and
+    // the lane waits for more.
     assert!(matches!(s.next().unwrap(), Next::Wait));
-    assert_eq!(a.demand(), 300);
+    assert_eq!(a.demand(), 200);
+    assert_eq!(a.next_need(), 300);
+    assert!(!a.idle());
     l[0].streamed.store(400, Ordering::Relaxed);
     s.enforce_cancel();
     assert!(!l[0].cancel.is_cancelled(), "more may come: not cancelled");
     assert!(s.admit(&l[0], 400), "more may come: admitted");
     s.completed(&l[0], 400);
-    s.completed(&l[1], 10);
-    s.completed(&l[2], 10);
+    s.completed(&l[1], 20);
     a.set(420, true);
     // 420 completed ≥ the last allowance: finished, nothing more dispatched.
     assert!(matches!(s.next().unwrap(), Next::Done));
@@ -333,4 +335,42 @@ fn the_gate_holds_a_margin_for_the_spread_in_flight() {
     let lanes = s2.lock();
     assert!(a.demand() as f64 >= lanes[0].committed_estimate(true) + lanes[0].margin() - 1.0);
     assert!(lanes[0].margin() > 0.0);
+}
+
+/// On a budget that may still grow (a cluster partition's), a request starts only with
+/// room for it and its margin, and the lane reports what it needs and that it is idle;
+/// once its allowance is the last of the job's pool it starts one that may not fit, as one
+/// process does at its budget: the job gambles once, not once per partition.
+#[test]
+fn a_growing_allowance_starts_only_what_fits_until_it_holds_the_last() {
+    let (_d, q) = queue_with(&(0..10).collect::<Vec<_>>());
+    let a = Arc::new(Allowance::new(0));
+    let mut sp = spec(0, Some(0));
+    sp.max_tokens = 1000;
+    sp.allowance = Some(a.clone());
+    let s = Scheduler::new(q, vec![sp], Bench::default());
+    let seen = [5u32, 10, 20, 40, 80, 15, 30, 60, 25, 50];
+    s.seed_lengths(0, seen.iter().cycle().take(100).copied());
+    assert!(matches!(s.next().unwrap(), Next::Wait));
+    let (expected, need) = {
+        let lanes = s.lock();
+        (lanes[0].lengths.expected_new(), lanes[0].next_need(true))
+    };
+    assert!(a.idle());
+    assert_eq!(a.next_need(), need.ceil() as u64);
+    assert!(
+        need > 2.0 * expected,
+        "the margin of one request: {need} for {expected}"
+    );
+    // Room for the expectation and more than half a request, not for the margin: wait.
+    a.set((expected * 1.5) as u64, false);
+    assert!(matches!(s.next().unwrap(), Next::Wait));
+    // The last of the pool: the same room starts a request.
+    a.set((expected * 1.5) as u64, true);
+    let l = lease(&s);
+    assert!(!a.idle(), "a request is generating");
+    s.completed(&l, 1);
+    // Room for what one request needs with its margin: it starts without being the last.
+    a.set(1 + need.ceil() as u64, false);
+    let _l = lease(&s);
 }
