@@ -1,6 +1,10 @@
 # spool: the two commands that do everything are `make demo` and `make test`.
 .PHONY: demo test lint build soak test-llama-server bench bench-all bench-eta bench-autoconc bench-prefix bench-tokenize bench-tokenize-kimi clean dashboard-png bench-overhead bench-stream bench-throughput bench-scale bench-shard bench-dedup bench-export bench-partitions bench-bombs bench-cluster-scale
 
+# The benchmarks' Python (numpy, pyarrow, aiohttp…) is the project's .venv/, which `make
+# test` and `make bench-all` set up (scripts/test_env.sh).
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
+
 build:
 	cargo build
 

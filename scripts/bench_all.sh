@@ -6,6 +6,9 @@
 # variables of each target pass through. Hours for all of them; run on an idle machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The benchmarks' Python packages live in the project's .venv/, as the tests' do.
+bash scripts/test_env.sh || exit 1
+export PATH="$PWD/.venv/bin:$PATH"
 BIN=$(bash scripts/spool_bin.sh --release) || exit 1
 export SPOOL_BENCH_BIN="$BIN"
 targets=${BENCH_ONLY:-$(grep -E '^bench-[a-z-]+:' Makefile | cut -d: -f1 | grep -v '^bench-all$')}
