@@ -223,13 +223,14 @@ impl Scheduler {
                 });
             }
             if let Some(a) = &lane.spec.allowance {
+                let (held, need) = lane.held_and_next_need();
                 a.report(
-                    lane.held_estimate(),
+                    held,
                     lane.completed_tokens,
                     lane.lengths.expected_new(),
                     !lane.closed && lane.has_rows(),
                 );
-                a.report_next(lane.next_need(true), lane.generating() == 0);
+                a.report_next(need, lane.generating() == 0);
             }
             if lane.budget_met() || !lane.budget_allows() {
                 if !lane.closing.is_empty() {

@@ -1,6 +1,8 @@
 //! The budget agent: a worker's claims of budget tickets for its lanes as they need
-//! them, the end-of-run settling (a twin of the partition still running keeps what is
-//! unused), and taking back a dead partition's unused allowance.
+//! them, pooling a lane's room when it is short of one more request, taking the last of
+//! the pool (less waiting partitions' debts), the end-of-run settling (a twin of the
+//! partition still running keeps what is unused), and taking back a dead partition's
+//! unused allowance.
 //!
 //! Invariants: see the parent module; the agent only claims, records and releases
 //! through its functions, so the budget log and the partition's log stay in step.
@@ -39,7 +41,7 @@ pub struct Lane {
     /// Another worker of this partition (a twin) committed rows this one had made too:
     /// the lane takes no more tickets and finishes on what it holds.
     yielded: bool,
-    /// The lane had nothing in flight at the last look.
+    /// The lane had nothing generating at the last look.
     was_idle: bool,
 }
 
@@ -87,15 +89,13 @@ pub fn waiting_key(dataset: &str, p: u32) -> String {
     format!("_spool/waiting/{dataset}/p{p:04}.json")
 }
 
-/// Whether a partition other than `me` may still give `dataset`'s budget back: it took
-/// tickets, has no marker (neither waiting for budget nor stopped) and its worker shows a
-/// heartbeat within `heartbeat::STALE_S`. A marker's name must be a partition of the job's.
-async fn others_may_return(
+/// The partitions with a waiting marker for `dataset` (waiting for budget, or stopped).
+/// A marker's name must be a partition of the job's.
+async fn marked(
     bucket: &Bucket,
     me: Partition,
     dataset: &str,
-    ledger: &BudgetLog,
-) -> Result<bool, CommitError> {
+) -> Result<HashSet<u32>, CommitError> {
     let prefix = format!("_spool/waiting/{dataset}/");
     let mut marked = HashSet::new();
     for (key, _) in bucket.list(&prefix).await? {
@@ -113,6 +113,18 @@ async fn others_may_return(
             None => return Err(untrusted(&key, "not a partition's waiting marker")),
         }
     }
+    Ok(marked)
+}
+
+/// Whether a partition other than `me` may still give `dataset`'s budget back: it took
+/// tickets, is not `marked` (neither waiting for budget nor stopped) and its worker shows
+/// a heartbeat within `heartbeat::STALE_S`.
+async fn others_may_return(
+    bucket: &Bucket,
+    me: Partition,
+    ledger: &BudgetLog,
+    marked: &HashSet<u32>,
+) -> Result<bool, CommitError> {
     let now = crate::cluster::job::now_unix();
     for q in (0..me.count).filter(|&q| q != me.index) {
         if marked.contains(&q) || ledger.claims_of(q).is_empty() {
@@ -137,24 +149,22 @@ async fn others_may_return(
     Ok(false)
 }
 
-/// The tokens that partitions other than `me` waiting for `dataset`'s budget completed
-/// past their allowance, as their markers say. A marker is a neighbour's word: one that
+/// The tokens that the `marked` partitions other than `me` completed past their
+/// allowance of `dataset`, as their markers say. A marker is a neighbour's word: one that
 /// does not parse owes nothing, and the sum only holds back the last of the pool (at
 /// worst it is left unused), never grants anything.
 pub(super) async fn debts(
     bucket: &Bucket,
     me: Partition,
     dataset: &str,
+    marked: &HashSet<u32>,
 ) -> Result<u64, CommitError> {
-    let prefix = format!("_spool/waiting/{dataset}/");
-    let mine = waiting_key(dataset, me.index);
-    let keys: Vec<String> = bucket
-        .list(&prefix)
-        .await?
-        .into_iter()
-        .map(|(k, _)| k)
-        .filter(|k| *k != mine)
-        .collect();
+    let mut keys = Vec::new();
+    for &p in marked {
+        if p != me.index {
+            keys.push(waiting_key(dataset, p));
+        }
+    }
     let owed = futures_util::stream::iter(keys)
         .map(|k| async move { bucket.get_capped(&k, MARKER_BYTES).await })
         .buffer_unordered(16)
@@ -348,18 +358,20 @@ impl Agent {
         // it or give some back (or after waiting long enough): taken whole by the first
         // partition to see it, which finishes on it; the others finish on what they hold.
         let waited = lane.empty_since.is_some_and(|t| t.elapsed() >= MAX_WAIT);
-        if !a.is_last()
-            && (waited || !others_may_return(&bucket, partition, &ds, &lane.ledger).await?)
-        {
-            lane.ledger.catch_up().await?;
-            // What waiting partitions ran past their allowance stays in the pool for them.
-            let owed = debts(&bucket, partition, &ds).await?;
-            let pool = lane.ledger.pool(lane.budget).saturating_sub(owed);
-            if pool > 0 {
-                return self.take(i, pool, true).await;
+        if !a.is_last() {
+            let marked = marked(&bucket, partition, &ds).await?;
+            if waited || !others_may_return(&bucket, partition, &lane.ledger, &marked).await? {
+                lane.ledger.catch_up().await?;
+                // What waiting partitions ran past their allowance stays in the pool for
+                // them.
+                let owed = debts(&bucket, partition, &ds, &marked).await?;
+                let pool = lane.ledger.pool(lane.budget).saturating_sub(owed);
+                if pool > 0 {
+                    return self.take(i, pool, true).await;
+                }
+                tracing::info!(dataset = %ds, granted = a.granted(), "the job's budget is all taken: this partition finishes on what it holds");
+                a.set(a.granted(), true);
             }
-            tracing::info!(dataset = %ds, granted = a.granted(), "the job's budget is all taken: this partition finishes on what it holds");
-            a.set(a.granted(), true);
         }
         self.lanes[i].back_off();
         Ok(())

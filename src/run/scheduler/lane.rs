@@ -121,26 +121,42 @@ impl Lane {
         MARGIN_SD * var.sqrt()
     }
 
-    /// What the lane needs to hold: completed tokens, the expected finals in flight and the
-    /// margin (what it reports to a partition's budget agent).
-    pub(super) fn held_estimate(&self) -> f64 {
-        self.committed_estimate(true) + self.margin()
-    }
-
     /// What the lane must hold to start one more request on a budget that may still grow:
     /// the new request counted as in flight, margin included. A cluster partition's lane
     /// gambles on a request that may not fit only once the job's pool is spent and it holds
     /// the last of it ([`Self::gate_open`]); before that it asks for more, so N partitions
     /// do not each end one size-biased request over.
     pub(super) fn next_need(&self, count_waiting: bool) -> f64 {
-        let var: f64 = self
-            .streamed(count_waiting)
-            .map(|s| self.lengths.variance_final(s))
-            .sum::<f64>()
-            + self.lengths.variance_final(0);
-        self.committed_estimate(count_waiting)
-            + self.lengths.expected_new()
-            + MARGIN_SD * var.sqrt()
+        let (estimate, var) = self.moments(count_waiting);
+        self.need_after(estimate, var)
+    }
+
+    /// What the lane holds (completed tokens, the expected finals in flight and the
+    /// [`Self::margin`]) and its [`Self::next_need`], waiting conversations counted, from
+    /// one pass over the requests in flight: what it reports to a partition's budget agent.
+    pub(super) fn held_and_next_need(&self) -> (f64, f64) {
+        let (estimate, var) = self.moments(true);
+        let held = match self.naive_budget {
+            true => estimate,
+            false => estimate + MARGIN_SD * var.sqrt(),
+        };
+        (held, self.need_after(estimate, var))
+    }
+
+    /// Completed tokens plus the expected finals in flight, and the variance of their sum.
+    fn moments(&self, count_waiting: bool) -> (f64, f64) {
+        let (mut mean, mut var) = (self.completed_tokens as f64, 0.0);
+        for s in self.streamed(count_waiting) {
+            mean += self.lengths.expected_final(s);
+            var += self.lengths.variance_final(s);
+        }
+        (mean, var)
+    }
+
+    /// What one more request needs held on top of `estimate` (variance `var` in flight).
+    fn need_after(&self, estimate: f64, var: f64) -> f64 {
+        let var = var + self.lengths.variance_final(0);
+        estimate + self.lengths.expected_new() + MARGIN_SD * var.sqrt()
     }
 
     /// Whether one more request may start: dispatching stops as soon as completed tokens
